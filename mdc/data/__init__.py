@@ -1,0 +1,1 @@
+"""Data: the synthetic scene world, the webdataset training pipeline, real benchmark loaders."""

@@ -1,0 +1,68 @@
+"""Registry of named architectures (open_clip style): list_models, create_model, load."""
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+
+from mdc.model import CLIP, Captioner, ModelConfig
+
+# ViT-B: decoder 12 x 512 x 8 heads; ViT-L: 12 x 768 x 12 heads (paper Sec. 4.1).
+_VIT_B = dict(image_size=224, vision_width=768, vision_layers=12, vision_heads=12,
+              text_width=512, text_layers=12, text_heads=8, embed_dim=512)
+_ARCHS: dict[str, dict] = {
+    # CPU-sized model for the synthetic scene world: 64 px images, compact vocabulary.
+    "tiny": dict(image_size=64, patch_size=8, vision_width=128, vision_layers=4, vision_heads=4,
+                 text_width=128, text_layers=4, text_heads=4, embed_dim=128, context_length=64,
+                 vocab="scenes"),
+    "vit-b-32": dict(_VIT_B, patch_size=32),
+    "vit-b-16": dict(_VIT_B, patch_size=16),
+    "vit-l-14": dict(image_size=224, patch_size=14, vision_width=1024, vision_layers=24, vision_heads=16,
+                     text_width=768, text_layers=12, text_heads=12, embed_dim=768),
+}
+
+
+def list_models() -> list[str]:
+    return list(_ARCHS)
+
+
+def _resolve_vocab(vocab):
+    if vocab == "scenes":  # the embedded synthetic world's closed vocabulary
+        from mdc.data.scenes import vocabulary
+
+        return vocabulary()
+    return vocab
+
+
+def model_config(name: str, objective: str = "mdc", **overrides) -> ModelConfig:
+    if name not in _ARCHS:
+        raise ValueError(f"unknown model {name!r}; available: {list_models()}")
+    known = {f.name for f in fields(ModelConfig)} - {"name", "objective"}
+    unknown = set(overrides) - known
+    if unknown:
+        raise ValueError(f"unknown config override(s) {sorted(unknown)} for model {name!r}")
+    args = {**_ARCHS[name], **overrides}
+    args["vocab"] = _resolve_vocab(args.get("vocab"))
+    return ModelConfig(name=name, objective=objective, **args)
+
+
+def build(cfg: ModelConfig):
+    return CLIP(cfg) if cfg.objective == "clip" else Captioner(cfg)
+
+
+def create_model(name: str, objective: str = "mdc", **overrides):
+    """Build a named architecture from scratch, e.g. create_model("tiny", objective="arc", mask_ratio=None)."""
+    return build(model_config(name, objective, **overrides))
+
+
+def load(path: str | os.PathLike, map_location="cpu"):
+    """Rebuild a model from `path/config.json` and load `path/model.safetensors` (no pickle)."""
+    from safetensors.torch import load_file
+
+    cfg_path, weights = os.path.join(path, "config.json"), os.path.join(path, "model.safetensors")
+    for p in (cfg_path, weights):
+        if not os.path.isfile(p):
+            raise FileNotFoundError(f"checkpoint file missing: {p}")
+    with open(cfg_path) as f:
+        model = build(ModelConfig.from_json(f.read()))
+    model.load_state_dict(load_file(weights, device=str(map_location)))
+    return model

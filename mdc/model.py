@@ -1,0 +1,282 @@
+"""Models: an image captioner (MDC / ARC) and the CLIP baseline, both on a timm ViT trained from scratch.
+
+Captioner (paper Sec. 3.2, following CapPa): image I -> ViT encoder f_phi -> tokens V [B, T, Dv]
+-> linear projection to the decoder width -> decoder g_psi of N pre-LN blocks
+[self-attention -> cross-attention to V -> MLP] -> logits over the vocabulary.
+Self-attention is bidirectional for MDC (and image-conditioned BERT), causal for ARC.
+The decoder is time-independent: t never enters the network, only the loss weight.
+
+CLIP: the same vision tower with a class token; the text tower is the decoder's architecture
+without cross-attention (causal, pooled at [EOT]); both project to a joint embedding.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mdc._compat import patch_torchvision
+from mdc.tokenizer import Tokenizer, get_tokenizer, valid_mask
+
+OBJECTIVES = ("mdc", "arc", "clip")
+
+# Cross-attention keys/values of every decoder block: computed once per image batch.
+Memory = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class ModelConfig:
+    name: str = "custom"  # registry name it was built from
+    objective: str = "mdc"  # "mdc" (and its BERT ablations) | "arc" | "clip"
+    # vision tower: timm ViT, trained from scratch
+    image_size: int = 224  # input resolution (square)
+    patch_size: int = 16
+    vision_width: int = 768
+    vision_layers: int = 12
+    vision_heads: int = 12
+    # text decoder (captioners) / text tower (CLIP)
+    text_width: int = 512
+    text_layers: int = 12
+    text_heads: int = 8
+    mlp_ratio: float = 4.0
+    context_length: int = 77  # tokens per caption, SOT and EOT included
+    vocab: tuple[int, ...] | None = None  # compact vocabulary (BPE ids kept); None = full CLIP BPE
+    embed_dim: int = 512  # CLIP joint embedding width
+    # MDC objective (paper Alg. 1); ignored by ARC and CLIP
+    t_interval: tuple[float, float] = (0.5, 1.0)  # t ~ U[w_l, w_u]
+    time_weighting: bool = True  # weight by 1/t; False = the "w/o t" (CMLM) ablation
+    mask_ratio: float | None = None  # fixed ratio = image-conditioned BERT; 1.0 = parallel decoding
+    t_sampling: str = "uniform"  # "uniform" | "stratified" (low-discrepancy t across the batch)
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}; choose one of {OBJECTIVES}")
+        lo, hi = self.t_interval = tuple(float(x) for x in self.t_interval)
+        if not (0.0 <= lo <= hi <= 1.0) or hi == 0.0:
+            raise ValueError(f"t_interval must satisfy 0 <= w_l <= w_u <= 1 and w_u > 0; got {self.t_interval}")
+        if self.mask_ratio is not None and not 0.0 < self.mask_ratio <= 1.0:
+            raise ValueError(f"mask_ratio must lie in (0, 1]; got {self.mask_ratio}")
+        if self.t_sampling not in ("uniform", "stratified"):
+            raise ValueError(f"t_sampling must be 'uniform' or 'stratified'; got {self.t_sampling!r}")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        if self.vocab is not None:
+            self.vocab = tuple(int(i) for i in self.vocab)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ModelConfig":
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"config holds unknown fields {sorted(unknown)}")
+        return cls(**data)
+
+
+# ---------------------------------------------------------------------------- building blocks
+def _heads(x: torch.Tensor, h: int) -> torch.Tensor:  # [B, L, D] -> [B, h, L, D/h]
+    B, L, D = x.shape
+    return x.view(B, L, h, D // h).transpose(1, 2)
+
+
+class Attention(nn.Module):
+    """Multi-head attention on scaled_dot_product_attention; keys/values computed separately
+    so that cross-attention memory and self-attention KV caches can be reused."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(width, width)
+        self.kv = nn.Linear(width, 2 * width)
+        self.out = nn.Linear(width, width)
+
+    def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.kv(x).chunk(2, dim=-1)  # 2 x [B, S, D]
+        return _heads(k, self.heads), _heads(v, self.heads)  # 2 x [B, h, S, D/h]
+
+    def forward(self, x, kv, mask=None, causal=False):  # x [B, L, D], mask [B, 1, 1|L, S] bool
+        y = F.scaled_dot_product_attention(_heads(self.q(x), self.heads), *kv, attn_mask=mask, is_causal=causal)
+        return self.out(y.transpose(1, 2).flatten(2))  # [B, L, D]
+
+
+class Block(nn.Module):
+    """Pre-LN [self-attention -> (cross-attention to image tokens) -> MLP]."""
+
+    def __init__(self, width: int, heads: int, mlp_ratio: float, cross: bool):
+        super().__init__()
+        self.ln_self, self.self_attn = nn.LayerNorm(width), Attention(width, heads)
+        self.ln_cross = nn.LayerNorm(width) if cross else None
+        self.cross_attn = Attention(width, heads) if cross else None
+        hidden = int(width * mlp_ratio)
+        self.ln_mlp = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
+
+    def forward(self, x, mask=None, causal=False, memory=None, cache=None):
+        h = self.ln_self(x)
+        kv = self.self_attn.keys_values(h)
+        if cache is not None:  # incremental decoding: append this step's keys/values
+            if cache:
+                kv = tuple(torch.cat([c, n], dim=2) for c, n in zip(cache, kv))
+            cache[:] = kv
+        x = x + self.self_attn(h, kv, mask=mask, causal=causal)
+        if self.cross_attn is not None:
+            x = x + self.cross_attn(self.ln_cross(x), memory)
+        return x + self.mlp(self.ln_mlp(x))
+
+
+class TextTransformer(nn.Module):
+    """Token + learned position embeddings, N blocks, final LayerNorm. Returns hidden states."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, cross: bool):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, cfg.text_width)
+        self.pos = nn.Parameter(torch.randn(cfg.context_length, cfg.text_width) * 0.01)
+        self.blocks = nn.ModuleList(
+            Block(cfg.text_width, cfg.text_heads, cfg.mlp_ratio, cross) for _ in range(cfg.text_layers)
+        )
+        self.ln_final = nn.LayerNorm(cfg.text_width)
+        nn.init.normal_(self.embed.weight, std=0.02)
+
+    def forward(self, tokens, *, mask=None, causal=False, memory=None, cache=None, start=0):
+        # tokens [B, L] -> hidden [B, L, W]; `start` = position of tokens[:, 0] (KV-cached decoding)
+        x = self.embed(tokens) + self.pos[start : start + tokens.shape[1]]
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, causal, memory[i] if memory is not None else None,
+                      cache[i] if cache is not None else None)
+        return self.ln_final(x)
+
+
+def vision_tower(cfg: ModelConfig, class_token: bool) -> nn.Module:
+    """timm ViT from scratch; tokens leave forward_features LayerNorm-ed (fc_norm off)."""
+    patch_torchvision()
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(
+        img_size=cfg.image_size, patch_size=cfg.patch_size, embed_dim=cfg.vision_width,
+        depth=cfg.vision_layers, num_heads=cfg.vision_heads, mlp_ratio=cfg.mlp_ratio,
+        num_classes=0, class_token=class_token, global_pool="token" if class_token else "avg",
+        fc_norm=False,
+    )
+
+
+# ---------------------------------------------------------------------------- models
+class _Model(nn.Module):
+    """What every model shares: its config, its tokenizer, input checks and (safe) saving."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.tokenizer: Tokenizer = get_tokenizer(cfg.context_length, cfg.vocab)
+
+    def check_images(self, images: torch.Tensor) -> None:
+        s = self.config.image_size
+        if images.dim() != 4 or tuple(images.shape[1:]) != (3, s, s):
+            raise ValueError(f"images must have shape [B, 3, {s}, {s}] for model {self.config.name!r}; "
+                             f"got {list(images.shape)}")
+
+    def check_tokens(self, tokens: torch.Tensor) -> None:
+        if tokens.dim() != 2 or not 1 <= tokens.shape[1] <= self.config.context_length:
+            raise ValueError(f"tokens must have shape [B, L] with 1 <= L <= {self.config.context_length}; "
+                             f"got {list(tokens.shape)}")
+
+    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
+        """Unpooled, normalised encoder tokens [B, T, Dv] (timm convention)."""
+        self.check_images(images)
+        return self.visual.forward_features(images)
+
+    def encode_image(self, images: torch.Tensor) -> torch.Tensor:
+        """Pooled features [B, Dv] for linear probing: GAP (captioners) or CLS (CLIP), pre-projection."""
+        return self.visual.forward_head(self.forward_features(images), pre_logits=True)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write `path/model.safetensors` and `path/config.json` (no pickle)."""
+        from safetensors.torch import save_file
+
+        os.makedirs(path, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, os.path.join(path, "model.safetensors"))
+        with open(os.path.join(path, "config.json"), "w") as f:
+            f.write(self.config.to_json())
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+class Captioner(_Model):
+    """Image-conditioned text decoder: MDC (bidirectional) or ARC (causal)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.visual = vision_tower(cfg, class_token=False)
+        self.image_proj = nn.Linear(cfg.vision_width, cfg.text_width)
+        self.decoder = TextTransformer(cfg, self.tokenizer.vocab_size, cross=True)
+        self.head = nn.Linear(cfg.text_width, self.tokenizer.vocab_size, bias=False)
+
+    @property
+    def causal(self) -> bool:
+        return self.config.objective == "arc"
+
+    def memory(self, images: torch.Tensor) -> Memory:
+        """Encode once; per-block cross-attention keys/values of the projected image tokens."""
+        v = self.image_proj(self.forward_features(images))  # [B, T, W]
+        return [blk.cross_attn.keys_values(v) for blk in self.decoder.blocks]
+
+    def hidden(self, tokens: torch.Tensor, memory: Memory) -> torch.Tensor:
+        """Decoder states [B, L, W]; bidirectional attention ignores padding after [EOT]."""
+        self.check_tokens(tokens)
+        mask = None if self.causal else valid_mask(tokens, self.tokenizer.eot_id)[:, None, None, :]
+        return self.decoder(tokens, mask=mask, causal=self.causal, memory=memory)
+
+    def logits(self, tokens: torch.Tensor, memory: Memory) -> torch.Tensor:
+        return self.head(self.hidden(tokens, memory))  # [B, L, V]
+
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits [B, L, V] at every position; `tokens` may hold [MASK]."""
+        return self.logits(tokens, self.memory(images))
+
+    def loss(self, images, tokens, **kw):
+        from mdc import loss
+
+        fn = loss.arc_loss if self.causal else loss.mdc_loss
+        return fn(self, images, tokens, **kw)
+
+
+class CLIP(_Model):
+    """Contrastive baseline: ViT (CLS) and a causal text transformer pooled at [EOT]."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.visual = vision_tower(cfg, class_token=True)
+        self.text = TextTransformer(cfg, self.tokenizer.vocab_size, cross=False)
+        self.image_proj = nn.Linear(cfg.vision_width, cfg.embed_dim, bias=False)
+        self.text_proj = nn.Linear(cfg.text_width, cfg.embed_dim, bias=False)
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+
+    def image_embedding(self, images):  # [B, E], unit norm
+        return F.normalize(self.image_proj(self.encode_image(images)), dim=-1)
+
+    def text_embedding(self, tokens):  # [B, E], unit norm
+        self.check_tokens(tokens)
+        h = self.text(tokens, causal=True)  # [B, L, W]
+        eot = (tokens == self.tokenizer.eot_id).int().argmax(-1)
+        return F.normalize(self.text_proj(h[torch.arange(len(tokens)), eot]), dim=-1)
+
+    def scale(self) -> torch.Tensor:
+        """Learned temperature, clamped like OpenCLIP to at most 100 (here inside the forward)."""
+        return self.logit_scale.clamp(max=math.log(100)).exp()
+
+    def forward(self, images, tokens):
+        return self.image_embedding(images), self.text_embedding(tokens), self.scale()
+
+    def loss(self, images, tokens, **kw):
+        from mdc.loss import clip_loss
+
+        return clip_loss(*self(images, tokens), **kw)

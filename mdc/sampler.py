@@ -1,0 +1,161 @@
+"""Caption generation: MDC greedy confidence unmasking (Eq. 6); ARC greedy and beam search.
+
+MDC starts from [SOT] [MASK]*N' [EOT] and runs ceil(N'/k) steps. Each step predicts every
+masked position, takes the confidence of position i as max_j softmax(eta^i)_j (eta = logits),
+and reveals the k most confident masked positions (k = 1 by default: N' steps, Eq. 6).
+Revealed tokens stay fixed. The image is encoded and every block's cross-attention
+keys/values are computed once per batch (`Captioner.memory`); only the text is re-run.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def banned_ids(tok) -> list[int]:
+    """Ids a caption position may never take: markers, [MASK] and, for compact vocabularies, PAD/UNK."""
+    ids = [tok.sot_id, tok.eot_id, tok.mask_id]
+    return ids + ([tok.pad_id, tok.unk_id] if tok.vocab is not None else [])
+
+
+def masked_row(tok, batch: int, length: int, device) -> torch.Tensor:
+    """[SOT] [MASK]*length [EOT] for every row: [B, length + 2]."""
+    x = torch.full((batch, length + 2), tok.mask_id, dtype=torch.long, device=device)
+    x[:, 0], x[:, -1] = tok.sot_id, tok.eot_id
+    return x
+
+
+def check_length(model, length: int) -> None:
+    if not 1 <= length <= model.config.context_length - 2:
+        raise ValueError(f"length must lie in [1, {model.config.context_length - 2}] "
+                         f"(context {model.config.context_length} minus SOT/EOT); got {length}")
+
+
+@torch.no_grad()
+def mdc_sample(model, images, length: int, tokens_per_step: int = 1, temperature: float = 0.0,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """Greedy confidence unmasking. Returns tokens [B, length + 2] without [MASK]."""
+    check_length(model, length)
+    if tokens_per_step < 1:
+        raise ValueError(f"tokens_per_step must be >= 1; got {tokens_per_step}")
+    tok = model.tokenizer
+    memory = model.memory(images)  # encoder + cross-attention K/V, once
+    x = masked_row(tok, len(images), length, images.device)  # [B, N'+2]
+    banned = banned_ids(tok)
+    for _ in range(math.ceil(length / tokens_per_step)):
+        logits = model.logits(x, memory).float()  # [B, N'+2, V]
+        logits[..., banned] = -math.inf
+        if temperature > 0:
+            probs = F.softmax(logits / temperature, dim=-1)
+            pred = torch.multinomial(probs.flatten(0, 1), 1, generator=generator).view(x.shape)
+            conf = probs.gather(-1, pred[..., None]).squeeze(-1)
+        else:
+            conf, pred = F.softmax(logits, dim=-1).max(-1)  # [B, N'+2]
+        still = x == tok.mask_id
+        conf = conf.masked_fill(~still, -1.0)
+        k = min(tokens_per_step, int(still.sum(1).max()))
+        top = conf.topk(k, dim=-1).indices  # [B, k] most confident masked positions
+        reveal = torch.zeros_like(still).scatter_(1, top, True) & still
+        x = torch.where(reveal, pred, x)
+    return x
+
+
+def _decode_step(model, tokens, memory, cache, start):
+    """ARC next-token log-probs [B, V] with a self-attention KV cache."""
+    h = model.decoder(tokens, causal=start == 0, memory=memory, cache=cache, start=start)
+    logp = F.log_softmax(model.head(h[:, -1]).float(), dim=-1)
+    tok = model.tokenizer
+    logp[:, [i for i in banned_ids(tok) if i != tok.eot_id]] = -math.inf  # EOT is the only marker allowed
+    return logp
+
+
+def _repeat_memory(memory, n: int):
+    return [(k.repeat_interleave(n, 0), v.repeat_interleave(n, 0)) for k, v in memory]
+
+
+@torch.no_grad()
+def arc_sample(model, images, max_length: int | None = None, beam_size: int = 1,
+               length_penalty: float = 1.0) -> torch.Tensor:
+    """Greedy (beam_size=1) or beam search with a KV cache. Returns tokens [B, <= max_length + 2].
+
+    Beam search keeps `beam_size` live hypotheses; one that emits [EOT] is finished and ranked
+    by sum log p / (number of generated tokens incl. EOT) ** length_penalty. A batch row stops
+    once it holds `beam_size` finished hypotheses (early stopping); at `max_length` caption
+    tokens every live hypothesis is closed with [EOT]. Beam 1 reproduces greedy decoding.
+    """
+    tok = model.tokenizer
+    max_length = max_length or model.config.context_length - 2
+    check_length(model, max_length)
+    B, K, dev = len(images), beam_size, images.device
+    memory = _repeat_memory(model.memory(images), K)
+    cache = [[] for _ in model.decoder.blocks]
+    seqs = torch.full((B * K, 1), tok.sot_id, dtype=torch.long, device=dev)
+    scores = torch.full((B, K), -math.inf, device=dev)
+    scores[:, 0] = 0.0  # one live hypothesis to start with
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+    for step in range(max_length + 1):
+        logp = _decode_step(model, seqs[:, -1:], memory, cache, start=step)  # [B*K, V]
+        if step == max_length:  # out of room: close every hypothesis
+            forced = torch.full_like(logp, -math.inf)
+            forced[:, tok.eot_id] = logp[:, tok.eot_id]
+            logp = forced
+        V = logp.shape[-1]
+        cand = (scores[:, :, None] + logp.view(B, K, V)).view(B, K * V)
+        top_s, top_i = cand.topk(min(2 * K, K * V), dim=-1)  # [B, 2K]
+        beam, word = top_i // V, top_i % V
+        new_scores = torch.full((B, K), -math.inf, device=dev)
+        new_src = torch.zeros(B, K, dtype=torch.long, device=dev)
+        new_word = torch.full((B, K), tok.eot_id, dtype=torch.long, device=dev)
+        for b in range(B):
+            if len(finished[b]) >= K:
+                continue  # this row is done; its beams stay at -inf
+            live = 0
+            for r in range(top_s.shape[1]):
+                s, src, w = top_s[b, r].item(), beam[b, r].item(), word[b, r].item()
+                if s == -math.inf or live == K:
+                    break
+                if w == tok.eot_id:
+                    if r < K:  # only top-K ranked endings count, as in standard beam search
+                        body = seqs[b * K + src, 1:].tolist()
+                        finished[b].append((s / (len(body) + 1) ** length_penalty, body))
+                    continue
+                new_scores[b, live], new_src[b, live], new_word[b, live] = s, src, w
+                live += 1
+        if all(len(f) >= K for f in finished) or step == max_length:
+            break
+        flat = (new_src + torch.arange(B, device=dev)[:, None] * K).view(-1)
+        seqs = torch.cat([seqs[flat], new_word.view(-1, 1)], dim=1)
+        for c in cache:
+            c[:] = [t[flat] for t in c]
+        scores = new_scores
+    width = max(len(max(f, key=lambda x: x[0])[1]) for f in finished) + 2
+    out = torch.full((B, width), tok.pad_id, dtype=torch.long, device=dev)
+    for b, f in enumerate(finished):
+        body = max(f, key=lambda x: x[0])[1]
+        out[b, : len(body) + 2] = torch.tensor([tok.sot_id, *body, tok.eot_id])
+    return out
+
+
+def generate(model, images, length: int = 15, *, beam_size: int = 6, tokens_per_step: int = 1,
+             temperature: float = 0.0, generator=None, return_tokens: bool = False):
+    """Captions for `images` [B, 3, H, W]: list[str] (or the token tensor).
+
+    MDC: exactly `length` tokens by greedy confidence unmasking. ARC: at most `length` tokens,
+    beam search with `beam_size` (1 = greedy).
+    """
+    objective = model.config.objective
+    if objective == "clip":
+        raise ValueError("a CLIP model cannot generate captions; use an 'mdc' or 'arc' model")
+    model.check_images(images)
+    was_training = model.training
+    model.eval()
+    try:
+        if objective == "arc":
+            tokens = arc_sample(model, images, max_length=length, beam_size=beam_size)
+        else:
+            tokens = mdc_sample(model, images, length, tokens_per_step, temperature, generator)
+    finally:
+        model.train(was_training)
+    return tokens if return_tokens else model.tokenizer.batch_decode(tokens)

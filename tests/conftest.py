@@ -1,0 +1,30 @@
+import pytest
+import torch
+
+import mdc
+from mdc.tokenizer import compact_vocab
+
+CAPTIONS = [
+    "a red circle left of a blue square",
+    "a green star above a small yellow triangle",
+    "two blue squares below a striped cross",
+    "a large purple circle right of a star",
+]
+VOCAB = compact_vocab(CAPTIONS + ["a green square", "the red star above a circle"])
+SMALL = dict(vocab=VOCAB, image_size=32, patch_size=8, vision_width=64, vision_layers=2, vision_heads=2,
+             text_width=64, text_layers=2, text_heads=2, embed_dim=64, context_length=24)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def small_model(objective="mdc", **kw):
+    """A very small model (32 px, width 64, 2+2 layers, compact vocabulary) for fast tests."""
+    return mdc.create_model("tiny", objective=objective, **{**SMALL, **kw})
+
+
+@pytest.fixture
+def images():
+    return torch.randn(len(CAPTIONS), 3, 32, 32)

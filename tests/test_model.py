@@ -1,0 +1,137 @@
+"""Model construction, shapes, attention direction, bad input and checkpoint round trip."""
+import json
+
+import pytest
+import torch
+
+import mdc
+from conftest import CAPTIONS, SMALL, small_model
+
+# Parameter counts are reported in the README; building the big configs is cheap, running them is not.
+BIG = ["vit-b-32", "vit-b-16", "vit-l-14"]
+
+
+def test_list_models():
+    assert set(mdc.list_models()) >= {"tiny", *BIG}
+
+
+@pytest.mark.parametrize("name", BIG)
+def test_named_configs_build(name):
+    m = mdc.create_model(name, objective="mdc")
+    cfg = m.config
+    assert (cfg.image_size, cfg.context_length, m.tokenizer.vocab_size) == (224, 77, 49409)
+    width = {"vit-l-14": 768}.get(name, 512)
+    assert (cfg.text_layers, cfg.text_width) == (12, width)
+    assert m.decoder.blocks[0].self_attn.heads == {"vit-l-14": 12}.get(name, 8)
+    assert m.visual.patch_embed.proj.kernel_size[0] == int(name.split("-")[-1])
+
+
+def test_vit_b_32_forward_shapes():
+    m = mdc.create_model("vit-b-32", objective="arc").eval()
+    x = torch.randn(1, 3, 224, 224)
+    tok = m.tokenizer(["a photo of a dog"])[:, :8]
+    with torch.no_grad():
+        assert m(x, tok).shape == (1, 8, 49409)
+        assert m.forward_features(x).shape == (1, 49, 768)
+        assert m.encode_image(x).shape == (1, 768)
+
+
+@pytest.mark.parametrize("objective", ["mdc", "arc"])
+def test_captioner_shapes(objective, images):
+    m = small_model(objective)
+    tok = m.tokenizer(CAPTIONS)
+    V = m.tokenizer.vocab_size
+    assert tok.shape == (4, 24)
+    assert m(images, tok).shape == (4, 24, V)
+    assert m.forward_features(images).shape == (4, 16, 64)
+    feats = m.encode_image(images)
+    assert feats.shape == (4, 64)
+    torch.testing.assert_close(feats, m.forward_features(images).mean(1))  # GAP
+    assert m.loss(images, tok).dim() == 0
+
+
+def test_clip_shapes(images):
+    m = small_model("clip")
+    tok = m.tokenizer(CAPTIONS)
+    img, txt, scale = m(images, tok)
+    assert img.shape == txt.shape == (4, 64)
+    torch.testing.assert_close(img.norm(dim=-1), torch.ones(4))
+    assert m.encode_image(images).shape == (4, 64)  # CLS, pre-projection
+    torch.testing.assert_close(m.encode_image(images), m.forward_features(images)[:, 0])
+    with torch.no_grad():
+        m.logit_scale.fill_(10.0)
+        assert m.scale().item() == pytest.approx(100.0)  # clamped like OpenCLIP
+
+
+def _changed_positions(model, images, tokens, pos):
+    """Positions whose logits change when the token at `pos` is replaced."""
+    other = tokens.clone()
+    other[:, pos] = model.tokenizer.mask_id
+    with torch.no_grad():
+        diff = (model(images, tokens) - model(images, other)).abs().amax(-1)[0]
+    return set(torch.nonzero(diff > 1e-6).flatten().tolist())
+
+
+def test_causal_decoder_ignores_future_tokens(images):
+    m = small_model("arc").eval()
+    tok = m.tokenizer(CAPTIONS[:1])
+    assert min(_changed_positions(m, images[:1], tok, 4)) == 4  # positions < 4 unaffected
+
+
+def test_bidirectional_decoder_sees_future_tokens(images):
+    m = small_model("mdc").eval()
+    tok = m.tokenizer(CAPTIONS[:1])
+    assert {0, 1, 2, 3} <= _changed_positions(m, images[:1], tok, 4)
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(name="vit-z-99"), "vit-z-99"),
+    (dict(objective="diffusion"), "diffusion"),
+    (dict(t_interval=(0.5, 1.5)), "1.5"),
+    (dict(t_interval=(0.9, 0.2)), "0.9"),
+    (dict(mask_ratio=0.0), "mask_ratio"),
+    (dict(bogus=1), "bogus"),
+])
+def test_bad_config_names_the_value(kw, needle):
+    args = {"name": "tiny", "objective": "mdc", **SMALL, **kw}
+    with pytest.raises(ValueError, match=needle):
+        mdc.create_model(args.pop("name"), objective=args.pop("objective"), **args)
+
+
+def test_bad_images_and_tokens(images):
+    m = small_model()
+    tok = m.tokenizer(CAPTIONS)
+    with pytest.raises(ValueError, match=r"\[4, 3, 64, 64\]"):
+        m(torch.randn(4, 3, 64, 64), tok)
+    with pytest.raises(ValueError, match="30"):
+        m(images, torch.zeros(4, 30, dtype=torch.long))
+
+
+def test_tokenizer_truncates_the_clip_way():
+    tok = mdc.get_tokenizer(context_length=8)
+    row = tok(["one two three four five six seven eight nine"])[0]
+    assert row.tolist()[0] == tok.sot_id and row.tolist()[-1] == tok.eot_id
+    assert tok.decode(row) == "one two three four five six"
+    full = mdc.get_tokenizer()
+    assert (full.vocab_size, full.mask_id, full.context_length) == (49409, 49408, 77)
+
+
+def test_save_load_round_trip(tmp_path, images):
+    for objective in ("mdc", "clip"):
+        m = small_model(objective, t_interval=(0.3, 0.8)).eval()
+        tok = m.tokenizer(CAPTIONS)
+        m.save(tmp_path / objective)
+        files = sorted(p.name for p in (tmp_path / objective).iterdir())
+        assert files == ["config.json", "model.safetensors"]
+        assert json.loads((tmp_path / objective / "config.json").read_text())["t_interval"] == [0.3, 0.8]
+        m2 = mdc.load(tmp_path / objective).eval()
+        assert m2.config == m.config
+        with torch.no_grad():
+            a, b = m(images, tok), m2(images, tok)
+        for x, y in zip(a if objective == "clip" else [a], b if objective == "clip" else [b]):
+            assert torch.equal(x, y)
+
+
+def test_load_missing_file_names_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        mdc.load(tmp_path)
