@@ -1,0 +1,281 @@
+"""Compositionality benchmarks as published: SugarCrepe, ARO (VG-Relation, VG-Attribution,
+COCO-Order, Flickr30k-Order), with their accuracy rules.
+
+Tie rule everywhere: an item is correct only if the true caption's score is strictly
+greater than every competing caption's score (a tie is an error).
+
+Items are dicts with ``image_path`` (and ``bbox`` for ARO's VG sets); open images with
+``mdc.data.formats.load_image``. Missing fields/images raise ValueError naming file, item, field.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from mdc.data.formats import image_file, read_json, require
+
+# ------------------------------------------------------------------------------ SugarCrepe
+SUGARCREPE_SUBSETS = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
+SUGARCREPE_COLUMNS = {"add": ("add_att", "add_obj"),
+                      "replace": ("replace_att", "replace_obj", "replace_rel"),
+                      "swap": ("swap_att", "swap_obj")}
+
+
+def load_sugarcrepe(root_json_dir: str, image_dir: str,
+                    subsets: Sequence[str] = SUGARCREPE_SUBSETS) -> dict[str, list[dict]]:
+    """``{subset: [{id, image_path, caption, negative_caption}]}`` from ``<subset>.json`` files,
+    each ``{"<idx>": {"filename", "caption", "negative_caption"}}``; images are COCO val2017."""
+    out = {}
+    for subset in subsets:
+        path = os.path.join(root_json_dir, f"{subset}.json")
+        data = read_json(path)
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{path}: expected an object of items keyed by index")
+        items = []
+        for key, record in data.items():
+            require(record, ["filename", "caption", "negative_caption"], path, key)
+            items.append({"id": key, "image_path": image_file(image_dir, record["filename"], path, key),
+                          "caption": record["caption"], "negative_caption": record["negative_caption"]})
+        out[subset] = items
+    return out
+
+
+def sugarcrepe_columns(correct: Mapping[str, Sequence[bool]]) -> dict[str, float]:
+    """Paper columns from per-item correctness (``{subset: [bool per item]}``).
+
+    add = {add_att, add_obj}, replace = {replace_att, replace_obj, replace_rel},
+    swap = {swap_att, swap_obj}; each column is the ITEM-weighted mean over its sub-files
+    (all their items pooled), not the mean of sub-file accuracies. Per-subset accuracies
+    are returned too. Columns whose sub-files are all absent are left out.
+    """
+    out = {subset: float(np.mean(flags)) for subset, flags in correct.items() if len(flags)}
+    for column, subsets in SUGARCREPE_COLUMNS.items():
+        pooled = [flag for s in subsets for flag in correct.get(s, ())]
+        if pooled:
+            out[column] = float(np.mean(pooled))
+    return out
+
+
+# ------------------------------------------------------------------------------ ARO: VG
+# The relations ARO's published evaluation (the VG-Relation notebook of
+# mertyg/vision-language-models-are-bows) drops before macro-averaging VG-Relation:
+# relations whose swapped caption is not necessarily false.
+ARO_SYMMETRIC_RELATIONS = frozenset([
+    "adjusting", "attached to", "between", "bigger than", "biting", "boarding", "brushing", "chewing",
+    "cleaning", "climbing", "close to", "coming from", "coming out of", "contain", "crossing", "dragging",
+    "draped over", "drinking", "drinking from", "driving", "driving down", "driving on", "eating from",
+    "eating in", "enclosing", "exiting", "facing", "filled with", "floating in", "floating on", "flying",
+    "flying above", "flying in", "flying over", "flying through", "full of", "going down", "going into",
+    "going through", "grazing in", "growing in", "growing on", "guiding", "hanging from", "hanging in",
+    "hanging off", "hanging over", "higher than", "holding onto", "hugging", "in between", "jumping off",
+    "jumping on", "jumping over", "kept in", "larger than", "leading", "leaning over", "leaving", "licking",
+    "longer than", "looking in", "looking into", "looking out", "looking over", "looking through",
+    "lying next to", "lying on top of", "making", "mixed with", "mounted on", "moving", "on the back of",
+    "on the edge of", "on the front of", "on the other side of", "opening", "painted on", "parked at",
+    "parked beside", "parked by", "parked in", "parked in front of", "parked near", "parked next to",
+    "perched on", "petting", "piled on", "playing", "playing in", "playing on", "playing with", "pouring",
+    "reaching for", "reading", "reflected on", "riding on", "running in", "running on", "running through",
+    "seen through", "sitting behind", "sitting beside", "sitting by", "sitting in front of", "sitting near",
+    "sitting next to", "sitting under", "skiing down", "skiing on", "sleeping in", "sleeping on",
+    "smiling at", "sniffing", "splashing", "sprinkled on", "stacked on", "standing against",
+    "standing around", "standing behind", "standing beside", "standing in front of", "standing near",
+    "standing next to", "staring at", "stuck in", "surrounding", "swimming in", "swinging", "talking to",
+    "topped with", "touching", "traveling down", "traveling on", "tying", "typing on", "underneath",
+    "wading in", "waiting for", "walking across", "walking by", "walking down", "walking next to",
+    "walking through", "working in", "working on", "worn on", "wrapped around", "wrapped in",
+    "by", "of", "near", "next to", "with", "beside", "on the side of", "around",
+])
+VG_FIELDS = ("image_path", "bbox_x", "bbox_y", "bbox_w", "bbox_h", "true_caption", "false_caption")
+
+
+def _load_vg(json_path: str, image_dir: str, label_field: str) -> list[dict]:
+    data = read_json(json_path)
+    if not isinstance(data, list):
+        raise ValueError(f"{json_path}: expected a list of items")
+    items = []
+    for index, record in enumerate(data):
+        require(record, (*VG_FIELDS, label_field), json_path, index)
+        items.append({"id": index, "image_path": image_file(image_dir, record["image_path"], json_path, index),
+                      "bbox": tuple(record[f"bbox_{k}"] for k in "xywh"),
+                      "true_caption": record["true_caption"], "false_caption": record["false_caption"],
+                      label_field: record[label_field]})
+    return items
+
+
+def load_vg_relation(json_path: str, image_dir: str) -> list[dict]:
+    """``visual_genome_relation.json`` -> ``[{id, image_path, bbox, true_caption, false_caption,
+    relation_name}]``; ``load_image(item)`` crops to ``bbox`` = (x, y, w, h)."""
+    return _load_vg(json_path, image_dir, "relation_name")
+
+
+def load_vg_attribution(json_path: str, image_dir: str) -> list[dict]:
+    """``visual_genome_attribution.json`` -> ``[{id, image_path, bbox, true_caption,
+    false_caption, attributes}]`` (``attributes``: the two swapped attributes)."""
+    return _load_vg(json_path, image_dir, "attributes")
+
+
+def pairwise_correct(true_scores, false_scores) -> np.ndarray:
+    """Per item: score(true caption) > score(false caption), strictly (ties are errors)."""
+    return np.asarray(true_scores, dtype=np.float64) > np.asarray(false_scores, dtype=np.float64)
+
+
+def _macro(groups: Sequence, correct: Sequence[bool], min_count: int) -> tuple[float, dict]:
+    correct = np.asarray(correct, dtype=bool)
+    if len(groups) != len(correct):
+        raise ValueError(f"{len(groups)} items but {len(correct)} correctness flags")
+    per_group = {}
+    for g in sorted(set(groups)):
+        mask = np.array([x == g for x in groups])
+        if mask.sum() >= min_count:
+            per_group[g] = float(correct[mask].mean())
+    return (float(np.mean(list(per_group.values()))) if per_group else float("nan")), per_group
+
+
+def vg_relation_accuracy(items: Sequence[dict], correct: Sequence[bool]) -> tuple[float, dict[str, float]]:
+    """ARO's VG-Relation number: mean over relations of per-relation accuracy, relations in
+    ``ARO_SYMMETRIC_RELATIONS`` excluded. Returns (macro accuracy, {relation: accuracy})."""
+    keep = [i for i, item in enumerate(items) if item["relation_name"] not in ARO_SYMMETRIC_RELATIONS]
+    flags = np.asarray(correct, dtype=bool)
+    if len(items) != len(flags):
+        raise ValueError(f"{len(items)} items but {len(flags)} correctness flags")
+    return _macro([items[i]["relation_name"] for i in keep], flags[keep], min_count=1)
+
+
+def vg_attribution_accuracy(items: Sequence[dict], correct: Sequence[bool],
+                            min_count: int = 25) -> tuple[float, dict[str, float]]:
+    """ARO's VG-Attribution number: mean over attribute pairs (``"a_b"`` from ``attributes``)
+    of per-pair accuracy, pairs with fewer than ``min_count`` items dropped (ARO uses 25).
+    Returns (macro accuracy, {pair: accuracy})."""
+    return _macro([f"{item['attributes'][0]}_{item['attributes'][1]}" for item in items], correct, min_count)
+
+
+# ------------------------------------------------------------------------------ ARO: Order
+PERTURBATIONS = ("shuffle_nouns_and_adj", "shuffle_allbut_nouns_and_adj", "shuffle_within_trigrams",
+                 "shuffle_trigrams")
+
+_FUNCTION_WORDS = set("""
+a an the this that these those some any each every all both no another other such its their his her
+our your my whose which what who whom there here
+in on at of to from by with without into onto upon over under above below near beside besides between
+behind before after across along around through toward towards against among inside outside within
+off out up down about like via next top front back side atop beneath underneath amid while during
+and or but nor so yet if than as because though although then also not very too just only still
+i me you he him she it we us they them himself herself itself themselves someone something one ones
+is are was were be been being am has have had having do does did can could will would may might must
+shall should
+sits sit sitting sat stands stand standing stood holds hold holding held rides ride riding rode
+looks look looking walks walk walking lays lay laying lies lie lying eats eat eating plays play playing
+wears wear wearing waits wait waiting flies fly flying runs run running goes go going gets get getting
+takes take taking makes make making shows show showing uses use using carries carry carrying
+watches watch watching sleeps sleep sleeping parks park parked covers covered filled topped
+""".split())
+_NUMBER_WORDS = set("zero one two three four five six seven eight nine ten eleven twelve dozen several many few".split())
+_ADJECTIVES = set("""
+white black red blue green yellow orange purple pink brown gray grey silver golden gold dark light bright
+small large big little huge tiny tall short long wide narrow high low old young new empty full open closed
+wooden metal plastic glass stone brick paper hot cold wet dry clean dirty busy pretty beautiful cute
+different same several various many multiple single double round square flat colorful striped
+plain fresh ripe sliced green-and-white black-and-white male female older younger smiling happy
+""".split())
+_NOUNS_LIKE_PARTICIPLES = set("building ceiling clothing painting thing string evening morning wedding".split())
+
+
+def _word_class(word: str) -> str:
+    """'noun', 'adj' or 'other' from word lists and suffixes (no trained tagger; see below)."""
+    if word in _ADJECTIVES:
+        return "adj"
+    if word in _FUNCTION_WORDS or word in _NUMBER_WORDS or word.isdigit():
+        return "other"
+    if word in _NOUNS_LIKE_PARTICIPLES:
+        return "noun"
+    if len(word) > 4 and word.endswith(("ing", "ed", "ly")):
+        return "other"  # present/past participles and adverbs
+    if len(word) > 5 and word.endswith(("ful", "ous", "ive", "less", "ish", "able", "ible")):
+        return "adj"
+    return "noun"
+
+
+def normalise_caption(caption: str, max_words: int = 30) -> list[str]:
+    """Lowercase, punctuation to spaces (apostrophes and hyphens kept), first ``max_words`` words."""
+    return re.sub(r"[^a-z0-9'\- ]+", " ", caption.lower()).split()[:max_words]
+
+
+def _trigrams(words: list[str]) -> list[list[str]]:
+    return [words[i:i + 3] for i in range(0, len(words), 3)]
+
+
+def perturb_caption(words: Sequence[str], rng: np.random.Generator) -> list[list[str]]:
+    """ARO's four order perturbations of a word list, in ``PERTURBATIONS`` order; each is a
+    permutation of ``words``: nouns shuffled among nouns and adjectives among adjectives;
+    all other words shuffled among themselves; words shuffled inside each consecutive
+    trigram; the trigrams' order shuffled."""
+    words = list(words)
+    classes = [_word_class(w) for w in words]
+    out = []
+    shuffled = list(words)
+    for cls in ("noun", "adj"):
+        idx = [i for i, c in enumerate(classes) if c == cls]
+        for i, j in zip(idx, rng.permutation(idx)):
+            shuffled[i] = words[j]
+    out.append(shuffled)
+    shuffled = list(words)
+    idx = [i for i, c in enumerate(classes) if c == "other"]
+    for i, j in zip(idx, rng.permutation(idx)):
+        shuffled[i] = words[j]
+    out.append(shuffled)
+    out.append([w for tri in _trigrams(words) for w in rng.permutation(tri).tolist()])
+    trigrams = _trigrams(words)
+    out.append([w for k in rng.permutation(len(trigrams)) for w in trigrams[k]])
+    return out
+
+
+def load_order_suite(karpathy_test_json: str, image_dir: str, seed: int = 0, max_words: int = 30) -> list[dict]:
+    """COCO-Order / Flickr30k-Order from ARO's Karpathy test file (``[{image, caption: [5]}]``).
+
+    One item per caption: ``{id, image_path, caption, perturbed: [4 captions], identical:
+    [4 bools]}``. Captions are normalised (:func:`normalise_caption`, ARO also truncates to
+    30 words); the perturbations (:func:`perturb_caption`) permute the normalised words, so
+    each is a permutation of the true caption. Randomness is seeded per caption from
+    (seed, image index, caption index): the suite does not depend on iteration order.
+
+    Noun/adjective tagging uses no model (ARO uses spaCy's tagger): closed-class lists
+    (determiners, prepositions, pronouns, conjunctions, auxiliaries, frequent caption
+    verbs, numbers) are 'other'; a colour/size/material adjective list and the suffixes
+    -ful/-ous/-ive/-less/-ish/-able/-ible give adjectives; -ing/-ed/-ly words longer than 4
+    letters are 'other'; everything else is a noun. Limits: unlisted verbs in -s
+    ("leans") count as nouns, and noun/verb homographs ("park", "walk") as verbs, so the
+    first two perturbations differ somewhat from ARO's.
+    ``identical[k]`` flags a perturbation equal to the true caption (short captions).
+    """
+    data = read_json(karpathy_test_json)
+    if not isinstance(data, list):
+        raise ValueError(f"{karpathy_test_json}: expected a list of items")
+    items = []
+    for index, record in enumerate(data):
+        require(record, ["image", "caption"], karpathy_test_json, index)
+        path = image_file(image_dir, record["image"], karpathy_test_json, index)
+        captions = [record["caption"]] if isinstance(record["caption"], str) else record["caption"]
+        for c, caption in enumerate(captions):
+            words = normalise_caption(caption, max_words)
+            perturbed = [" ".join(p) for p in perturb_caption(words, np.random.default_rng((seed, index, c)))]
+            true = " ".join(words)
+            items.append({"id": f"{index}.{c}", "image_path": path, "caption": true, "perturbed": perturbed,
+                          "identical": [p == true for p in perturbed]})
+    return items
+
+
+def order_accuracy(items: Sequence[dict], true_scores, perturbed_scores) -> float:
+    """Fraction of captions whose true caption scores strictly above each of its
+    perturbations (``perturbed_scores``: [N, 4]). A perturbation that is the very same
+    string as the true caption (``identical``) is the same caption, not a competitor, and
+    is ignored; any other tie counts as an error."""
+    true = np.asarray(true_scores, dtype=np.float64)[:, None]
+    perturbed = np.asarray(perturbed_scores, dtype=np.float64)
+    if perturbed.shape != (len(items), len(PERTURBATIONS)) or len(true) != len(items):
+        raise ValueError(f"expected {len(items)} true scores and [{len(items)}, 4] perturbed scores, "
+                         f"got {len(true)} and {list(perturbed.shape)}")
+    identical = np.array([item["identical"] for item in items], dtype=bool)
+    return float(((true > perturbed) | identical).all(axis=1).mean())

@@ -1,0 +1,223 @@
+"""Readers for the real evaluation data, exactly as published (captioning and linear probes).
+
+Items are plain dicts holding an ``image_path`` (plus ``bbox`` where the benchmark crops);
+:func:`load_image` opens one lazily, so notebooks choose their own batching. A benchmark
+file with a missing field or a missing image raises ``ValueError`` naming the file, the
+item and the field (or the image path).
+
+The compositionality benchmarks (SugarCrepe, ARO, COCO/Flickr30k-Order) live in
+``mdc.data.compositionality``.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+from PIL import Image
+from torch.utils.data import Dataset, IterableDataset
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+CLIP_BENCHMARK_DATASETS = ("imagenet1k", "food101", "cifar10", "cifar100", "pets")
+
+
+# --------------------------------------------------------------------------- shared helpers
+def read_json(path: str) -> Any:
+    """Parse a JSON benchmark file; a missing or malformed file raises ValueError naming it."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: file not found")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as exn:
+        raise ValueError(f"{path}: not valid JSON ({exn})") from exn
+
+
+def require(record: Any, fields: Iterable[str], path: str, item: Any) -> None:
+    """Raise ValueError naming ``path``, ``item`` and the first of ``fields`` missing in ``record``."""
+    if not isinstance(record, Mapping):
+        raise ValueError(f"{path}: item {item!r} is a {type(record).__name__}, expected an object")
+    for name in fields:
+        if name not in record:
+            raise ValueError(f"{path}: item {item!r} has no field {name!r}")
+
+
+def image_file(image_dir: str, name: str, path: str, item: Any) -> str:
+    """``image_dir/name``, which must exist (else ValueError naming the benchmark file and item)."""
+    full = os.path.join(image_dir, name)
+    if not os.path.isfile(full):
+        raise ValueError(f"{path}: item {item!r} refers to a missing image {full}")
+    return full
+
+
+def load_image(item: Mapping) -> Image.Image:
+    """Open ``item["image_path"]`` as RGB, cropped to ``item["bbox"]`` = (x, y, w, h) if present."""
+    image = Image.open(item["image_path"]).convert("RGB")
+    if item.get("bbox") is not None:
+        x, y, w, h = item["bbox"]
+        image = image.crop((x, y, x + w, y + h))
+    return image
+
+
+# --------------------------------------------------------------------------- captioning
+def load_karpathy(dataset_json: str, image_root: str, split: str | Sequence[str] = "test") -> list[dict]:
+    """Karpathy split file (``dataset_coco.json`` / ``dataset_flickr30k.json``).
+
+    Returns ``[{image_id, image_path, references: [raw sentences]}]`` for images whose
+    ``split`` is ``split`` (a name or several, e.g. ``("train", "restval")``).
+    ``image_path`` is ``image_root/filepath/filename`` (COCO has ``filepath``, e.g.
+    ``val2014``; Flickr30k does not). ``image_id`` is ``cocoid`` when present (COCO's own
+    ids, as the official caption files use), else ``imgid``.
+    """
+    data = read_json(dataset_json)
+    require(data, ["images"], dataset_json, "<root>")
+    splits = {split} if isinstance(split, str) else set(split)
+    out = []
+    for index, image in enumerate(data["images"]):
+        require(image, ["filename", "split", "sentences"], dataset_json, index)
+        if image["split"] not in splits:
+            continue
+        references = []
+        for s, sentence in enumerate(image["sentences"]):
+            require(sentence, ["raw"], dataset_json, f"{index}.sentences[{s}]")
+            references.append(sentence["raw"])
+        if "cocoid" not in image:
+            require(image, ["imgid"], dataset_json, index)
+        name = os.path.join(image.get("filepath", ""), image["filename"])
+        out.append({"image_id": image.get("cocoid", image.get("imgid")),
+                    "image_path": image_file(image_root, name, dataset_json, index),
+                    "references": references})
+    return out
+
+
+def load_coco_captions(captions_json: str, image_dir: str) -> list[dict]:
+    """Official COCO captions file (``captions_val2014.json``: ``images`` + ``annotations``).
+
+    Returns ``[{image_id, image_path, references}]`` in the file's image order; every
+    listed image must exist in ``image_dir`` and every annotation must name a listed image.
+    """
+    data = read_json(captions_json)
+    require(data, ["images", "annotations"], captions_json, "<root>")
+    references: dict[Any, list[str]] = {}
+    for index, image in enumerate(data["images"]):
+        require(image, ["id", "file_name"], captions_json, f"images[{index}]")
+        references[image["id"]] = []
+    for index, ann in enumerate(data["annotations"]):
+        require(ann, ["image_id", "caption"], captions_json, f"annotations[{index}]")
+        if ann["image_id"] not in references:
+            raise ValueError(f"{captions_json}: item annotations[{index}] names image_id "
+                             f"{ann['image_id']!r}, which is not in 'images'")
+        references[ann["image_id"]].append(ann["caption"])
+    return [{"image_id": image["id"],
+             "image_path": image_file(image_dir, image["file_name"], captions_json, f"images[{index}]"),
+             "references": references[image["id"]]}
+            for index, image in enumerate(data["images"])]
+
+
+# --------------------------------------------------------------------------- linear probes
+class WdsClassification(IterableDataset):
+    """CLIP_benchmark's ``wds/<name>`` folder: ``{split}/nshards.txt``, ``{split}/0.tar ..``
+    (image member + ``.cls`` integer label), ``classnames.txt`` at the root (optional).
+
+    Iterates ``(transform(image) or PIL image, label)`` in shard order; ``classnames`` is
+    the list from ``classnames.txt`` (None without one).
+    """
+
+    def __init__(self, root: str, split: str, transform: Callable | None = None):
+        nshards_file = os.path.join(root, split, "nshards.txt")
+        if not os.path.isfile(nshards_file):
+            raise ValueError(f"{nshards_file}: file not found (not a CLIP_benchmark wds folder?)")
+        with open(nshards_file) as f:
+            text = f.read().strip()
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"{nshards_file}: expected a positive shard count, got {text!r}")
+        self.urls = [os.path.join(root, split, f"{i}.tar") for i in range(int(text))]
+        missing = [u for u in self.urls if not os.path.isfile(u)]
+        if missing:
+            raise ValueError(f"{nshards_file}: lists {len(self.urls)} shards but {missing[0]} is missing")
+        classnames_file = os.path.join(root, "classnames.txt")
+        self.classnames = None
+        if os.path.isfile(classnames_file):
+            with open(classnames_file, encoding="utf-8") as f:
+                self.classnames = [line.strip() for line in f if line.strip()]
+        self.transform = transform
+
+    def __iter__(self) -> Iterator[tuple[Any, int]]:
+        import webdataset as wds
+
+        pipeline = wds.DataPipeline(wds.SimpleShardList(self.urls), wds.split_by_worker, wds.tarfile_to_samples())
+        for sample in pipeline:
+            ext = next((e for e in ("webp", "png", "jpg", "jpeg") if e in sample), None)
+            for name, value in (("image", ext), ("label", "cls" if "cls" in sample else None)):
+                if value is None:
+                    raise ValueError(f"{sample['__url__']}: item {sample['__key__']!r} has no {name} member")
+            with Image.open(io.BytesIO(sample[ext])) as im:
+                image = im.convert("RGB")
+            yield (self.transform(image) if self.transform else image), int(sample["cls"].decode().strip())
+
+
+def load_wds_classification(root: str, split: str, transform: Callable | None = None) -> WdsClassification:
+    """Open a CLIP_benchmark ``wds/<name>`` folder split (see :class:`WdsClassification`)."""
+    return WdsClassification(root, split, transform)
+
+
+class ImageFolder(Dataset):
+    """``root/<class>/<image>``: classes are the sorted sub-folder names, labels their indices.
+
+    Items are ``(transform(image) or PIL image, label)``; ``classnames`` lists the folders.
+    """
+
+    def __init__(self, root: str, transform: Callable | None = None):
+        if not os.path.isdir(root):
+            raise ValueError(f"{root}: image folder not found")
+        self.classnames = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        self.samples = [(os.path.join(root, c, f), label)
+                        for label, c in enumerate(self.classnames)
+                        for f in sorted(os.listdir(os.path.join(root, c)))
+                        if f.lower().endswith(IMAGE_SUFFIXES)]
+        if not self.samples:
+            raise ValueError(f"{root}: no images in <class>/<image> sub-folders")
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        path, label = self.samples[index]
+        image = load_image({"image_path": path})
+        return (self.transform(image) if self.transform else image), label
+
+
+def load_image_folder(root: str, transform: Callable | None = None) -> ImageFolder:
+    """Open a plain ``root/<class>/<image>`` folder (see :class:`ImageFolder`)."""
+    return ImageFolder(root, transform)
+
+
+def build_probe_dataset(name: str, root: str, split: str, transform: Callable | None = None):
+    """A linear-probe dataset as CLIP_benchmark lays it out, never downloading.
+
+    ``imagenet1k, food101, cifar10, cifar100, pets`` go through CLIP_benchmark's
+    ``build_dataset(name, root=root, transform=transform, split=split, download=False,
+    task="linear_probe")`` (torchvision layouts; pets' ``train`` split is ``trainval``);
+    ``wds/<name>`` reads the webdataset folder ``root`` with :class:`WdsClassification`.
+    The returned dataset has ``classes`` (CLIP_benchmark) or ``classnames`` (wds).
+    """
+    if name.startswith("wds/"):
+        return load_wds_classification(root, split, transform)
+    if name not in CLIP_BENCHMARK_DATASETS:
+        raise ValueError(f"unknown probe dataset {name!r}; expected one of {CLIP_BENCHMARK_DATASETS} or wds/<name>")
+    if not os.path.isdir(root):
+        raise ValueError(f"probe dataset {name}: root {root} not found (downloads are disabled; "
+                         f"place the torchvision/CLIP_benchmark layout there)")
+    if name == "pets" and split == "train":
+        split = "trainval"
+    from mdc._compat import patch_torchvision
+
+    patch_torchvision()
+    from clip_benchmark.datasets.builder import build_dataset
+
+    try:
+        return build_dataset(name, root=root, transform=transform, split=split, download=False, task="linear_probe")
+    except (RuntimeError, FileNotFoundError, OSError) as exn:
+        raise ValueError(f"probe dataset {name}: could not read split {split!r} under {root}: {exn}") from exn

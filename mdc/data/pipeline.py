@@ -1,0 +1,428 @@
+"""Image-caption training data: webdataset shards -> (images, tokens) batches.
+
+Shards use img2dataset's layout: tar members ``KEY.jpg|jpeg|png|webp`` + ``KEY.txt``
+(optional ``KEY.json``, ignored). ``urls`` is a brace pattern (``DIR/{000000..000009}.tar``,
+several joined with ``::``), a list of paths, or ``pipe:`` commands.
+
+Stream, per (node, DataLoader worker)::
+
+    shard list (shuffled by (seed, epoch) when training; or seeded resampling)
+      -> split by node -> split by worker -> tar members -> samples (grouped per shard)
+      -> seeded shuffle buffer -> validate + decode (PIL) -> transform -> tokenize -> batch
+
+Bad input never crashes the stream: it is skipped, logged (logger ``mdc.data.pipeline``,
+naming the shard URL and sample key) and counted in a :class:`SkipStats` under one of
+``SKIP_REASONS``. Loader batches are ``(images, tokens, meta)`` with
+``meta = {"worker", "position", "last", "skipped"}``: ``skipped`` holds the counts incurred while
+that batch was assembled, so counts made in worker processes reach the main process with
+the data. :func:`iterate_batches` folds them into one :class:`SkipStats` and yields plain
+``(images, tokens)``.
+
+Exact resume. All randomness (shard order, shuffle buffer, crops) is a function of
+(seed, epoch, rank, worker, sample index), so a worker's stream is fixed. ``position``
+is the number of post-shuffle samples that worker has consumed; :class:`StreamPosition`
+tracks it per worker plus the worker due next in the DataLoader's round-robin. Saving
+``position.state_dict()`` and passing it back as ``make_loader(..., resume=state)`` replays
+the same batch sequence from the next batch on: consumed samples are dropped before
+decoding (only tar reading is repeated) and their skip counts are not reported twice.
+Resume needs the same urls, seed, epoch, num_workers and world size; under DDP each rank
+saves its own state.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+import webdataset as wds
+from PIL import Image
+from torch.utils.data import DataLoader, IterableDataset
+from webdataset.tariterators import base_plus_ext, tar_file_iterator, url_opener
+from webdataset.utils import make_seed, pytorch_worker_info
+
+logger = logging.getLogger(__name__)
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+MAX_CAPTION_CHARS = 10_000
+SKIP_REASONS = (
+    "missing_shard",     # a URL that does not exist (counted per shard)
+    "unreadable_shard",  # open/read error or truncation inside a tar (counted per shard)
+    "missing_image",     # a key with no jpg/jpeg/png/webp member
+    "corrupt_image",     # image bytes PIL cannot decode
+    "missing_caption",   # an image without .txt
+    "empty_caption",     # empty or whitespace-only .txt
+    "caption_not_utf8",  # .txt that is not valid UTF-8
+    "caption_too_long",  # more than MAX_CAPTION_CHARS characters
+)
+
+
+# --------------------------------------------------------------------------- accounting
+@dataclass
+class SkipStats:
+    """Counts of skipped inputs by reason (one of ``SKIP_REASONS``); mergeable."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def add(self, reason: str, n: int = 1) -> None:
+        if reason not in SKIP_REASONS:
+            raise ValueError(f"unknown skip reason {reason!r}; expected one of {SKIP_REASONS}")
+        self.counts[reason] = self.counts.get(reason, 0) + n
+
+    def record(self, reason: str, url: str, key: str | None = None, detail: object = "") -> None:
+        """Count one skip and log a warning naming the shard and sample key."""
+        self.add(reason)
+        where = url if key is None else f"{url} key {key}"
+        logger.warning("skipped %s: %s%s", reason, where, f" ({detail})" if detail else "")
+
+    def merge(self, other: "SkipStats | Mapping[str, int]") -> "SkipStats":
+        """Add ``other``'s counts into this object (in place) and return it."""
+        for reason, n in (other.counts if isinstance(other, SkipStats) else other).items():
+            self.add(reason, n)
+        return self
+
+    def clear(self) -> None:
+        self.counts.clear()
+
+    def as_dict(self) -> dict[str, int]:
+        return {reason: self.counts[reason] for reason in SKIP_REASONS if reason in self.counts}
+
+
+@dataclass
+class StreamPosition:
+    """Per-worker stream positions of a loader: what exact resume needs.
+
+    ``consumed[w]`` is the number of post-shuffle samples worker ``w`` has used (good and
+    skipped); ``finished`` lists workers whose last batch has been used; ``next_worker`` is
+    the worker whose batch the DataLoader hands out next.
+    """
+
+    num_workers: int
+    consumed: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    next_worker: int = 0
+    batches: int = 0  # batches seen, for logging
+
+    def __post_init__(self):
+        self.num_workers = max(1, self.num_workers)
+        if not self.consumed:
+            self.consumed = [0] * self.num_workers
+
+    def update(self, meta: Mapping) -> None:
+        """Advance past one loader batch, given its ``meta``."""
+        self.consumed[meta["worker"]] = meta["position"]
+        if meta["last"]:
+            self.finished.append(meta["worker"])
+        self.next_worker = (meta["worker"] + 1) % self.num_workers
+        self.batches += 1
+
+    def state_dict(self) -> dict:
+        return {"num_workers": self.num_workers, "consumed": list(self.consumed), "finished": list(self.finished),
+                "next_worker": self.next_worker, "batches": self.batches}
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping) -> "StreamPosition":
+        return cls(state["num_workers"], list(state["consumed"]), list(state["finished"]),
+                   state["next_worker"], state["batches"])
+
+
+def iterate_batches(loader: Iterable, stats: SkipStats,
+                    position: StreamPosition | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield ``(images, tokens)`` from a :func:`make_loader` loader.
+
+    Each batch's skip counts are merged into ``stats`` and, if given, ``position`` is
+    advanced. Empty batches (a worker's leftover skip counts at the end of a finite
+    stream) only carry counts and are not yielded.
+    """
+    for images, tokens, meta in loader:
+        stats.merge(meta["skipped"])
+        if position is not None:
+            position.update(meta)
+        if len(images):
+            yield images, tokens
+
+
+# --------------------------------------------------------------------------- transforms
+class ImageTransform:
+    """PIL image -> FloatTensor [3, size, size], normalised with CLIP's mean/std.
+
+    Train: random-resized crop (area fraction ``crop_scale``, aspect ratio 3/4..4/3, 10
+    tries then a centre crop, as torchvision's RandomResizedCrop) resized bicubically to
+    ``size``; ``crop_scale=None`` means a plain resize to ``size`` (no resize if the image
+    already has that size). Eval: resize the shorter side to ``size``, centre crop.
+    Train randomness comes from ``rng`` (a ``numpy.random.Generator``) when passed to the
+    call, else from the transform's own generator seeded by ``seed``.
+    """
+
+    def __init__(self, image_size: int, train: bool, crop_scale: tuple[float, float] | None = (0.9, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), seed: int = 0):
+        self.size, self.train, self.crop_scale, self.ratio = image_size, train, crop_scale, ratio
+        self.rng = np.random.default_rng(seed)
+        self.mean = torch.tensor(CLIP_MEAN).view(3, 1, 1)
+        self.std = torch.tensor(CLIP_STD).view(3, 1, 1)
+
+    def __call__(self, image: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
+        image = image.convert("RGB")
+        s = self.size
+        if not self.train:
+            w, h = image.size
+            scale = s / min(w, h)
+            new = (max(s, round(w * scale)), max(s, round(h * scale)))
+            if new != image.size:
+                image = image.resize(new, Image.BICUBIC)
+            left, top = (new[0] - s) // 2, (new[1] - s) // 2
+            image = image.crop((left, top, left + s, top + s))
+        elif self.crop_scale is None:
+            if image.size != (s, s):
+                image = image.resize((s, s), Image.BICUBIC)
+        else:
+            box = self._crop_box(image.size, rng if rng is not None else self.rng)
+            image = image.resize((s, s), Image.BICUBIC, box=box)
+        x = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
+        return (x - self.mean) / self.std
+
+    def _crop_box(self, size: tuple[int, int], rng: np.random.Generator) -> tuple[int, int, int, int]:
+        """(left, top, right, bottom) of a random crop with the configured area and ratio."""
+        width, height = size
+        area = width * height
+        log_ratio = np.log(self.ratio)
+        for _ in range(10):
+            target = area * rng.uniform(*self.crop_scale)
+            aspect = np.exp(rng.uniform(*log_ratio))
+            w = int(round(np.sqrt(target * aspect)))
+            h = int(round(np.sqrt(target / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(rng.integers(0, height - h + 1))
+                left = int(rng.integers(0, width - w + 1))
+                return left, top, left + w, top + h
+        aspect = width / height  # fallback: the largest centred crop within the ratio range
+        if aspect < self.ratio[0]:
+            w, h = width, int(round(width / self.ratio[0]))
+        elif aspect > self.ratio[1]:
+            w, h = int(round(height * self.ratio[1])), height
+        else:
+            w, h = width, height
+        left, top = (width - w) // 2, (height - h) // 2
+        return left, top, left + w, top + h
+
+
+def image_transform(image_size: int, train: bool, *, crop_scale: tuple[float, float] | None = (0.9, 1.0),
+                    seed: int = 0) -> ImageTransform:
+    """The CLIP-normalised train/eval image transform (see :class:`ImageTransform`)."""
+    return ImageTransform(image_size, train, crop_scale=crop_scale, seed=seed)
+
+
+# --------------------------------------------------------------------------- stream stages
+def _shard_samples(shards: Iterable[dict], stats: SkipStats) -> Iterator[dict]:
+    """Open each shard and group its tar members into samples ``{__key__, __url__, ext: bytes}``.
+
+    Grouping restarts at every shard, so a truncated shard can never leak a partial
+    sample into the next one. Open errors count as ``missing_shard`` (file not found) or
+    ``unreadable_shard``; any read error inside a tar counts once as ``unreadable_shard``
+    and ends that shard (samples completed before it are kept).
+    """
+    def on_open_error(exn: Exception) -> bool:
+        reason = "missing_shard" if isinstance(exn, FileNotFoundError) else "unreadable_shard"
+        stats.record(reason, str(exn.args[-1]), detail=repr(exn))
+        return True
+
+    for shard in url_opener(shards, handler=on_open_error):
+        url, errors, current = shard["url"], [], None
+
+        def stop(exn: Exception) -> bool:
+            errors.append(exn)
+            return False
+
+        try:
+            for member in tar_file_iterator(shard["stream"], handler=stop):
+                prefix, suffix = base_plus_ext(member["fname"])
+                if prefix is None:
+                    continue
+                suffix = suffix.lower()
+                if current is None or prefix != current["__key__"] or suffix in current:
+                    if current is not None:
+                        yield current
+                    current = {"__key__": prefix, "__url__": url}
+                current[suffix] = member["data"]
+        except Exception as exn:  # tar header errors are raised outside the member handler
+            errors.append(exn)
+        finally:
+            try:
+                shard["stream"].close()
+            except Exception as exn:  # a pipe: command that failed reports it on close
+                errors.append(exn)
+        if current is not None:
+            yield current
+        if errors:
+            stats.record("unreadable_shard", url, detail=repr(errors[0]))
+
+
+def _decode(sample: dict, stats: SkipStats) -> tuple[Image.Image, str] | None:
+    """Validate a raw sample; return (RGB image, caption), or count the reason and return None."""
+    url, key = sample["__url__"], sample["__key__"]
+    ext = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+    if ext is None:
+        stats.record("missing_image", url, key)
+        return None
+    if "txt" not in sample:
+        stats.record("missing_caption", url, key)
+        return None
+    try:
+        caption = sample["txt"].decode("utf-8")
+    except UnicodeDecodeError as exn:
+        stats.record("caption_not_utf8", url, key, exn)
+        return None
+    if not caption.strip():
+        stats.record("empty_caption", url, key)
+        return None
+    if len(caption) > MAX_CAPTION_CHARS:
+        stats.record("caption_too_long", url, key, f"{len(caption)} characters")
+        return None
+    try:
+        image = Image.open(io.BytesIO(sample[ext])).convert("RGB")
+    except Exception as exn:  # PIL raises many types for bad bytes
+        stats.record("corrupt_image", url, key, repr(exn))
+        return None
+    return image, caption.strip()
+
+
+def _collate(samples: list, tokenizer, image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if not samples:
+        return torch.zeros(0, 3, image_size, image_size), torch.zeros(0, tokenizer.context_length, dtype=torch.long)
+    images, captions = zip(*samples)
+    return torch.stack(images), tokenizer(list(captions))
+
+
+class ImageCaptionDataset(IterableDataset):
+    """Iterable over (image [3,H,W], tokens [L]) or, with ``batch_size``, over
+    ``(images [B,3,H,W], tokens [B,L], meta)`` batches. Build it with :func:`make_dataset`."""
+
+    def __init__(self, urls: str | Sequence[str], tokenizer: Callable, transform: ImageTransform, *,
+                 train: bool, shuffle_buffer: int, resampled: bool, seed: int, epoch: int,
+                 stats: SkipStats | None = None, batch_size: int | None = None, partial: bool = True,
+                 resume: StreamPosition | None = None):
+        super().__init__()
+        self.urls = wds.shardlists.expand_urls(urls) if isinstance(urls, str) else list(urls)
+        if not self.urls:
+            raise ValueError(f"no shard URLs in {urls!r}")
+        self.tokenizer, self.transform = tokenizer, transform
+        self.train, self.shuffle_buffer, self.resampled = train, shuffle_buffer, resampled
+        self.seed, self.epoch = seed, epoch
+        self.stats = stats if stats is not None else SkipStats()
+        self.batch_size, self.partial, self.resume = batch_size, partial, resume
+
+    def _shards(self, rank: int, worker: int, num_workers: int) -> Iterable[dict]:
+        if self.resampled:  # independent seeded draws per (rank, worker): nothing to split
+            seed_fn = lambda: make_seed(self.seed, self.epoch, rank, worker)  # noqa: E731
+            return wds.ResampledShards(self.urls, seed=self.seed, worker_seed=seed_fn, deterministic=True)
+        shard_seed = make_seed(self.seed, self.epoch) if self.train else None  # same order on every rank
+        shards = wds.split_by_node(iter(wds.SimpleShardList(self.urls, seed=shard_seed)))
+        # split by the logical worker id (not wds.split_by_worker's physical one) so resume can rotate it
+        return (s for i, s in enumerate(shards) if i % num_workers == worker)
+
+    def __iter__(self):
+        rank, _, physical, num_workers = pytorch_worker_info()
+        offset, start = 0, 0
+        if self.resume is not None:
+            if self.resume.num_workers != num_workers:
+                raise ValueError(f"resume state is for {self.resume.num_workers} workers, loader has {num_workers}")
+            offset = self.resume.next_worker
+        worker = (physical + offset) % num_workers  # logical worker: resume keeps the round-robin order
+        if self.resume is not None:
+            if worker in self.resume.finished:
+                return
+            start = self.resume.consumed[worker]
+        stats = SkipStats() if self.batch_size else self.stats
+        samples = _shard_samples(self._shards(rank, worker, num_workers), stats)
+        if self.train:
+            rng = random.Random(make_seed(self.seed, self.epoch, rank, worker))
+            samples = wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)(samples)
+        good, position = [], 0
+        for index, sample in enumerate(samples):
+            position = index + 1
+            if index < start:  # consumed before the resume point: its counts were reported then
+                stats.clear()
+                continue
+            decoded = _decode(sample, stats)
+            if decoded is None:
+                continue
+            image, caption = decoded
+            crop_rng = np.random.default_rng((self.seed, self.epoch, rank, worker, index))
+            item = (self.transform(image, crop_rng), caption)
+            if not self.batch_size:
+                yield item[0], self.tokenizer([caption])[0]
+                continue
+            good.append(item)
+            if len(good) == self.batch_size:
+                yield (*_collate(good, self.tokenizer, self.transform.size), self._meta(worker, position, stats, False))
+                good = []
+        if self.batch_size and ((good and self.partial) or stats.total):
+            kept = good if self.partial else []
+            yield (*_collate(kept, self.tokenizer, self.transform.size), self._meta(worker, position, stats, True))
+
+    @staticmethod
+    def _meta(worker: int, position: int, stats: SkipStats, last: bool) -> dict:
+        meta = {"worker": worker, "position": position, "last": last, "skipped": stats.as_dict()}
+        stats.clear()
+        return meta
+
+
+# --------------------------------------------------------------------------- public API
+def make_dataset(urls: str | Sequence[str], tokenizer: Callable, image_size: int, *, train: bool = True,
+                 shuffle_buffer: int = 1000, resampled: bool = False, seed: int = 0, epoch: int = 0,
+                 stats: SkipStats | None = None, crop_scale: tuple[float, float] | None = (0.9, 1.0),
+                 batch_size: int | None = None, partial: bool = True,
+                 resume: StreamPosition | Mapping | None = None) -> ImageCaptionDataset:
+    """An iterable dataset over img2dataset shards yielding ``(image [3,H,W], tokens [L])``.
+
+    train: shuffle shards by (seed, epoch), shuffle samples in a seeded buffer of
+    ``shuffle_buffer``, random-resized crops (``crop_scale``; None = plain resize, for
+    images already at their native size); otherwise shard order, no shuffling, resize +
+    centre crop. resampled: draw shards with replacement forever (seeded per rank and
+    worker) instead of one pass split across nodes and workers. Skips are counted into
+    ``stats`` in the iterating process. With ``batch_size`` it yields loader batches
+    ``(images, tokens, meta)`` instead (see the module docstring; used by :func:`make_loader`).
+    """
+    if isinstance(resume, Mapping):
+        resume = StreamPosition.from_state_dict(resume)
+    transform = image_transform(image_size, train, crop_scale=crop_scale, seed=seed)
+    return ImageCaptionDataset(urls, tokenizer, transform, train=train, shuffle_buffer=shuffle_buffer,
+                               resampled=resampled, seed=seed, epoch=epoch, stats=stats,
+                               batch_size=batch_size, partial=partial, resume=resume)
+
+
+def _as_is(batch):
+    return batch
+
+
+def make_loader(urls: str | Sequence[str], tokenizer: Callable, image_size: int, batch_size: int, *,
+                num_workers: int = 2, train: bool = True, seed: int = 0, epoch: int = 0,
+                resampled: bool = False, shuffle_buffer: int = 1000,
+                crop_scale: tuple[float, float] | None = (0.9, 1.0), partial: bool = True,
+                resume: StreamPosition | Mapping | None = None, pin_memory: bool = False) -> DataLoader:
+    """A DataLoader of ``(images [B,3,H,W] float, tokens [B,L] long, meta)``, batched in workers.
+
+    Consume it with :func:`iterate_batches` (merges ``meta["skipped"]`` into a
+    :class:`SkipStats`, tracks a :class:`StreamPosition`). Deterministic for a given
+    (urls, seed, epoch, num_workers, world size). A finite stream ends with each worker's
+    partial batch (``partial=True``; ``False`` drops it, like ``drop_last``) and, if skips
+    remain unreported, an empty batch carrying them. One pass splits shards over nodes and
+    workers (use at least world_size x num_workers shards, or some workers idle); with
+    ``resampled=True`` every (rank, worker) draws its own seeded infinite shard sequence,
+    the usual choice for DDP since all ranks then see the same number of batches. ``resume``: a :class:`StreamPosition` (or its ``state_dict()``) saved
+    after the last consumed batch; the loader continues with exactly the next batch.
+    """
+    dataset = make_dataset(urls, tokenizer, image_size, train=train, shuffle_buffer=shuffle_buffer,
+                           resampled=resampled, seed=seed, epoch=epoch, crop_scale=crop_scale,
+                           batch_size=batch_size, partial=partial, resume=resume)
+    return DataLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=_as_is,
+                      pin_memory=pin_memory, persistent_workers=False)

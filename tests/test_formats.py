@@ -1,0 +1,203 @@
+"""Readers of the real benchmark formats, on tiny fixtures written in the published layouts."""
+import io
+import json
+import tarfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mdc.data.compositionality import (
+    ARO_SYMMETRIC_RELATIONS, load_order_suite, load_sugarcrepe, load_vg_attribution, load_vg_relation,
+    normalise_caption, order_accuracy, pairwise_correct, sugarcrepe_columns, vg_attribution_accuracy,
+    vg_relation_accuracy,
+)
+from mdc.data.formats import (
+    build_probe_dataset, load_coco_captions, load_image, load_image_folder, load_karpathy,
+    load_wds_classification,
+)
+
+
+def _image(path, size=(40, 30), color=(200, 10, 10)):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, color).save(path)
+    return path
+
+
+def _json(path, obj):
+    path.write_text(json.dumps(obj))
+    return str(path)
+
+
+# ------------------------------------------------------------------ SugarCrepe
+def test_sugarcrepe(tmp_path):
+    _image(tmp_path / "val2017" / "000000085329.jpg")
+    for name in ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj"):
+        _json(tmp_path / f"{name}.json", {"0": {"filename": "000000085329.jpg", "caption": "a red bus",
+                                                "negative_caption": f"a {name} bus"}})
+    data = load_sugarcrepe(str(tmp_path), str(tmp_path / "val2017"))
+    assert len(data) == 7 and data["swap_obj"][0]["negative_caption"] == "a swap_obj bus"
+    assert load_image(data["add_att"][0]).size == (40, 30)
+
+    _json(tmp_path / "swap_obj.json", {"0": {"filename": "000000085329.jpg", "caption": "x"}})
+    with pytest.raises(ValueError, match=r"swap_obj\.json.*'0'.*negative_caption"):
+        load_sugarcrepe(str(tmp_path), str(tmp_path / "val2017"))
+    _json(tmp_path / "swap_obj.json", {"7": {"filename": "nope.jpg", "caption": "x", "negative_caption": "y"}})
+    with pytest.raises(ValueError, match=r"swap_obj\.json.*'7'.*nope\.jpg"):
+        load_sugarcrepe(str(tmp_path), str(tmp_path / "val2017"))
+
+
+def test_sugarcrepe_columns_are_item_weighted():
+    cols = sugarcrepe_columns({"add_att": [True] * 3, "add_obj": [False], "swap_att": [True, False]})
+    assert cols["add"] == pytest.approx(3 / 4) and cols["swap"] == 0.5 and "replace" not in cols
+    assert cols["add_obj"] == 0.0
+
+
+# ------------------------------------------------------------------ ARO
+def _vg_record(image, **extra):
+    return {"image_path": image, "bbox_x": 5, "bbox_y": 4, "bbox_w": 20, "bbox_h": 10,
+            "true_caption": "the cat is on the mat", "false_caption": "the mat is on the cat", **extra}
+
+
+def test_vg_relation_and_attribution(tmp_path):
+    _image(tmp_path / "images" / "1.jpg")
+    rel = _json(tmp_path / "visual_genome_relation.json",
+                [_vg_record("1.jpg", relation_name="on"), _vg_record("1.jpg", relation_name="on"),
+                 _vg_record("1.jpg", relation_name="wearing"), _vg_record("1.jpg", relation_name="next to")])
+    items = load_vg_relation(rel, str(tmp_path / "images"))
+    assert items[0]["bbox"] == (5, 4, 20, 10) and load_image(items[0]).size == (20, 10)
+    correct = pairwise_correct([2.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 5.0])  # the tie (item 1) is an error
+    assert correct.tolist() == [True, False, True, False]
+    macro, per = vg_relation_accuracy(items, correct)
+    assert "next to" in ARO_SYMMETRIC_RELATIONS and per == {"on": 0.5, "wearing": 1.0} and macro == 0.75
+
+    att = _json(tmp_path / "visual_genome_attribution.json",
+                [_vg_record("1.jpg", attributes=["red", "small"])] * 3 + [_vg_record("1.jpg", attributes=["a", "b"])])
+    items = load_vg_attribution(att, str(tmp_path / "images"))
+    macro, per = vg_attribution_accuracy(items, [True, True, False, False], min_count=2)
+    assert per == {"red_small": pytest.approx(2 / 3)} and macro == pytest.approx(2 / 3)
+
+    no_bbox_h = _vg_record("1.jpg", relation_name="on")
+    del no_bbox_h["bbox_h"]
+    bad = _json(tmp_path / "bad.json", [_vg_record("1.jpg", relation_name="on"), no_bbox_h])
+    with pytest.raises(ValueError, match=r"bad\.json.*item 1.*bbox_h"):
+        load_vg_relation(bad, str(tmp_path / "images"))
+    missing = _json(tmp_path / "missing.json", [_vg_record("2.jpg", relation_name="on")])
+    with pytest.raises(ValueError, match=r"missing\.json.*item 0.*2\.jpg"):
+        load_vg_relation(missing, str(tmp_path / "images"))
+
+
+def test_order_suite(tmp_path):
+    _image(tmp_path / "val2014" / "a.jpg")
+    caps = ["A man riding a red bike down the busy street.", "Two small dogs play in the green grass",
+            "a cat", "A woman holding an umbrella next to a tall building", "People walk."]
+    path = _json(tmp_path / "coco_karpathy_test.json", [{"image": "val2014/a.jpg", "caption": caps}])
+    items = load_order_suite(path, str(tmp_path), seed=0)
+    assert len(items) == 5 and items[0]["caption"] == "a man riding a red bike down the busy street"
+    for item, cap in zip(items, caps):
+        words = sorted(normalise_caption(cap))
+        assert len(item["perturbed"]) == 4
+        assert all(sorted(p.split()) == words for p in item["perturbed"])
+        assert item["identical"] == [p == item["caption"] for p in item["perturbed"]]
+    assert items == load_order_suite(path, str(tmp_path), seed=0)
+    assert any(a["perturbed"] != b["perturbed"] for a, b in zip(items, load_order_suite(path, str(tmp_path), seed=1)))
+    assert any(p != items[0]["caption"] for p in items[0]["perturbed"])
+
+    true = np.zeros(5)
+    perturbed = -np.ones((5, 4))
+    perturbed[1, 2] = 0.0  # a tie with a different caption: wrong
+    perturbed[np.array([it["identical"] for it in items])] = 0.0  # ties with the same string: ignored
+    assert order_accuracy(items, true, perturbed) == pytest.approx(4 / 5)
+
+    with pytest.raises(ValueError, match=r"coco_karpathy_test\.json.*item 0.*'caption'"):
+        load_order_suite(_json(tmp_path / "coco_karpathy_test.json", [{"image": "val2014/a.jpg"}]), str(tmp_path))
+
+
+# ------------------------------------------------------------------ captioning
+def test_karpathy_and_coco_captions(tmp_path):
+    _image(tmp_path / "val2014" / "COCO_val2014_1.jpg")
+    _image(tmp_path / "val2014" / "COCO_val2014_2.jpg")
+    karpathy = {"images": [
+        {"filepath": "val2014", "filename": "COCO_val2014_1.jpg", "split": "test", "imgid": 0, "cocoid": 1,
+         "sentences": [{"raw": "A dog.", "tokens": ["a", "dog"]}, {"raw": "A brown dog."}]},
+        {"filepath": "val2014", "filename": "COCO_val2014_2.jpg", "split": "train", "imgid": 1, "cocoid": 2,
+         "sentences": [{"raw": "A cat."}]}]}
+    path = _json(tmp_path / "dataset_coco.json", karpathy)
+    test = load_karpathy(path, str(tmp_path))
+    assert test == [{"image_id": 1, "image_path": str(tmp_path / "val2014" / "COCO_val2014_1.jpg"),
+                     "references": ["A dog.", "A brown dog."]}]
+    assert [x["image_id"] for x in load_karpathy(path, str(tmp_path), split=("train", "test"))] == [1, 2]
+    del karpathy["images"][0]["sentences"][1]["raw"]
+    with pytest.raises(ValueError, match=r"dataset_coco\.json.*0\.sentences\[1\].*'raw'"):
+        load_karpathy(_json(tmp_path / "dataset_coco.json", karpathy), str(tmp_path))
+
+    _image(tmp_path / "flickr" / "1000.jpg")
+    flickr = _json(tmp_path / "dataset_flickr30k.json", {"images": [
+        {"filename": "1000.jpg", "split": "test", "imgid": 7, "sentences": [{"raw": "Kids run."}]}]})
+    assert load_karpathy(flickr, str(tmp_path / "flickr"))[0]["image_id"] == 7
+
+    official = {"images": [{"id": 1, "file_name": "COCO_val2014_1.jpg"}, {"id": 2, "file_name": "COCO_val2014_2.jpg"}],
+                "annotations": [{"id": 10, "image_id": 2, "caption": "A cat."},
+                                {"id": 11, "image_id": 1, "caption": "A dog."},
+                                {"id": 12, "image_id": 2, "caption": "A small cat."}]}
+    path = _json(tmp_path / "captions_val2014.json", official)
+    out = load_coco_captions(path, str(tmp_path / "val2014"))
+    assert [(x["image_id"], x["references"]) for x in out] == [(1, ["A dog."]), (2, ["A cat.", "A small cat."])]
+    official["images"].append({"id": 3, "file_name": "COCO_val2014_3.jpg"})
+    with pytest.raises(ValueError, match=r"captions_val2014\.json.*images\[2\].*COCO_val2014_3\.jpg"):
+        load_coco_captions(_json(tmp_path / "captions_val2014.json", official), str(tmp_path / "val2014"))
+    del official["annotations"][0]["caption"]
+    with pytest.raises(ValueError, match=r"annotations\[0\].*'caption'"):
+        load_coco_captions(_json(tmp_path / "captions_val2014.json", official), str(tmp_path / "val2014"))
+
+
+# ------------------------------------------------------------------ linear probes
+def _wds_folder(root, split, labels):
+    (root / split).mkdir(parents=True)
+    (root / split / "nshards.txt").write_text("2\n")
+    for shard in range(2):
+        with tarfile.open(root / split / f"{shard}.tar", "w") as tar:
+            for i, label in enumerate(labels):
+                buf = io.BytesIO()
+                Image.new("RGB", (8, 8), (label * 40, 0, 0)).save(buf, "PNG" if shard else "JPEG")
+                for name, data in ((f"s{shard}_{i}.{'png' if shard else 'jpg'}", buf.getvalue()),
+                                   (f"s{shard}_{i}.cls", str(label).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+
+
+def test_wds_classification_folder(tmp_path):
+    root = tmp_path / "wds_cifar"
+    _wds_folder(root, "test", [0, 2, 1])
+    (root / "classnames.txt").write_text("plane\ncar\nbird\n")
+    ds = load_wds_classification(str(root), "test")
+    pairs = list(ds)
+    assert [label for _, label in pairs] == [0, 2, 1, 0, 2, 1] and ds.classnames == ["plane", "car", "bird"]
+    assert pairs[0][0].size == (8, 8)
+    ds = build_probe_dataset("wds/cifar10", str(root), "test", transform=lambda im: np.asarray(im).shape)
+    assert next(iter(ds))[0] == (8, 8, 3)
+    with pytest.raises(ValueError, match=r"train.*nshards\.txt"):
+        load_wds_classification(str(root), "train")
+
+
+def test_image_folder(tmp_path):
+    _image(tmp_path / "folder" / "dog" / "b.png")
+    _image(tmp_path / "folder" / "cat" / "a.jpg")
+    _image(tmp_path / "folder" / "cat" / "c.jpeg")
+    (tmp_path / "folder" / "cat" / "notes.txt").write_text("not an image")
+    ds = load_image_folder(str(tmp_path / "folder"))
+    assert ds.classnames == ["cat", "dog"] and len(ds) == 3
+    assert [ds[i][1] for i in range(3)] == [0, 0, 1] and ds[2][0].size == (40, 30)
+    with pytest.raises(ValueError, match="nowhere"):
+        load_image_folder(str(tmp_path / "nowhere"))
+
+
+def test_clip_benchmark_dataset_missing_root_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match=r"food101.*" + str(tmp_path / "food")):
+        build_probe_dataset("food101", str(tmp_path / "food"), "train", transform=None)
+    (tmp_path / "cifar").mkdir()
+    with pytest.raises(ValueError, match=r"cifar10.*" + str(tmp_path / "cifar")):
+        build_probe_dataset("cifar10", str(tmp_path / "cifar"), "test", transform=None)
+    with pytest.raises(ValueError, match="unknown probe dataset"):
+        build_probe_dataset("mnist", str(tmp_path), "test")
