@@ -16,20 +16,30 @@ the compact vocabulary maps to [UNK] (counted in ``unknown_count``).
 """
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
 from functools import lru_cache
 from typing import Iterable, Sequence
 
 import torch
 
-from mdc._compat import patch_torchvision
-
 
 @lru_cache(maxsize=1)
 def _bpe():
-    patch_torchvision()  # open_clip imports torchvision
-    from open_clip.tokenizer import SimpleTokenizer
+    """open_clip's SimpleTokenizer (its BPE file ships in the wheel, so it works offline).
 
-    return SimpleTokenizer()
+    Its module needs nothing else from open_clip, so it is loaded on its own: importing the
+    open_clip package (models, timm, torchvision) would add seconds to every process start.
+    """
+    module = sys.modules.get("open_clip.tokenizer")
+    if module is None:
+        package = importlib.util.find_spec("open_clip")
+        path = os.path.join(package.submodule_search_locations[0], "tokenizer.py")
+        spec = importlib.util.spec_from_file_location("mdc._open_clip_tokenizer", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module.SimpleTokenizer()
 
 
 class Tokenizer:
