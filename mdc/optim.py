@@ -1,0 +1,71 @@
+"""Optimisation recipe of the paper: AdamW, parameter groups, linear warmup + cosine decay.
+
+The per-backbone values are the paper's pretraining hyperparameter tables (App. A, Tables 6-8;
+``paper/hyperparameters.csv``): AdamW with betas (0.9, 0.98), global batch 1024, 10,000
+linear warmup steps then cosine decay to 0, 32 epochs. Gradient-norm clipping (1.0) is used
+only for ARC with ViT-L/14 (on CC12M, the paper's only clipped run).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+# Paper App. A, Tables 6-8 (pretraining hyperparameters per backbone).
+PRESETS: dict[str, dict] = {
+    "vit-b-32": dict(lr=5e-4, weight_decay=0.1),
+    "vit-b-16": dict(lr=5e-4, weight_decay=0.2),
+    "vit-l-14": dict(lr=4e-4, weight_decay=0.2),
+}
+PAPER = dict(betas=(0.9, 0.98), global_batch=1024, warmup_steps=10_000, epochs=32)
+CLIPPED = {("vit-l-14", "arc"): 1.0}  # (preset, objective) -> grad-norm clip
+
+# Parameters that are embeddings or temperatures, by their attribute name; never decayed.
+_NO_DECAY_NAMES = {"pos", "pos_embed", "cls_token", "reg_token", "logit_scale"}
+
+
+def preset_values(preset: str, objective: str) -> dict:
+    """lr, weight_decay, betas, global_batch, warmup_steps, epochs and grad_clip_norm of a paper preset."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    return {**PAPER, **PRESETS[preset], "grad_clip_norm": CLIPPED.get((preset, objective))}
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two AdamW groups: decayed weight matrices, and everything else undecayed.
+
+    Undecayed: biases and norm parameters (ndim < 2), token embeddings (``nn.Embedding``),
+    position embeddings, class tokens and the CLIP temperature ``logit_scale``.
+    """
+    no_decay: set[int] = set()
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if p.ndim < 2 or isinstance(module, (nn.Embedding, nn.LayerNorm)) or name in _NO_DECAY_NAMES:
+                no_decay.add(id(p))
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if id(p) not in no_decay], "weight_decay": weight_decay},
+        {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0},
+    ]
+
+
+def make_optimizer(model: nn.Module, lr: float, weight_decay: float,
+                   betas: tuple[float, float] = PAPER["betas"]) -> torch.optim.AdamW:
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas))
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int):
+    """LR factor of optimizer step s (0-based): linear warmup to 1, then cosine decay to 0 at ``total_steps``."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup_steps, total_steps))

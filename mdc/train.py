@@ -1,0 +1,402 @@
+"""Pretraining: one loop for MDC, ARC and CLIP, from a laptop CPU to multi-node DDP.
+
+    python -m mdc.train --model tiny --objective mdc --train-data 'DIR/{000000..000009}.tar' \\
+        --steps 200 --batch-size 32 --lr 5e-4 --output-dir runs/x [--resume]
+    torchrun --nproc_per_node=8 -m mdc.train --preset vit-b-16 --objective mdc ...   # same flags
+
+or from Python / a notebook: ``mdc.train.train(train_data=..., steps=200, output_dir=...)``.
+
+One optimizer step consumes ``accum_steps`` micro-batches of ``batch_size`` images on each of
+``world_size`` processes (global batch = their product), with one mask draw per micro-batch.
+Resuming (``--resume``) is exact: the checkpoint holds the optimizer, the LR schedule, every
+rank's RNG states and data-stream position, and the loader replays the stream from the next
+batch (see :mod:`mdc.data.pipeline`), so a killed and resumed run ends with the same weights
+as an uninterrupted one (bitwise on CPU; on GPU up to the kernels' own nondeterminism).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import tarfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mdc import checkpoint, optim
+from mdc.data.pipeline import SKIP_REASONS, SkipStats, StreamPosition, iterate_batches, make_loader
+from mdc.factory import create_model
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; the message names the step and the last good checkpoint."""
+
+
+@dataclass
+class TrainConfig:
+    """Arguments of :func:`train` (the CLI flags, with dashes as underscores)."""
+
+    train_data: str  # webdataset shard pattern, e.g. "DIR/{000000..000009}.tar" ("::" joins several)
+    output_dir: str  # checkpoints/, metrics.jsonl, train_config.json
+    model: str | None = None  # registry name; default: the preset's backbone, else "tiny"
+    objective: str = "mdc"  # "mdc" | "arc" | "clip"
+    model_overrides: dict | None = None  # extra ModelConfig fields, e.g. {"image_size": 32}
+    preset: str | None = None  # paper hyperparameters of a backbone: vit-b-32 | vit-b-16 | vit-l-14
+    steps: int | None = None  # optimizer steps; or give epochs
+    epochs: int | None = None  # passes of samples_per_epoch samples (preset default: 32)
+    samples_per_epoch: int | None = None  # default: counted in the (local) shards
+    resampled: bool = False  # draw shards with replacement (an infinite stream)
+    batch_size: int = 32  # per process and micro-batch
+    accum_steps: int | None = None  # micro-batches per step; preset: global batch 1024 / (batch x world)
+    lr: float | None = None  # peak learning rate (default: preset, else 5e-4)
+    weight_decay: float | None = None  # AdamW decay of weight matrices (default: preset, else 0.1)
+    warmup_steps: int | None = None  # linear warmup (default: preset's 10,000, else 5% of the steps)
+    grad_clip_norm: float | None = None  # default: 1.0 for ARC with the vit-l-14 preset, else none
+    t_interval: tuple[float, float] | None = None  # MDC: t ~ U[w_l, w_u] (model default (0.5, 1.0))
+    time_weighting: bool = True  # MDC: 1/t loss weight; False = the "w/o t" ablation
+    mask_ratio: float | None = None  # MDC: fixed mask ratio (image-conditioned BERT)
+    t_sampling: str | None = None  # MDC: "uniform" | "stratified"
+    seed: int = 0
+    workers: int = 2  # DataLoader workers per process
+    shuffle_buffer: int = 1000  # samples in each worker's shuffle buffer
+    save_every: int = 1000  # checkpoint every N steps (and at the end)
+    log_every: int = 1  # metrics.jsonl / TensorBoard line every N steps
+    resume: bool = False  # continue from checkpoints/latest.json if present
+    precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU) | "fp32" | "bf16"
+    compile: bool = False  # torch.compile the loss computation
+    tensorboard: bool = False  # also log to output_dir/tensorboard (if tensorboard is installed)
+
+    def resolved(self, world_size: int) -> "TrainConfig":
+        """A copy with every default filled in from the preset and checked against the world size."""
+        c = dataclasses.replace(self)
+        if not c.train_data:
+            raise ValueError("train_data is empty: give a shard pattern such as 'DIR/{000000..000009}.tar'")
+        paper = optim.preset_values(c.preset, c.objective) if c.preset else {}
+        c.model = c.model or c.preset or "tiny"
+        c.lr = c.lr if c.lr is not None else paper.get("lr", 5e-4)
+        c.weight_decay = c.weight_decay if c.weight_decay is not None else paper.get("weight_decay", 0.1)
+        if c.grad_clip_norm is None:
+            c.grad_clip_norm = paper.get("grad_clip_norm")
+        per_step = c.batch_size * world_size
+        if c.preset:
+            if paper["global_batch"] % per_step:
+                raise ValueError(f"preset {c.preset} needs a global batch of {paper['global_batch']}, which is not "
+                                 f"divisible by batch_size {c.batch_size} x world_size {world_size}")
+            accum = paper["global_batch"] // per_step
+            if c.accum_steps not in (None, accum):
+                raise ValueError(f"preset {c.preset}: batch_size {c.batch_size} x world_size {world_size} x "
+                                 f"accum_steps {c.accum_steps} != global batch {paper['global_batch']}; "
+                                 f"use --accum-steps {accum} or leave it out")
+            c.accum_steps = accum
+            if c.steps is None and c.epochs is None:
+                c.epochs = paper["epochs"]
+        c.accum_steps = c.accum_steps or 1
+        if (c.steps is None) == (c.epochs is None):
+            raise ValueError("give exactly one of steps or epochs")
+        if c.epochs is not None:
+            if c.samples_per_epoch is None:
+                if c.resampled:
+                    raise ValueError("a resampled stream has no epochs: give samples_per_epoch")
+                c.samples_per_epoch = count_samples(c.train_data)
+            c.steps = c.epochs * max(1, c.samples_per_epoch // (per_step * c.accum_steps))
+        if c.warmup_steps is None:
+            c.warmup_steps = paper.get("warmup_steps", round(0.05 * c.steps))
+        if c.precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"precision must be auto, fp32 or bf16; got {c.precision!r}")
+        if min(c.steps, c.batch_size, c.accum_steps, c.save_every, c.log_every) < 1:
+            raise ValueError("steps, batch_size, accum_steps, save_every and log_every must be positive")
+        return c
+
+
+def count_samples(urls: str) -> int:
+    """Samples (distinct member keys) in local tar shards: the epoch size when none is given."""
+    import webdataset as wds
+    from webdataset.tariterators import base_plus_ext
+
+    total = 0
+    for url in wds.shardlists.expand_urls(urls):
+        if not os.path.isfile(url):
+            raise ValueError(f"cannot count the samples of {url!r} (not a local file): give samples_per_epoch")
+        with tarfile.open(url) as tar:
+            total += len({base_plus_ext(m.name)[0] for m in tar if m.isfile()})
+    return total
+
+
+class DataStream:
+    """A rank's endless batch stream: pass after pass (data epochs) over the shards.
+
+    ``state_dict()`` (epoch, loader position, skip counts) restores the stream so that the
+    next batch is exactly the one that would have come next. Loaders are created under
+    ``fork_rng`` because a DataLoader iterator draws its base seed from the global torch
+    RNG, which must stay a function of the training steps alone.
+    """
+
+    def __init__(self, cfg: TrainConfig, tokenizer, image_size: int, state: dict | None = None):
+        self.cfg, self.tokenizer, self.image_size = cfg, tokenizer, image_size
+        self.epoch = state["epoch"] if state else 0
+        self.stats = SkipStats(dict(state["skipped"])) if state else SkipStats()
+        self._open(state["position"] if state else None)
+
+    def _open(self, position: dict | None) -> None:
+        c = self.cfg
+        loader = make_loader(c.train_data, self.tokenizer, self.image_size, c.batch_size, num_workers=c.workers,
+                             train=True, seed=c.seed, epoch=self.epoch, resampled=c.resampled,
+                             shuffle_buffer=c.shuffle_buffer, partial=False, resume=position,
+                             pin_memory=torch.cuda.is_available())
+        self.position = StreamPosition.from_state_dict(position) if position else StreamPosition(c.workers)
+        with torch.random.fork_rng(devices=[]):
+            self._batches = iterate_batches(iter(loader), self.stats, self.position)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(images [B, 3, H, W], tokens [B, L]); starts the next data epoch when a pass ends."""
+        for _ in range(2):
+            try:
+                return next(self._batches)
+            except StopIteration:
+                self.epoch += 1
+                self._open(None)
+        raise RuntimeError(f"a full pass over {self.cfg.train_data!r} gave this process no batch of "
+                           f"{self.cfg.batch_size} good samples (skipped: {self.stats.as_dict()}); "
+                           f"each process x worker needs at least one shard with that many")
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position.state_dict(), "skipped": self.stats.as_dict()}
+
+
+class LossModule(nn.Module):
+    """``forward`` = ``model.loss``, so that DDP's gradient hooks fire on the training objective."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.loss(images, tokens)
+
+
+def setup_distributed() -> tuple[int, int, torch.device, bool]:
+    """(rank, world_size, device, created): joins the torchrun process group if the env defines one."""
+    created = False
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        created = True
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    return rank, world, device, created
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _gather(obj, world: int) -> list:
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def train(**kwargs) -> dict:
+    """Pretrain a model; returns {checkpoint, steps, final_loss, metrics, skipped, ...}.
+
+    Keyword arguments are the fields of :class:`TrainConfig`. Every process of a torchrun job
+    calls it; rank 0 writes the checkpoints and logs.
+    """
+    rank, world, device, created = setup_distributed()
+    try:
+        return _train(TrainConfig(**kwargs).resolved(world), rank, world, device)
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dict:
+    from tqdm.auto import tqdm
+
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    seed_everything(cfg.seed)  # identical initial weights on every rank
+    objective_opts = dict(t_interval=cfg.t_interval, mask_ratio=cfg.mask_ratio, t_sampling=cfg.t_sampling)
+    overrides = {k: v for k, v in objective_opts.items() if v is not None}
+    model = create_model(cfg.model, cfg.objective, time_weighting=cfg.time_weighting,
+                         **overrides, **(cfg.model_overrides or {})).to(device)
+    optimizer = optim.make_optimizer(model, cfg.lr, cfg.weight_decay)
+    scheduler = optim.make_scheduler(optimizer, cfg.warmup_steps, cfg.steps)
+
+    last_ckpt = checkpoint.latest(cfg.output_dir) if cfg.resume else None
+    state, step = None, 0
+    if last_ckpt:
+        state = checkpoint.load_trainer_state(last_ckpt)
+        if state["world_size"] != world:
+            raise ValueError(f"{last_ckpt} was written by {state['world_size']} processes; resuming exactly "
+                             f"needs the same number, not {world}")
+        checkpoint.load_weights(model, last_ckpt)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step = state["step"]
+    stream = DataStream(cfg, model.tokenizer, model.config.image_size, state["data"][rank] if state else None)
+    if state:
+        checkpoint.set_rng_state(state["rng"][rank])
+    else:  # a different mask/noise stream per rank
+        seed_everything(int(np.random.SeedSequence([cfg.seed, rank]).generate_state(1)[0]))
+
+    net = ddp = LossModule(model)
+    if world > 1:
+        net = ddp = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
+    if cfg.compile:
+        net = torch.compile(net)
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
+    global_batch = cfg.batch_size * world * cfg.accum_steps
+    if rank == 0:
+        checkpoint.atomic_write_text(os.path.join(cfg.output_dir, "train_config.json"),
+                                     json.dumps({**dataclasses.asdict(cfg), "world_size": world,
+                                                 "global_batch": global_batch}, indent=1))
+    log = checkpoint.MetricsLog(cfg.output_dir, step, cfg.tensorboard) if rank == 0 else None
+    bar = tqdm(total=cfg.steps, initial=step, disable=rank != 0, desc=f"{cfg.objective} {cfg.model}",
+               dynamic_ncols=True)
+    loss_value, speeds = float("nan"), []
+    model.train()
+    try:
+        while step < cfg.steps:
+            start = time.perf_counter()
+            total = torch.zeros((), device=device)
+            for micro in range(cfg.accum_steps):
+                images, tokens = stream.next()
+                images, tokens = images.to(device, non_blocking=True), tokens.to(device, non_blocking=True)
+                sync = contextlib.nullcontext() if world == 1 or micro == cfg.accum_steps - 1 else ddp.no_sync()
+                with sync:
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                        loss = net(images, tokens)
+                    (loss / cfg.accum_steps).backward()
+                total += loss.detach().float()
+            # mean loss over micro-batches and ranks, and the skip counts of all ranks: [1 + reasons]
+            report = _all_sum([total.item() / cfg.accum_steps] + _skip_counts(stream.stats), world, device)
+            loss_value = report[0] / world
+            step += 1
+            if not np.isfinite(loss_value):
+                raise NonFiniteLossError(f"loss is {loss_value} at step {step}; last good checkpoint: "
+                                         f"{last_ckpt or 'none written yet'}")
+            if cfg.grad_clip_norm:
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip_norm)
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            speeds.append(global_batch / (time.perf_counter() - start))
+            if rank == 0:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_value:.4f}", img_s=f"{speeds[-1]:.1f}", lr=f"{lr:.2e}")
+                if step % cfg.log_every == 0 or step == cfg.steps:
+                    log.write({"step": step, "epoch": stream.epoch, "loss": loss_value, "lr": lr,
+                               "images_per_s": speeds[-1], "skipped": _skip_dict(report[1:])})
+            if step % cfg.save_every == 0 or step == cfg.steps:
+                last_ckpt = _save(cfg, step, model, optimizer, scheduler, stream, rank, world)
+    finally:
+        bar.close()
+        if log is not None:
+            log.close()
+    metrics = os.path.join(cfg.output_dir, "metrics.jsonl")
+    if not speeds:  # nothing left to do: report the finished run's last logged loss
+        with open(metrics) as f:
+            loss_value = json.loads(f.readlines()[-1])["loss"]
+    skipped = _skip_dict(_all_sum(_skip_counts(stream.stats), world, device))
+    return {"checkpoint": last_ckpt, "steps": step, "final_loss": loss_value, "metrics": metrics, "skipped": skipped,
+            "images_per_s": float(np.mean(speeds)) if speeds else None, "world_size": world,
+            "global_batch": global_batch, "output_dir": cfg.output_dir}
+
+
+def _skip_counts(stats: SkipStats) -> list[int]:
+    return [stats.counts.get(reason, 0) for reason in SKIP_REASONS]
+
+
+def _skip_dict(counts: list[float]) -> dict[str, int]:
+    return {reason: int(n) for reason, n in zip(SKIP_REASONS, counts) if n}
+
+
+def _all_sum(values: list[float], world: int, device: torch.device) -> list[float]:
+    """Element-wise sum over ranks (one small all_reduce)."""
+    if world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _save(cfg, step, model, optimizer, scheduler, stream, rank, world) -> str:
+    """Collect every rank's RNG and stream state; rank 0 writes the checkpoint. Returns its folder."""
+    rngs = _gather(checkpoint.rng_state(), world)
+    data = _gather(stream.state_dict(), world)
+    path = os.path.join(cfg.output_dir, "checkpoints", f"step_{step:06d}")
+    if rank == 0:
+        path = checkpoint.save(cfg.output_dir, step, model, {
+            "step": step, "world_size": world, "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "rng": rngs, "data": data})
+    if world > 1:
+        dist.barrier()
+    return path
+
+
+def parse_args(argv: list[str] | None = None) -> dict:
+    """CLI flags (open_clip style) -> keyword arguments of :func:`train`."""
+    p = argparse.ArgumentParser(prog="python -m mdc.train", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--train-data", required=True, help="shard pattern, e.g. 'DIR/{000000..000009}.tar'")
+    p.add_argument("--output-dir", required=True, help="run folder: checkpoints/, metrics.jsonl")
+    p.add_argument("--model", help="registry name (default: the preset's backbone, else tiny)")
+    p.add_argument("--objective", default="mdc", choices=["mdc", "arc", "clip"])
+    p.add_argument("--model-overrides", type=json.loads, help='JSON of ModelConfig fields, e.g. \'{"image_size": 32}\'')
+    p.add_argument("--preset", choices=sorted(optim.PRESETS), help="paper hyperparameters of this backbone")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, help="optimizer steps")
+    length.add_argument("--epochs", type=int, help="epochs of --samples-per-epoch samples")
+    p.add_argument("--samples-per-epoch", type=int, help="epoch size (default: counted in local shards)")
+    p.add_argument("--resampled", action="store_true", help="draw shards with replacement (infinite stream)")
+    p.add_argument("--batch-size", type=int, default=32, help="per process and micro-batch")
+    p.add_argument("--accum-steps", type=int, help="micro-batches per step (preset: from global batch 1024)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: preset, else 5e-4)")
+    p.add_argument("--weight-decay", type=float, help="default: preset, else 0.1")
+    p.add_argument("--warmup-steps", type=int, help="default: preset's 10000, else 5%% of the steps")
+    p.add_argument("--grad-clip-norm", type=float, help="default: 1.0 for ARC with vit-l-14, else off")
+    p.add_argument("--t-interval", type=float, nargs=2, metavar=("W_L", "W_U"), help="MDC: t ~ U[W_L, W_U]")
+    p.add_argument("--no-time-weighting", dest="time_weighting", action="store_false",
+                   help="MDC: drop the 1/t weight (the 'w/o t' ablation)")
+    p.add_argument("--mask-ratio", type=float, help="MDC: fixed mask ratio (image-conditioned BERT)")
+    p.add_argument("--t-sampling", choices=["uniform", "stratified"], help="MDC: how t is drawn across a batch")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers per process")
+    p.add_argument("--shuffle-buffer", type=int, default=1000, help="samples per worker shuffle buffer")
+    p.add_argument("--save-every", type=int, default=1000, help="checkpoint every N steps (and at the end)")
+    p.add_argument("--log-every", type=int, default=1, help="metrics line every N steps")
+    p.add_argument("--resume", action="store_true", help="continue from checkpoints/latest.json if present")
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
+                   help="auto: bf16 autocast on CUDA, fp32 on CPU")
+    p.add_argument("--compile", action="store_true", help="torch.compile the loss computation")
+    p.add_argument("--tensorboard", action="store_true", help="also log to OUTPUT_DIR/tensorboard")
+    args = vars(p.parse_args(argv))
+    if args["t_interval"] is not None:
+        args["t_interval"] = tuple(args["t_interval"])
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    results = train(**parse_args(argv))
+    if os.environ.get("RANK", "0") == "0":
+        print(json.dumps(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""DDP on CPU (gloo) under torchrun: ranks stay in sync; the CLIP loss and gradient are global-batch exact."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+from safetensors.torch import load_file
+
+import mdc
+from mdc.data.scenes import vocabulary, write_shards
+from conftest import CAPTIONS, SMALL
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+TRAIN_SCRIPT = textwrap.dedent('''
+    """Train under torchrun; every rank also dumps its in-memory weights at each checkpoint."""
+    import json, os, sys
+    from safetensors.torch import save_file
+    import mdc.train
+
+    out, kwargs = sys.argv[1], json.loads(sys.argv[2])
+    save = mdc.train._save
+
+    def dump_then_save(cfg, step, model, *rest):
+        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        save_file(state, os.path.join(out, f"rank{os.environ['RANK']}_step{step}.safetensors"))
+        return save(cfg, step, model, *rest)
+
+    mdc.train._save = dump_then_save
+    results = mdc.train.train(**kwargs)
+    with open(os.path.join(out, f"results{os.environ['RANK']}.json"), "w") as f:
+        json.dump(results, f)
+''')
+
+CLIP_SCRIPT = textwrap.dedent('''
+    """Each of 2 ranks takes half of a batch of 8; DDP-wrapped CLIP loss, then backward."""
+    import json, os, sys
+    import torch
+    import torch.distributed as dist
+    import mdc
+    from mdc.train import LossModule
+
+    out, overrides, captions = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = mdc.create_model("tiny", "clip", **overrides)
+    images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    tokens = model.tokenizer(captions)
+    half = slice(4 * rank, 4 * rank + 4)
+    net = torch.nn.parallel.DistributedDataParallel(LossModule(model))
+    loss = net(images[half], tokens[half])
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    torch.save({"loss": loss.detach(), "grads": grads}, os.path.join(out, f"clip{rank}.pt"))
+    dist.destroy_process_group()
+''')
+
+
+def _torchrun(script_path, *args):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script_path), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_ddp_training_keeps_ranks_identical(tmp_path):
+    write_shards(str(tmp_path / "shards"), 64, "alt", seed=0, image_size=32, shard_size=16)
+    kwargs = dict(train_data=str(tmp_path / "shards" / "{000000..000003}.tar"), output_dir=str(tmp_path / "run"),
+                  model_overrides=SMALL | {"vocab": list(vocabulary()), "context_length": 32},
+                  steps=4, batch_size=4, accum_steps=2, save_every=2, workers=1, shuffle_buffer=8, lr=1e-3)
+    script = tmp_path / "train_ddp.py"
+    script.write_text(TRAIN_SCRIPT)
+    _torchrun(script, str(tmp_path), json.dumps(kwargs))
+
+    results = [json.loads((tmp_path / f"results{r}.json").read_text()) for r in (0, 1)]
+    assert results[0]["world_size"] == 2 and results[0]["global_batch"] == 16 and results[0]["steps"] == 4
+    assert results[0]["final_loss"] == results[1]["final_loss"]  # the loss is averaged over ranks
+    saved = load_file(os.path.join(results[0]["checkpoint"], "model.safetensors"))
+    initial = mdc.create_model("tiny", **kwargs["model_overrides"]).state_dict()
+    for step in (2, 4):
+        w0, w1 = (load_file(tmp_path / f"rank{r}_step{step}.safetensors") for r in (0, 1))
+        for name in w0:
+            assert torch.equal(w0[name], w1[name]), (step, name)
+    assert all(torch.equal(saved[n], w0[n]) for n in w0)
+    assert any(not torch.equal(saved[n], initial[n]) for n in w0)  # it did train
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # rank 0 alone writes the log
+
+
+def test_clip_loss_on_two_ranks_equals_single_process_on_the_whole_batch(tmp_path):
+    captions = CAPTIONS + ["a green square", "the red star above a circle"] + CAPTIONS[:2]
+    script = tmp_path / "clip_ddp.py"
+    script.write_text(CLIP_SCRIPT)
+    _torchrun(script, str(tmp_path), json.dumps(SMALL), json.dumps(captions))
+
+    torch.manual_seed(0)
+    model = mdc.create_model("tiny", "clip", **SMALL)
+    images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    loss = model.loss(images, model.tokenizer(captions))
+    loss.backward()
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"clip{rank}.pt", weights_only=True)
+        torch.testing.assert_close(got["loss"], loss.detach(), rtol=1e-6, atol=1e-6)
+        for name, p in model.named_parameters():  # DDP's average of the ranks' gradients
+            torch.testing.assert_close(got["grads"][name], p.grad, rtol=1e-4, atol=1e-6, msg=name)

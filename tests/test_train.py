@@ -1,0 +1,177 @@
+"""Pretraining loop: exact resume after SIGKILL, skip accounting, NaN stop, paper presets, optimizer groups."""
+import io
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+import mdc
+from mdc import optim
+from mdc.data.scenes import vocabulary, write_shards
+from mdc.train import NonFiniteLossError, TrainConfig, train
+from conftest import SMALL
+
+# A small model on the scene world's vocabulary (SMALL's fits only conftest's captions), computed
+# once here rather than in every training subprocess.
+MODEL = SMALL | {"vocab": list(vocabulary()), "context_length": 32}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Four shards of 24 synthetic 32 px scenes each (12 steps of 8 per pass); returns the brace pattern."""
+    out = tmp_path_factory.mktemp("shards")
+    write_shards(str(out), 96, "alt", seed=0, image_size=32, shard_size=24)
+    return os.path.join(str(out), "{000000..000003}.tar")
+
+
+def run_args(data, out, **kw):
+    return dict(dict(train_data=data, output_dir=str(out), model_overrides=MODEL, batch_size=8, lr=1e-3,
+                     workers=2, shuffle_buffer=20), **kw)
+
+
+# One thread per process: fast on a busy 2-core machine, and the same for every run compared bitwise.
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _cli(args: dict) -> list[str]:
+    cmd = [sys.executable, "-m", "mdc.train"]
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            cmd.append(flag)
+        else:
+            cmd += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
+    return cmd
+
+
+def _weights(run_dir):
+    with open(os.path.join(run_dir, "checkpoints", "latest.json")) as f:
+        path = os.path.join(run_dir, "checkpoints", json.load(f)["path"])
+    return load_file(os.path.join(path, "model.safetensors"))
+
+
+def test_resume_after_sigkill_is_exact(shards, tmp_path):
+    """Kill a run right after its first checkpoint, resume it: same weights, bit for bit."""
+    args = run_args(shards, tmp_path / "full", steps=16, save_every=3)  # 16 steps: into the second pass
+    subprocess.run(_cli(args), check=True, capture_output=True, env=ENV)
+
+    killed = dict(args, output_dir=str(tmp_path / "killed"))
+    proc = subprocess.Popen(_cli(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
+                            start_new_session=True)
+    pointer = tmp_path / "killed" / "checkpoints" / "latest.json"
+    deadline = time.time() + 120
+    while not pointer.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # the trainer and its loader workers, like a lost node
+    proc.wait()
+    stopped_at = json.loads(pointer.read_text())["step"]
+    assert 0 < stopped_at < 16, "the run must die mid-way"
+
+    out = subprocess.run(_cli(dict(killed, resume=True)), check=True, capture_output=True, text=True, env=ENV)
+    results = json.loads(out.stdout.strip().splitlines()[-1])
+    assert results["steps"] == 16
+    full, resumed = _weights(tmp_path / "full"), _weights(tmp_path / "killed")
+    assert full.keys() == resumed.keys()
+    for name in full:
+        assert torch.equal(full[name], resumed[name]), name
+    steps = [json.loads(line)["step"] for line in open(tmp_path / "killed" / "metrics.jsonl")]
+    assert steps == list(range(1, 17))  # lines logged after the checkpoint by the killed run are dropped
+    assert mdc.load(results["checkpoint"]).config.image_size == 32
+
+    again = train(**dict(killed, resume=True))  # a finished run: nothing left to do
+    assert again["steps"] == 16 and again["checkpoint"] == results["checkpoint"]
+
+
+def _png(value: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), (value, 255 - value, 40)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_corrupt_samples_are_skipped_and_logged(tmp_path):
+    members = []
+    for i in range(24):
+        members += [(f"{i:04d}.png", _png(i)), (f"{i:04d}.txt", b"a red circle left of a blue square")]
+    members += [("bad1.png", b"not a png"), ("bad1.txt", b"a circle"), ("bad2.png", _png(3)),
+                ("bad3.png", _png(4)), ("bad3.txt", b"  ")]
+    shard = tmp_path / "000000.tar"
+    with tarfile.open(shard, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    results = train(**run_args(str(shard), tmp_path / "run", steps=4, save_every=10, workers=1))
+    assert results["skipped"] == {"corrupt_image": 1, "missing_caption": 1, "empty_caption": 1}
+    rows = [json.loads(line) for line in open(results["metrics"])]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[-1]["skipped"] == results["skipped"]
+    assert {"loss", "lr", "images_per_s", "epoch"} <= rows[0].keys()
+
+
+def test_nan_loss_stops_naming_step_and_checkpoint(shards, tmp_path, monkeypatch):
+    calls = []
+    forward = mdc.train.LossModule.forward
+
+    def poisoned(self, images, tokens):
+        calls.append(1)
+        loss = forward(self, images, tokens)
+        return loss * float("nan") if len(calls) == 5 else loss
+
+    monkeypatch.setattr(mdc.train.LossModule, "forward", poisoned)
+    with pytest.raises(NonFiniteLossError, match=r"at step 5; last good checkpoint: .*step_000004"):
+        train(**run_args(shards, tmp_path / "run", steps=8, save_every=2, workers=1))
+
+
+def test_paper_presets_and_global_batch():
+    cfg = TrainConfig("x", "y", preset="vit-l-14", objective="arc", batch_size=32, samples_per_epoch=12_000_000)
+    c = cfg.resolved(world_size=8)
+    assert (c.model, c.lr, c.weight_decay, c.accum_steps, c.warmup_steps) == ("vit-l-14", 4e-4, 0.2, 4, 10_000)
+    assert c.grad_clip_norm == 1.0 and c.steps == 32 * (12_000_000 // 1024)
+    b16 = TrainConfig("x", "y", preset="vit-b-16", batch_size=128, steps=10).resolved(world_size=8)
+    assert (b16.lr, b16.weight_decay, b16.accum_steps, b16.grad_clip_norm) == (5e-4, 0.2, 1, None)
+    with pytest.raises(ValueError, match="not divisible"):
+        TrainConfig("x", "y", preset="vit-b-32", batch_size=48, steps=10).resolved(world_size=8)
+    with pytest.raises(ValueError, match="global batch 1024"):
+        TrainConfig("x", "y", preset="vit-b-32", batch_size=64, accum_steps=1, steps=10).resolved(world_size=8)
+    with pytest.raises(ValueError, match="exactly one of steps or epochs"):
+        TrainConfig("x", "y", steps=10, epochs=2).resolved(world_size=1)
+
+
+def test_no_weight_decay_on_norms_biases_embeddings_and_temperature():
+    model = mdc.create_model("tiny", "clip", **SMALL)
+    decay, no_decay = optim.param_groups(model, 0.2)
+    assert decay["weight_decay"] == 0.2 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    undecayed = {names[id(p)] for p in no_decay["params"]}
+    assert {"logit_scale", "text.pos", "text.embed.weight", "visual.cls_token", "visual.pos_embed"} <= undecayed
+    assert all(n.endswith(("bias", "weight")) for n in undecayed - {"logit_scale", "text.pos", "visual.cls_token",
+                                                                    "visual.pos_embed"})
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert "text_proj.weight" in decayed and "visual.patch_embed.proj.weight" in decayed
+    assert not any("norm" in n or "ln" in n.split(".")[-2] or n.endswith("bias") for n in decayed)
+    assert len(decayed) + len(undecayed) == len(names)
+
+
+def test_warmup_then_cosine_to_zero():
+    f = optim.warmup_cosine(10, 110)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(60) == pytest.approx(0.5) and f(110) == pytest.approx(0.0, abs=1e-12)
+    assert all(f(s) >= f(s + 1) for s in range(10, 110))
+    assert math.isclose(optim.warmup_cosine(0, 10)(0), 1.0)
