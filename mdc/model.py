@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mdc._compat import patch_torchvision
+from mdc.loss import arc_loss, clip_loss, mdc_loss
 from mdc.tokenizer import Tokenizer, get_tokenizer, valid_mask
 
 OBJECTIVES = ("mdc", "arc", "clip")
@@ -243,10 +244,8 @@ class Captioner(_Model):
         return self.logits(tokens, self.memory(images))
 
     def loss(self, images, tokens, **kw):
-        from mdc import loss
-
-        fn = loss.arc_loss if self.causal else loss.mdc_loss
-        return fn(self, images, tokens, **kw)
+        """ARC teacher forcing (causal) or the MDC loss (kw: t, masked, generator)."""
+        return (arc_loss if self.causal else mdc_loss)(self, images, tokens, **kw)
 
 
 class CLIP(_Model):
@@ -276,7 +275,5 @@ class CLIP(_Model):
     def forward(self, images, tokens):
         return self.image_embedding(images), self.text_embedding(tokens), self.scale()
 
-    def loss(self, images, tokens, **kw):
-        from mdc.loss import clip_loss
-
-        return clip_loss(*self(images, tokens), **kw)
+    def loss(self, images, tokens):
+        return clip_loss(*self(images, tokens))
