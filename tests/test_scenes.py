@@ -154,3 +154,16 @@ def test_cli_and_caption_length_stats(tmp_path, capsys):
     assert len(caption_lengths(str(tmp_path / "*.tar"), max_samples=7)) == 7
     frac, edges = length_histogram(lengths, bins=range(0, 40, 5))
     assert frac.sum() == pytest.approx(1.0) and len(edges) == 8
+
+
+def test_caption_lengths_skip_bad_captions_and_shards(tmp_path):
+    from mdc.data.scenes import write_tar
+    from mdc.data.stats import caption_lengths
+
+    write_tar(str(tmp_path / "000000.tar"), [("a.txt", b"a red circle"), ("b.txt", b"\xff\xfe bad")])
+    (tmp_path / "000001.tar").write_bytes(b"not a tar at all")
+    with pytest.warns(UserWarning) as caught:
+        lengths = caption_lengths(str(tmp_path / "{000000..000001}.tar"))
+    assert lengths.tolist() == [3]
+    text = " ".join(str(w.message) for w in caught)
+    assert "b.txt" in text and "000001.tar" in text

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import tarfile
+import warnings
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -24,12 +25,22 @@ def shard_paths(shards: str | Iterable[str]) -> list[str]:
 
 
 def iter_captions(shards: str | Iterable[str]) -> Iterator[str]:
-    """The UTF-8 ``.txt`` captions of the shards, in shard and member order."""
+    """The UTF-8 ``.txt`` captions of the shards, in shard and member order.
+
+    A caption that is not UTF-8 is skipped with a warning naming the shard and member; an
+    unreadable shard is skipped with a warning (the statistics describe what can be read).
+    """
     for path in shard_paths(shards):
-        with tarfile.open(path, "r") as tar:
-            for member in tar:
-                if member.isfile() and member.name.endswith(".txt"):
-                    yield tar.extractfile(member).read().decode("utf-8")
+        try:
+            with tarfile.open(path, "r") as tar:
+                for member in tar:
+                    if member.isfile() and member.name.endswith(".txt"):
+                        try:
+                            yield tar.extractfile(member).read().decode("utf-8")
+                        except UnicodeDecodeError:
+                            warnings.warn(f"skipped {path} member {member.name}: caption is not UTF-8")
+        except (OSError, tarfile.TarError) as err:
+            warnings.warn(f"skipped unreadable shard {path}: {err}")
 
 
 def caption_lengths(shards: str | Iterable[str], tokenizer=None, max_samples: int | None = None) -> np.ndarray:
