@@ -31,9 +31,7 @@ def load_sugarcrepe(root_json_dir: str, image_dir: str,
     out = {}
     for subset in subsets:
         path = os.path.join(root_json_dir, f"{subset}.json")
-        data = read_json(path)
-        if not isinstance(data, Mapping):
-            raise ValueError(f"{path}: expected an object of items keyed by index")
+        data = read_json(path, root=dict)
         items = []
         for key, record in data.items():
             require(record, ["filename", "caption", "negative_caption"], path, key)
@@ -92,9 +90,7 @@ VG_FIELDS = ("image_path", "bbox_x", "bbox_y", "bbox_w", "bbox_h", "true_caption
 
 
 def _load_vg(json_path: str, image_dir: str, label_field: str) -> list[dict]:
-    data = read_json(json_path)
-    if not isinstance(data, list):
-        raise ValueError(f"{json_path}: expected a list of items")
+    data = read_json(json_path, root=list)
     items = []
     for index, record in enumerate(data):
         require(record, (*VG_FIELDS, label_field), json_path, index)
@@ -250,9 +246,7 @@ def load_order_suite(karpathy_test_json: str, image_dir: str, seed: int = 0, max
     first two perturbations differ somewhat from ARO's.
     ``identical[k]`` flags a perturbation equal to the true caption (short captions).
     """
-    data = read_json(karpathy_test_json)
-    if not isinstance(data, list):
-        raise ValueError(f"{karpathy_test_json}: expected a list of items")
+    data = read_json(karpathy_test_json, root=list)
     items = []
     for index, record in enumerate(data):
         require(record, ["image", "caption"], karpathy_test_json, index)

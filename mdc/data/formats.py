@@ -23,15 +23,20 @@ CLIP_BENCHMARK_DATASETS = ("imagenet1k", "food101", "cifar10", "cifar100", "pets
 
 
 # --------------------------------------------------------------------------- shared helpers
-def read_json(path: str) -> Any:
-    """Parse a JSON benchmark file; a missing or malformed file raises ValueError naming it."""
+def read_json(path: str, root: type | None = None) -> Any:
+    """Parse a JSON benchmark file; a missing or malformed file, or a top level that is not a
+    ``root`` (``list`` or ``dict``) when one is asked for, raises ValueError naming it."""
     if not os.path.isfile(path):
         raise ValueError(f"{path}: file not found")
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            data = json.load(f)
     except json.JSONDecodeError as exn:
         raise ValueError(f"{path}: not valid JSON ({exn})") from exn
+    if root is not None and not isinstance(data, root):
+        kind = "a list of items" if root is list else "an object of items keyed by index"
+        raise ValueError(f"{path}: expected {kind}")
+    return data
 
 
 def require(record: Any, fields: Iterable[str], path: str, item: Any) -> None:
