@@ -1,7 +1,6 @@
 """Readers of the real benchmark formats, on tiny fixtures written in the published layouts."""
 import io
 import json
-import tarfile
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from mdc.data.formats import (
     build_probe_dataset, load_coco_captions, load_image, load_image_folder, load_karpathy,
     load_wds_classification,
 )
+from mdc.data.scenes import write_tar
 
 
 def _image(path, size=(40, 30), color=(200, 10, 10)):
@@ -156,15 +156,13 @@ def _wds_folder(root, split, labels):
     (root / split).mkdir(parents=True)
     (root / split / "nshards.txt").write_text("2\n")
     for shard in range(2):
-        with tarfile.open(root / split / f"{shard}.tar", "w") as tar:
-            for i, label in enumerate(labels):
-                buf = io.BytesIO()
-                Image.new("RGB", (8, 8), (label * 40, 0, 0)).save(buf, "PNG" if shard else "JPEG")
-                for name, data in ((f"s{shard}_{i}.{'png' if shard else 'jpg'}", buf.getvalue()),
-                                   (f"s{shard}_{i}.cls", str(label).encode())):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
+        members = []
+        for i, label in enumerate(labels):
+            buf = io.BytesIO()
+            Image.new("RGB", (8, 8), (label * 40, 0, 0)).save(buf, "PNG" if shard else "JPEG")
+            members += [(f"s{shard}_{i}.{'png' if shard else 'jpg'}", buf.getvalue()),
+                        (f"s{shard}_{i}.cls", str(label).encode())]
+        write_tar(str(root / split / f"{shard}.tar"), members)
 
 
 def test_wds_classification_folder(tmp_path):

@@ -1,7 +1,6 @@
 """The webdataset training pipeline: decoding, bad-input accounting, splitting, determinism, resume."""
 import io
 import logging
-import tarfile
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from mdc import get_tokenizer
 from mdc.data.pipeline import (
     CLIP_MEAN, SkipStats, StreamPosition, image_transform, iterate_batches, make_dataset, make_loader,
 )
+from mdc.data.scenes import write_tar
 
 SIZE = 16
 
@@ -28,13 +28,8 @@ def _png(value: int, size=(20, 24)) -> bytes:
 
 
 def write_shard(path, members):
-    """Write a tar of (name, bytes) members."""
-    with tarfile.open(path, "w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return str(path)
+    """Write a tar of (name, bytes) members (the scene world's tar writer)."""
+    return write_tar(str(path), members)
 
 
 def good_members(start, n):

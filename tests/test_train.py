@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 
 import pytest
@@ -16,7 +15,7 @@ from safetensors.torch import load_file
 
 import mdc
 from mdc import optim
-from mdc.data.scenes import vocabulary, write_shards
+from mdc.data.scenes import vocabulary, write_shards, write_tar
 from mdc.train import NonFiniteLossError, TrainConfig, train
 from conftest import SMALL
 
@@ -111,13 +110,8 @@ def test_corrupt_samples_are_skipped_and_logged(tmp_path):
         members += [(f"{i:04d}.png", _png(i)), (f"{i:04d}.txt", b"a red circle left of a blue square")]
     members += [("bad1.png", b"not a png"), ("bad1.txt", b"a circle"), ("bad2.png", _png(3)),
                 ("bad3.png", _png(4)), ("bad3.txt", b"  ")]
-    shard = tmp_path / "000000.tar"
-    with tarfile.open(shard, "w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    results = train(**run_args(str(shard), tmp_path / "run", steps=4, save_every=10, workers=1))
+    shard = write_tar(str(tmp_path / "000000.tar"), members)
+    results = train(**run_args(shard, tmp_path / "run", steps=4, save_every=10, workers=1))
     assert results["skipped"] == {"corrupt_image": 1, "missing_caption": 1, "empty_caption": 1}
     rows = [json.loads(line) for line in open(results["metrics"])]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
