@@ -92,13 +92,6 @@ def load_trainer_state(checkpoint: str) -> dict:
     return torch.load(os.path.join(checkpoint, "trainer.pt"), map_location="cpu", weights_only=True)
 
 
-def load_weights(model, checkpoint: str) -> None:
-    """Load ``model.safetensors`` of a checkpoint folder into ``model`` in place."""
-    from safetensors.torch import load_file
-
-    model.load_state_dict(load_file(os.path.join(checkpoint, "model.safetensors")))
-
-
 class MetricsLog:
     """metrics.jsonl (and optionally TensorBoard) on rank 0; a resumed run drops lines past its step."""
 

@@ -54,15 +54,19 @@ def create_model(name: str, objective: str = "mdc", **overrides):
     return build(model_config(name, objective, **overrides))
 
 
-def load(path: str | os.PathLike, map_location="cpu"):
-    """Rebuild a model from `path/config.json` and load `path/model.safetensors` (no pickle)."""
+def load_weights(model, path: str | os.PathLike, map_location="cpu") -> None:
+    """Load `path/model.safetensors` into `model` in place."""
     from safetensors.torch import load_file
 
-    cfg_path, weights = os.path.join(path, "config.json"), os.path.join(path, "model.safetensors")
-    for p in (cfg_path, weights):
-        if not os.path.isfile(p):
-            raise FileNotFoundError(f"checkpoint file missing: {p}")
-    with open(cfg_path) as f:
+    model.load_state_dict(load_file(os.path.join(path, "model.safetensors"), device=str(map_location)))
+
+
+def load(path: str | os.PathLike, map_location="cpu"):
+    """Rebuild a model from `path/config.json` and load `path/model.safetensors` (no pickle)."""
+    for name in ("config.json", "model.safetensors"):
+        if not os.path.isfile(os.path.join(path, name)):
+            raise FileNotFoundError(f"checkpoint file missing: {os.path.join(path, name)}")
+    with open(os.path.join(path, "config.json")) as f:
         model = build(ModelConfig.from_json(f.read()))
-    model.load_state_dict(load_file(weights, device=str(map_location)))
+    load_weights(model, path, map_location)
     return model

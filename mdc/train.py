@@ -32,7 +32,7 @@ from torch import nn
 
 from mdc import checkpoint, optim
 from mdc.data.pipeline import SKIP_REASONS, SkipStats, StreamPosition, iterate_batches, make_loader
-from mdc.factory import create_model
+from mdc.factory import create_model, load_weights
 
 
 class NonFiniteLossError(RuntimeError):
@@ -243,7 +243,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
         if state["world_size"] != world:
             raise ValueError(f"{last_ckpt} was written by {state['world_size']} processes; resuming exactly "
                              f"needs the same number, not {world}")
-        checkpoint.load_weights(model, last_ckpt)
+        load_weights(model, last_ckpt)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step = state["step"]
