@@ -40,7 +40,7 @@ def write_shards(out: Path, num_shards: int, per_shard: int, size: int = 64, see
 
 
 def throughput(urls: str, image_size: int, batch_size: int, num_workers: int, context_length: int) -> float:
-    tokenizer = get_tokenizer(context_length)
+    tokenizer = get_tokenizer(context_length=context_length)
     best = 0.0
     for _ in range(2):  # warm-up pass, then the timed pass
         loader = make_loader(urls, tokenizer, image_size, batch_size, num_workers=num_workers, shuffle_buffer=256)

@@ -5,6 +5,7 @@ import os
 from dataclasses import fields
 
 from mdc.model import CLIP, Captioner, ModelConfig
+from mdc.tokenizer import Tokenizer
 
 # ViT-B: decoder 12 x 512 x 8 heads; ViT-L: 12 x 768 x 12 heads (paper Sec. 4.1).
 _VIT_B = dict(image_size=224, vision_width=768, vision_layers=12, vision_heads=12,
@@ -52,6 +53,19 @@ def build(cfg: ModelConfig):
 def create_model(name: str, objective: str = "mdc", **overrides):
     """Build a named architecture from scratch, e.g. create_model("tiny", objective="arc", mask_ratio=None)."""
     return build(model_config(name, objective, **overrides))
+
+
+def get_tokenizer(model: str | None = None, *, context_length: int | None = None, vocab=None,
+                  **overrides) -> Tokenizer:
+    """The tokenizer of a named model (open_clip's ``get_tokenizer(model_name)``), e.g. ``get_tokenizer("tiny")``.
+
+    Without a name: CLIP's BPE with [MASK], 77 tokens. ``context_length`` / ``vocab`` (BPE ids
+    of a compact vocabulary) override the model's; ``overrides`` are other ModelConfig fields.
+    """
+    if model is None:
+        return Tokenizer(context_length or 77, vocab)
+    cfg = model_config(model, **overrides)
+    return Tokenizer(context_length or cfg.context_length, cfg.vocab if vocab is None else vocab)
 
 
 def load_weights(model, path: str | os.PathLike, map_location="cpu") -> None:

@@ -22,7 +22,7 @@ from torch import nn
 
 from mdc._compat import patch_torchvision
 from mdc.loss import arc_loss, clip_loss, mdc_loss
-from mdc.tokenizer import Tokenizer, get_tokenizer, valid_mask
+from mdc.tokenizer import Tokenizer, valid_mask
 
 OBJECTIVES = ("mdc", "arc", "clip")
 
@@ -175,7 +175,7 @@ class _Model(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.tokenizer: Tokenizer = get_tokenizer(cfg.context_length, cfg.vocab)
+        self.tokenizer = Tokenizer(cfg.context_length, cfg.vocab)
 
     def check_images(self, images: torch.Tensor) -> None:
         s = self.config.image_size

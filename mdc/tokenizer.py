@@ -12,15 +12,24 @@ so a pad id that doubles as a real BPE id (CLIP's id 0 is "!") is harmless.
 Full vocabulary: the 49,408 CLIP BPE ids, then [MASK] = 49408 (vocab_size 49,409).
 Compact vocabulary (for tiny CPU models): ``vocab`` lists the BPE ids to keep. Compact ids
 are 0 = [PAD], 1 = [UNK], then the kept ids in sorted order, then [MASK]. A BPE id outside
-the compact vocabulary maps to [UNK] (counted in ``unknown_count``).
+the compact vocabulary maps to [UNK].
+
+Text is always text: the literal strings ``<start_of_text>`` / ``<end_of_text>`` in a caption are
+encoded as ordinary characters, never as the control ids (which would put an [EOT] mid-row).
+:meth:`Tokenizer.tokenize` returns, with the tokens, a :class:`TextStats` of that call: how
+many caption tokens became [UNK] and how many captions were truncated. Counts travel with
+the data (e.g. out of DataLoader workers) instead of living on a tokenizer copy.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
 import sys
+from dataclasses import asdict, dataclass
 from functools import lru_cache
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
+
+import regex
 
 import torch
 
@@ -42,6 +51,34 @@ def _bpe():
     return module.SimpleTokenizer()
 
 
+# CLIP's pre-tokenisation pattern without its special-token alternatives, so that a caption's
+# "<end_of_text>" is split into ordinary pieces rather than matched as the control token.
+_TEXT_PATTERN = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""", regex.IGNORECASE)
+
+
+@dataclass
+class TextStats:
+    """Counts of a batch of captions: captions, caption tokens, of which [UNK], captions truncated."""
+
+    captions: int = 0
+    tokens: int = 0  # caption tokens before truncation (SOT/EOT excluded)
+    unknown: int = 0  # caption tokens outside a compact vocabulary, mapped to [UNK]
+    truncated: int = 0  # captions longer than the context, cut the CLIP way
+
+    @property
+    def unknown_rate(self) -> float:
+        return self.unknown / self.tokens if self.tokens else 0.0
+
+    def merge(self, other: "TextStats | Mapping[str, int]") -> "TextStats":
+        """Add ``other``'s counts in place and return self."""
+        for key, value in (asdict(other) if isinstance(other, TextStats) else other).items():
+            setattr(self, key, getattr(self, key) + int(value))
+        return self
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
 class Tokenizer:
     """Callable: ``tok(list_of_str) -> LongTensor [B, context_length]``."""
 
@@ -50,7 +87,7 @@ class Tokenizer:
             raise ValueError(f"context_length must be >= 3 (SOT, a token, EOT); got {context_length}")
         self.bpe = _bpe()
         self.context_length = context_length
-        self.unknown_count = 0
+        self.stats = TextStats()  # running totals of __call__ in this process
         sot, eot = self.bpe.sot_token_id, self.bpe.eot_token_id
         if vocab is None:
             self.vocab = None
@@ -72,25 +109,44 @@ class Tokenizer:
 
     # ---------------------------------------------------------------- encode
     def encode(self, text: str) -> list[int]:
-        """Caption body ids (no SOT/EOT), in this tokenizer's id space."""
-        ids = self.bpe.encode(text)
+        """Caption body ids (no SOT/EOT), in this tokenizer's id space; special-token strings are text."""
+        bpe = self.bpe
+        ids = []
+        for piece in _TEXT_PATTERN.findall(bpe.clean_fn(text)):
+            piece = "".join(bpe.byte_encoder[b] for b in piece.encode("utf-8"))
+            ids.extend(bpe.encoder[t] for t in bpe.bpe(piece).split(" "))
         if self.vocab is None:
             return ids
-        out = [self._to_compact.get(i, self.unk_id) for i in ids]
-        self.unknown_count += sum(i == self.unk_id for i in out)
-        return out
+        return [self._to_compact.get(i, self.unk_id) for i in ids]
 
-    def __call__(self, texts: str | Iterable[str], context_length: int | None = None) -> torch.Tensor:
+    def tokenize(self, texts: str | Iterable[str], context_length: int | None = None) -> tuple[torch.Tensor, TextStats]:
+        """(tokens [B, context_length], the :class:`TextStats` of these captions)."""
         if isinstance(texts, str):
             texts = [texts]
         L = context_length or self.context_length
         rows = [self.encode(t) for t in texts]
         out = torch.full((len(rows), L), self.pad_id, dtype=torch.long)
+        stats = TextStats(captions=len(rows))
         for b, body in enumerate(rows):
             ids = [self.sot_id, *body, self.eot_id][:L]
             ids[-1] = self.eot_id
             out[b, : len(ids)] = torch.tensor(ids)
-        return out
+            stats.tokens += len(body)
+            stats.truncated += len(body) + 2 > L
+            if self.vocab is not None:
+                stats.unknown += sum(i == self.unk_id for i in body)
+        return out, stats
+
+    def __call__(self, texts: str | Iterable[str], context_length: int | None = None) -> torch.Tensor:
+        """Tokens [B, context_length]; the counts are added to ``self.stats``."""
+        tokens, stats = self.tokenize(texts, context_length)
+        self.stats.merge(stats)
+        return tokens
+
+    @property
+    def unknown_count(self) -> int:
+        """Caption tokens mapped to [UNK] by ``__call__`` so far (this object, this process)."""
+        return self.stats.unknown
 
     # ---------------------------------------------------------------- decode
     def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
@@ -146,6 +202,3 @@ def compact_vocab(texts: Iterable[str]) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def get_tokenizer(context_length: int = 77, vocab: Sequence[int] | None = None) -> Tokenizer:
-    """CLIP BPE tokenizer (77 tokens, [MASK] appended); ``vocab`` selects a compact vocabulary."""
-    return Tokenizer(context_length=context_length, vocab=vocab)

@@ -13,7 +13,7 @@ from mdc.data import scenes
 from mdc.data.scene_render import COLOURS, SHAPES, SIZES
 from mdc.data.scene_text import MAX_TOKENS, caption, references, relation_of, vocabulary
 from mdc.data.stats import caption_lengths, length_histogram
-from mdc.tokenizer import get_tokenizer
+from mdc import get_tokenizer
 
 
 def _members(path: str) -> dict[str, bytes]:

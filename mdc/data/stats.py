@@ -49,9 +49,9 @@ def caption_lengths(shards: str | Iterable[str], tokenizer=None, max_samples: in
     ``tokenizer`` is anything with ``encode(text) -> list`` (e.g. ``mdc.get_tokenizer(...)``).
     """
     if tokenizer is None:
-        from mdc.tokenizer import get_tokenizer
+        from mdc.tokenizer import Tokenizer
 
-        tokenizer = get_tokenizer()
+        tokenizer = Tokenizer()
     lengths = []
     for text in iter_captions(shards):
         if max_samples is not None and len(lengths) >= max_samples:
