@@ -55,6 +55,16 @@ def create_model(name: str, objective: str = "mdc", **overrides):
     return build(model_config(name, objective, **overrides))
 
 
+def create_model_and_transforms(name: str, objective: str = "mdc", **overrides):
+    """(model, preprocess): the model and its evaluation transform (PIL image -> normalised
+    FloatTensor [3, S, S] at the model's resolution: resize the shorter side, centre crop, CLIP
+    mean/std), as open_clip pairs them. Training transforms: ``mdc.data.pipeline.image_transform``."""
+    from mdc.data.pipeline import image_transform
+
+    model = create_model(name, objective, **overrides)
+    return model, image_transform(model.config.image_size, train=False)
+
+
 def get_tokenizer(model: str | None = None, *, context_length: int | None = None, vocab=None,
                   **overrides) -> Tokenizer:
     """The tokenizer of a named model (open_clip's ``get_tokenizer(model_name)``), e.g. ``get_tokenizer("tiny")``.

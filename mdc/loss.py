@@ -14,16 +14,16 @@ number of *masked* tokens instead (about t*N) would cancel most of the 1/t facto
 every caption, and the loss is then about the mean cross-entropy over masked tokens (Eq. 1).
 
 Only caption tokens are masked and supervised: [SOT], [EOT] and padding stay visible and
-never enter the loss (the sampler likewise starts from [SOT] [MASK]*N' [EOT]).
+never enter the loss. The masking itself is :func:`mdc.diffusion.corrupt`, which the sampler
+and the scorers share.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from mdc.diffusion import corrupt, sample_t
 from mdc.tokenizer import caption_mask, valid_mask
-
-T_MIN = 1e-4  # t is clamped here so that 1/t stays finite when w_l = 0
 
 
 def trim_padding(tokens: torch.Tensor, eot_id: int) -> torch.Tensor:
@@ -31,34 +31,21 @@ def trim_padding(tokens: torch.Tensor, eot_id: int) -> torch.Tensor:
     return tokens[:, : int(valid_mask(tokens, eot_id).sum(1).max())]
 
 
-def sample_t(n: int, cfg, generator=None, device=None) -> torch.Tensor:
-    """t [n] ~ U[w_l, w_u]; 'stratified' draws one offset u and uses (u + b/n) mod 1 across the batch."""
-    if cfg.mask_ratio is not None:
-        return torch.full((n,), float(cfg.mask_ratio), device=device)
-    u = torch.rand(n if cfg.t_sampling == "uniform" else 1, generator=generator, device=device)
-    if cfg.t_sampling == "stratified":
-        u = (u + torch.arange(n, device=device) / n) % 1.0
-    lo, hi = cfg.t_interval
-    return (lo + (hi - lo) * u).clamp(min=T_MIN)
-
-
-def mdc_loss(model, images, tokens, *, t=None, masked=None, generator=None):
-    """Masked diffusion captioning loss (Alg. 1). Optional fixed `t` [B] and `masked` [B, L] for tests."""
-    tok = model.tokenizer
+def mdc_loss(model, images, tokens, *, t=None, noise=None, generator=None):
+    """Masked diffusion captioning loss (Alg. 1). Optional fixed `t` [B] and `noise` [B, L] for tests."""
+    tok, cfg = model.tokenizer, model.config
     tokens = trim_padding(tokens, tok.eot_id)  # [B, L]
     maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [B, L] caption tokens
     B, L = tokens.shape
     if t is None:
-        t = sample_t(B, model.config, generator, tokens.device)  # [B]
-    if masked is None:
-        p = torch.rand(B, L, generator=generator, device=tokens.device)
-        masked = p < t[:, None]  # Alg. 1: masked_caps[p < t] = MASK
-    masked = masked[:, :L] & maskable
-    noisy = tokens.masked_fill(masked, tok.mask_id)  # C_t
-    hidden = model.hidden(noisy, model.memory(images))  # [B, L, W]
-    ce = F.cross_entropy(model.head(hidden[masked]).float(), tokens[masked], reduction="none")  # [M]
-    if model.config.time_weighting:
-        ce = ce / t[:, None].expand(B, L)[masked]  # (1/t) per masked token
+        t = sample_t(B, cfg, generator, tokens.device)  # [B]
+    if noise is None:
+        noise = torch.rand(B, L, generator=generator, device=tokens.device)  # Alg. 1: p = uniform(B, L)
+    c = corrupt(tokens, maskable, tok.mask_id, t=t, noise=noise[:, :L])  # C_t
+    hidden = model.hidden(c.noisy, model.context(images))  # [B, L, W]
+    ce = F.cross_entropy(model.head(hidden[c.masked]).float(), tokens[c.masked], reduction="none")  # [M]
+    if cfg.time_weighting:
+        ce = ce * c.weight[:, None].expand(B, L)[c.masked]  # (1/t) per masked token
     return ce.sum() / maskable.sum().clamp(min=1)
 
 
@@ -68,7 +55,7 @@ def arc_loss(model, images, tokens):
     tokens = trim_padding(tokens, tok.eot_id)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # [B, L-1]
     supervised = valid_mask(tokens, tok.eot_id)[:, 1:]  # caption tokens and EOT
-    hidden = model.hidden(inputs, model.memory(images))  # [B, L-1, W]
+    hidden = model.hidden(inputs, model.context(images))  # [B, L-1, W]
     ce = F.cross_entropy(model.head(hidden[supervised]).float(), targets[supervised])
     return ce
 

@@ -26,8 +26,28 @@ from mdc.tokenizer import Tokenizer, valid_mask
 
 OBJECTIVES = ("mdc", "arc", "clip")
 
-# Cross-attention keys/values of every decoder block: computed once per image batch.
-Memory = list[tuple[torch.Tensor, torch.Tensor]]
+
+class ImageContext:
+    """Encoded images as the decoder sees them: every block's cross-attention (keys, values),
+    each [B, heads, T, width/heads]. Encode once (:meth:`Captioner.context`), then decode any
+    number of token rows against it: ``select`` picks image rows, ``repeat`` copies each k times."""
+
+    def __init__(self, kv: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.kv = kv
+
+    def __len__(self) -> int:  # images
+        return len(self.kv[0][0])
+
+    def __getitem__(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.kv[block]
+
+    def select(self, rows: torch.Tensor) -> "ImageContext":
+        """The context of images ``rows`` [R] (indices, repeats allowed)."""
+        return ImageContext([(k[rows], v[rows]) for k, v in self.kv])
+
+    def repeat(self, k: int) -> "ImageContext":
+        """Each image k times in a row: [B] -> [B * k] (beam search, several captions per image)."""
+        return self.select(torch.arange(len(self), device=self.kv[0][0].device).repeat_interleave(k))
 
 
 @dataclass
@@ -120,7 +140,7 @@ class Block(nn.Module):
         self.ln_mlp = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
 
-    def forward(self, x, mask=None, causal=False, memory=None, cache=None):
+    def forward(self, x, mask=None, causal=False, context=None, cache=None):
         h = self.ln_self(x)
         kv = self.self_attn.keys_values(h)
         if cache is not None:  # incremental decoding: append this step's keys/values
@@ -129,7 +149,7 @@ class Block(nn.Module):
             cache[:] = kv
         x = x + self.self_attn(h, kv, mask=mask, causal=causal)
         if self.cross_attn is not None:
-            x = x + self.cross_attn(self.ln_cross(x), memory)
+            x = x + self.cross_attn(self.ln_cross(x), context)
         return x + self.mlp(self.ln_mlp(x))
 
 
@@ -146,11 +166,11 @@ class TextTransformer(nn.Module):
         self.ln_final = nn.LayerNorm(cfg.text_width)
         nn.init.normal_(self.embed.weight, std=0.02)
 
-    def forward(self, tokens, *, mask=None, causal=False, memory=None, cache=None, start=0):
+    def forward(self, tokens, *, mask=None, causal=False, context=None, cache=None, start=0):
         # tokens [B, L] -> hidden [B, L, W]; `start` = position of tokens[:, 0] (KV-cached decoding)
         x = self.embed(tokens) + self.pos[start : start + tokens.shape[1]]
         for i, block in enumerate(self.blocks):
-            x = block(x, mask, causal, memory[i] if memory is not None else None,
+            x = block(x, mask, causal, context[i] if context is not None else None,
                       cache[i] if cache is not None else None)
         return self.ln_final(x)
 
@@ -178,15 +198,30 @@ class _Model(nn.Module):
         self.tokenizer = Tokenizer(cfg.context_length, cfg.vocab)
 
     def check_images(self, images: torch.Tensor) -> None:
+        """Shape [B, 3, S, S], the weights' float dtype, finite values; else a ValueError naming it."""
         s = self.config.image_size
         if images.dim() != 4 or tuple(images.shape[1:]) != (3, s, s):
             raise ValueError(f"images must have shape [B, 3, {s}, {s}] for model {self.config.name!r}; "
                              f"got {list(images.shape)}")
+        dtype = self.visual.patch_embed.proj.weight.dtype
+        if images.dtype != dtype:
+            hint = ("normalise them with the model's transform (mdc.create_model_and_transforms)"
+                    if not images.is_floating_point() else f"convert them with images.to({dtype})")
+            raise ValueError(f"images are {str(images.dtype).removeprefix('torch.')} but the model's weights are "
+                             f"{str(dtype).removeprefix('torch.')}: {hint}")
+        if not torch.isfinite(images).all():
+            raise ValueError("images contain NaN or infinite values")
 
     def check_tokens(self, tokens: torch.Tensor) -> None:
+        """Shape [B, L] with 1 <= L <= context, ids in [0, vocab_size); else a ValueError naming it."""
         if tokens.dim() != 2 or not 1 <= tokens.shape[1] <= self.config.context_length:
             raise ValueError(f"tokens must have shape [B, L] with 1 <= L <= {self.config.context_length}; "
                              f"got {list(tokens.shape)}")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.tokenizer.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.tokenizer.vocab_size}) for model "
+                             f"{self.config.name!r}; got {lo if lo < 0 else hi} (tokenize with mdc.get_tokenizer"
+                             f"({self.config.name!r}) or model.tokenizer)")
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """Unpooled, normalised encoder tokens [B, T, Dv] (timm convention)."""
@@ -225,26 +260,26 @@ class Captioner(_Model):
     def causal(self) -> bool:
         return self.config.objective == "arc"
 
-    def memory(self, images: torch.Tensor) -> Memory:
-        """Encode once; per-block cross-attention keys/values of the projected image tokens."""
+    def context(self, images: torch.Tensor) -> ImageContext:
+        """Encode once: every block's cross-attention keys/values of the projected image tokens."""
         v = self.image_proj(self.forward_features(images))  # [B, T, W]
-        return [blk.cross_attn.keys_values(v) for blk in self.decoder.blocks]
+        return ImageContext([blk.cross_attn.keys_values(v) for blk in self.decoder.blocks])
 
-    def hidden(self, tokens: torch.Tensor, memory: Memory) -> torch.Tensor:
+    def hidden(self, tokens: torch.Tensor, context: ImageContext) -> torch.Tensor:
         """Decoder states [B, L, W]; bidirectional attention ignores padding after [EOT]."""
         self.check_tokens(tokens)
         mask = None if self.causal else valid_mask(tokens, self.tokenizer.eot_id)[:, None, None, :]
-        return self.decoder(tokens, mask=mask, causal=self.causal, memory=memory)
+        return self.decoder(tokens, mask=mask, causal=self.causal, context=context)
 
-    def logits(self, tokens: torch.Tensor, memory: Memory) -> torch.Tensor:
-        return self.head(self.hidden(tokens, memory))  # [B, L, V]
+    def logits(self, tokens: torch.Tensor, context: ImageContext) -> torch.Tensor:
+        return self.head(self.hidden(tokens, context))  # [B, L, V]
 
     def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [B, L, V] at every position; `tokens` may hold [MASK]."""
-        return self.logits(tokens, self.memory(images))
+        return self.logits(tokens, self.context(images))
 
     def loss(self, images, tokens, **kw):
-        """ARC teacher forcing (causal) or the MDC loss (kw: t, masked, generator)."""
+        """ARC teacher forcing (causal) or the MDC loss (kw: t, noise, generator)."""
         return (arc_loss if self.causal else mdc_loss)(self, images, tokens, **kw)
 
 

@@ -1,30 +1,29 @@
 """Caption generation: MDC greedy confidence unmasking (Eq. 6); ARC greedy and beam search.
 
 MDC starts from [SOT] [MASK]*N' [EOT] and runs ceil(N'/k) steps. Each step predicts every
-masked position, takes the confidence of position i as max_j softmax(eta^i)_j (eta = logits),
-and reveals the k most confident masked positions (k = 1 by default: N' steps, Eq. 6).
-Revealed tokens stay fixed. The image is encoded and every block's cross-attention
-keys/values are computed once per batch (`Captioner.memory`); only the text is re-run.
+masked position, takes the confidence of position i as max_j p(j) under the caption-token
+distribution of :func:`mdc.diffusion.caption_log_probs` (ids a caption never holds removed,
+the rest renormalised; the heuristic scorer ranks by the same numbers), and reveals the k
+most confident masked positions (k = 1 by default: N' steps, Eq. 6). Revealed tokens stay
+fixed. The image is encoded and every block's cross-attention keys/values are computed once
+per batch (:class:`mdc.model.ImageContext`); only the text is re-run.
 """
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
 
-
-def banned_ids(tok) -> list[int]:
-    """Ids a caption position may never take: markers, [MASK] and, for compact vocabularies, PAD/UNK."""
-    ids = [tok.sot_id, tok.eot_id, tok.mask_id]
-    return ids + ([tok.pad_id, tok.unk_id] if tok.vocab is not None else [])
+from mdc.diffusion import caption_log_probs, corrupt
 
 
 def masked_row(tok, batch: int, length: int, device) -> torch.Tensor:
-    """[SOT] [MASK]*length [EOT] for every row: [B, length + 2]."""
-    x = torch.full((batch, length + 2), tok.mask_id, dtype=torch.long, device=device)
+    """[SOT] [MASK]*length [EOT] for every row: [B, length + 2] (the fully corrupted caption)."""
+    x = torch.full((batch, length + 2), tok.pad_id, dtype=torch.long, device=device)
     x[:, 0], x[:, -1] = tok.sot_id, tok.eot_id
-    return x
+    maskable = torch.ones_like(x, dtype=torch.bool)
+    maskable[:, [0, -1]] = False
+    return corrupt(x, maskable, tok.mask_id).noisy
 
 
 def check_length(model, length: int) -> None:
@@ -41,18 +40,16 @@ def mdc_sample(model, images, length: int, tokens_per_step: int = 1, temperature
     if tokens_per_step < 1:
         raise ValueError(f"tokens_per_step must be >= 1; got {tokens_per_step}")
     tok = model.tokenizer
-    memory = model.memory(images)  # encoder + cross-attention K/V, once
+    context = model.context(images)  # encoder + cross-attention K/V, once
     x = masked_row(tok, len(images), length, images.device)  # [B, N'+2]
-    banned = banned_ids(tok)
     for _ in range(math.ceil(length / tokens_per_step)):
-        logits = model.logits(x, memory).float()  # [B, N'+2, V]
-        logits[..., banned] = -math.inf
+        logits = model.logits(x, context)  # [B, N'+2, V]
         if temperature > 0:
-            probs = F.softmax(logits / temperature, dim=-1)
+            probs = caption_log_probs(logits / temperature, tok).exp()
             pred = torch.multinomial(probs.flatten(0, 1), 1, generator=generator).view(x.shape)
             conf = probs.gather(-1, pred[..., None]).squeeze(-1)
         else:
-            conf, pred = F.softmax(logits, dim=-1).max(-1)  # [B, N'+2]
+            conf, pred = caption_log_probs(logits, tok).exp().max(-1)  # [B, N'+2]
         still = x == tok.mask_id
         conf = conf.masked_fill(~still, -1.0)
         k = min(tokens_per_step, int(still.sum(1).max()))
@@ -62,17 +59,10 @@ def mdc_sample(model, images, length: int, tokens_per_step: int = 1, temperature
     return x
 
 
-def _decode_step(model, tokens, memory, cache, start):
-    """ARC next-token log-probs [B, V] with a self-attention KV cache."""
-    h = model.decoder(tokens, causal=start == 0, memory=memory, cache=cache, start=start)
-    logp = F.log_softmax(model.head(h[:, -1]).float(), dim=-1)
-    tok = model.tokenizer
-    logp[:, [i for i in banned_ids(tok) if i != tok.eot_id]] = -math.inf  # EOT is the only marker allowed
-    return logp
-
-
-def _repeat_memory(memory, n: int):
-    return [(k.repeat_interleave(n, 0), v.repeat_interleave(n, 0)) for k, v in memory]
+def _decode_step(model, tokens, context, cache, start):
+    """ARC next-token log-probs [B, V] (caption tokens and [EOT]) with a self-attention KV cache."""
+    h = model.decoder(tokens, causal=start == 0, context=context, cache=cache, start=start)
+    return caption_log_probs(model.head(h[:, -1]), model.tokenizer, allow_eot=True)
 
 
 @torch.no_grad()
@@ -89,14 +79,14 @@ def arc_sample(model, images, max_length: int | None = None, beam_size: int = 1,
     max_length = max_length or model.config.context_length - 2
     check_length(model, max_length)
     B, K, dev = len(images), beam_size, images.device
-    memory = _repeat_memory(model.memory(images), K)
+    context = model.context(images).repeat(K)
     cache = [[] for _ in model.decoder.blocks]
     seqs = torch.full((B * K, 1), tok.sot_id, dtype=torch.long, device=dev)
     scores = torch.full((B, K), -math.inf, device=dev)
     scores[:, 0] = 0.0  # one live hypothesis to start with
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
     for step in range(max_length + 1):
-        logp = _decode_step(model, seqs[:, -1:], memory, cache, start=step)  # [B*K, V]
+        logp = _decode_step(model, seqs[:, -1:], context, cache, start=step)  # [B*K, V]
         if step == max_length:  # out of room: close every hypothesis
             forced = torch.full_like(logp, -math.inf)
             forced[:, tok.eot_id] = logp[:, tok.eot_id]

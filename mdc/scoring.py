@@ -4,20 +4,35 @@
   (the end token makes it a likelihood of the complete caption).
 - "elbo" (MDC, Eq. 8): the masked-diffusion lower bound
       log p(C) >= sum_{n=1}^{N} E_{C_n}[ (1/n) sum_{i masked in C_n} log p(c^i | C_n, f(I)) ]
-  estimated with `num_samples` masked copies per caption. Copy s gets n_s = 1 + floor(N (s + u)/S)
-  masked tokens (one random offset u per caption: stratified over mask counts), a uniformly
-  random subset of that size, and the estimate is N * mean_s (1/n_s) sum_masked log p.
+  estimated with S = `num_samples` masked copies per caption: copy s masks
+  n_s = 1 + floor(N (s + u) / S) tokens (stratified over the mask counts by one offset u), a
+  uniformly random n_s-subset, and the estimate is N * mean_s (1/n_s) sum_masked log p.
+  ``t_interval=(w_l, w_u)`` keeps only the counts with n/N in [w_l, w_u] (the ratios a model
+  trained on t ~ U[w_l, w_u] has seen); (0, 1) is Eq. 8 itself.
 - "heuristic" (MDC): start fully masked; N times, reveal the most confident masked position
-  (max_j p_j, as the sampler does), add log p(ground-truth token) there and write it in.
+  (the sampler's confidence), add log p(ground-truth token) there and write it in.
 - "cosine" (CLIP): cosine similarity of the image and caption embeddings.
 
-Confidences and log-probabilities use the model's full output distribution (no ids banned).
+Log-probabilities are those of :func:`mdc.diffusion.caption_log_probs` (the sampler's).
+
+Randomness of the ELBO is keyed, not streamed: the offset u and the position noise of a
+caption are drawn from a generator seeded by (seed, key), where the key is the caption's
+position in the call unless ``keys`` are given. A pair therefore scores the same whatever
+else is in the batch, and captions that share a key share their noise: same mask counts and,
+where their lengths allow, the same masked positions (common random numbers). Comparing the
+candidates of an item with one key (:func:`score_candidates`, ``paired=True``) removes most of
+the Monte-Carlo noise from their *difference*, which is all a matching benchmark looks at.
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+import hashlib
+import math
+import warnings
+from typing import Hashable, Sequence
 
+import torch
+
+from mdc.diffusion import caption_log_probs, corrupt
 from mdc.loss import trim_padding
 from mdc.tokenizer import caption_mask, valid_mask
 
@@ -25,89 +40,160 @@ METHODS = {"arc": ("exact",), "mdc": ("elbo", "heuristic"), "clip": ("cosine",)}
 DEFAULT = {"arc": "exact", "mdc": "heuristic", "clip": "cosine"}
 
 
-def exact_loglik(model, images, tokens):
-    """ARC log-likelihood [B] by teacher forcing."""
+def exact_loglik(model, context, rows, tokens):
+    """ARC log-likelihood [R] by teacher forcing; token row r decodes against image rows[r] of ``context``."""
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    logp = F.log_softmax(model(images, inputs).float(), dim=-1)  # [B, L-1, V]
-    ll = logp.gather(-1, targets[..., None]).squeeze(-1)  # [B, L-1]
-    return (ll * valid_mask(tokens, model.tokenizer.eot_id)[:, 1:]).sum(1)
+    logp = caption_log_probs(model.logits(inputs, context.select(rows)), model.tokenizer, allow_eot=True)
+    ll = logp.gather(-1, targets[..., None]).squeeze(-1)  # [R, L-1]; padding targets are banned ids (-inf)
+    return ll.masked_fill(~valid_mask(tokens, model.tokenizer.eot_id)[:, 1:], 0.0).sum(1)
 
 
-def heuristic_score(model, images, tokens):
-    """Greedy-order sum of ground-truth log-probabilities [B] (paper Sec. 4.2)."""
+def heuristic_score(model, context, rows, tokens):
+    """Greedy-order sum of ground-truth log-probabilities [R] (paper Sec. 4.2)."""
     tok = model.tokenizer
-    memory = model.memory(images)
-    todo = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [B, L] still masked
-    x = tokens.masked_fill(todo, tok.mask_id)
+    context = context.select(rows)
+    todo = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] still masked
+    x = corrupt(tokens, todo, tok.mask_id).noisy  # every caption token masked
     total = torch.zeros(len(tokens), device=tokens.device)
-    rows = torch.arange(len(tokens), device=tokens.device)
+    r = torch.arange(len(tokens), device=tokens.device)
     for _ in range(int(todo.sum(1).max())):
-        logp = F.log_softmax(model.logits(x, memory).float(), dim=-1)  # [B, L, V]
-        conf = logp.max(-1).values.masked_fill(~todo, -torch.inf)  # [B, L]
-        pos = conf.argmax(-1)  # [B] most confident masked position
-        active = todo[rows, pos]  # rows whose caption is not complete yet
-        truth = tokens[rows, pos]
-        total += torch.where(active, logp[rows, pos, truth], torch.zeros_like(total))
-        x[rows, pos] = torch.where(active, truth, x[rows, pos])
-        todo[rows, pos] = False
+        logp = caption_log_probs(model.logits(x, context), tok)  # [R, L, V]
+        conf = logp.max(-1).values.masked_fill(~todo, -torch.inf)  # [R, L]
+        pos = conf.argmax(-1)  # [R] most confident masked position
+        active = todo[r, pos]  # rows whose caption is not complete yet
+        truth = tokens[r, pos]
+        total += torch.where(active, logp[r, pos, truth], torch.zeros_like(total))
+        x[r, pos] = torch.where(active, truth, x[r, pos])
+        todo[r, pos] = False
     return total
 
 
-def elbo_score(model, images, tokens, num_samples=1024, seed=0, max_rows=256):
-    """Monte-Carlo estimate [B] of the Eq. 8 lower bound; `max_rows` bounds each forward pass."""
+def _key_seed(seed: int, key: Hashable) -> int:
+    """A 63-bit generator seed from (seed, key), stable across processes and platforms."""
+    digest = hashlib.blake2b(repr((int(seed), key)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def elbo_noise(keys: Sequence[Hashable], seed: int, num_samples: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per caption: the stratification offset u [B] and position noise [B, S, width] from its key."""
+    offsets, noise = [], []
+    for key in keys:
+        g = torch.Generator().manual_seed(_key_seed(seed, key))
+        offsets.append(torch.rand(1, generator=g))
+        noise.append(torch.rand(num_samples, width, generator=g))
+    return torch.cat(offsets), torch.stack(noise)
+
+
+def elbo_score(model, context, rows, tokens, num_samples=1024, seed=0, max_rows=256, keys=None,
+               t_interval=(0.0, 1.0)):
+    """Monte-Carlo estimate [R] of the Eq. 8 lower bound; `max_rows` bounds each forward pass."""
     tok = model.tokenizer
-    gen = torch.Generator().manual_seed(seed)
-    B, L = tokens.shape
+    R, L = tokens.shape
     S, dev = num_samples, tokens.device
-    maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [B, L]
-    N = maskable.sum(1)  # [B] caption lengths
-    # n_{b,s}: stratified mask counts in 1..N_b
-    u = torch.rand(B, 1, generator=gen)
-    n = 1 + ((torch.arange(S)[None] + u) / S * N.cpu()[:, None]).floor().long()  # [B, S]
-    n = torch.minimum(n, N.cpu()[:, None].clamp(min=1)).to(dev)
-    memory = model.memory(images)
-    total = torch.zeros(B, device=dev)
-    flat_b = torch.arange(B).repeat_interleave(S).to(dev)  # row -> caption
-    for start in range(0, B * S, max_rows):
-        b = flat_b[start : start + max_rows]
-        rows_n = n.view(-1)[start : start + max_rows]  # [R]
-        keys = torch.rand(len(b), L, generator=gen).to(dev).masked_fill(~maskable[b], 2.0)
-        rank = keys.argsort(-1).argsort(-1)  # random order of the caption positions
-        masked = (rank < rows_n[:, None]) & maskable[b]  # exactly n masked tokens per row
-        x = tokens[b].masked_fill(masked, tok.mask_id)
-        mem = [(k[b], v[b]) for k, v in memory]
-        hidden = model.hidden(x, mem)  # [R, L, W]
-        logp = F.log_softmax(model.head(hidden[masked]).float(), -1)  # [M, V]
+    maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] positions 1..N
+    N = maskable.sum(1).cpu()  # [R] caption lengths
+    # mask counts n [R, S], stratified over the allowed counts lo..hi (1..N for Eq. 8)
+    lo = torch.clamp(torch.ceil(t_interval[0] * N - 1e-9), min=1).long()
+    hi = torch.maximum(torch.floor(t_interval[1] * N + 1e-9).long(), lo)
+    span = hi - lo + 1  # [R]
+    u, noise = elbo_noise(range(R) if keys is None else keys, seed, S, model.config.context_length)
+    n = lo[:, None] + ((torch.arange(S)[None] + u[:, None]) / S * span[:, None]).floor().long()  # [R, S]
+    # noise column j drives caption token j, so captions of one key share positions where they can
+    noise = torch.cat([torch.ones(R, S, 1), noise[:, :, : L - 1]], dim=2)  # [R, S, L]; column 0 is SOT
+    n, noise = n.view(R * S), noise.view(R * S, L)
+    caption_of = torch.arange(R).repeat_interleave(S)  # masked copy -> caption
+    total = torch.zeros(R, device=dev)
+    for start in range(0, R * S, max_rows):
+        chunk = slice(start, start + max_rows)
+        b = caption_of[chunk].to(dev)
+        c = corrupt(tokens[b], maskable[b], tok.mask_id, n=n[chunk].to(dev), noise=noise[chunk].to(dev))
+        hidden = model.hidden(c.noisy, context.select(rows[b]))  # [max_rows, L, W]
+        logp = caption_log_probs(model.head(hidden[c.masked]), tok)  # [M, V]
         ll = torch.zeros(len(b), L, device=dev)
-        ll[masked] = logp.gather(-1, tokens[b][masked][:, None]).squeeze(-1)
-        total.index_add_(0, b, ll.sum(1) / rows_n)
-    return N * total / S
+        ll[c.masked] = logp.gather(-1, tokens[b][c.masked][:, None]).squeeze(-1)
+        total.index_add_(0, b, ll.sum(1) * c.weight)  # (1/n) sum over the masked tokens
+    return span.to(dev) * total / S  # (number of counts) x mean over the copies
 
 
-@torch.no_grad()
-def score(model, images, captions, method: str | None = None, *, num_samples: int = 1024,
-          seed: int = 0, max_rows: int = 256) -> torch.Tensor:
-    """Score each (image, caption) pair: Tensor [B]; higher = better match."""
+def _tokenize(model, captions: Sequence[str]) -> torch.Tensor:
+    """Tokens [B, L'] of the captions; empty captions are errors, truncation is reported."""
+    tokens, stats = model.tokenizer.tokenize(list(captions))
+    tok = model.tokenizer
+    empty = (caption_mask(tokens, tok.sot_id, tok.eot_id).sum(1) == 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"caption at index {empty[0]} ({captions[empty[0]]!r}) has no tokens; "
+                         f"{len(empty)} empty caption(s) in all (an empty caption would score 0, the best score)")
+    if stats.truncated:
+        warnings.warn(f"{stats.truncated} of {len(tokens)} captions are longer than the context of "
+                      f"{tok.context_length} tokens and were truncated; captions that differ only past it tie",
+                      stacklevel=4)
+    return trim_padding(tokens, tok.eot_id)
+
+
+def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0, max_rows=256,
+           t_interval=(0.0, 1.0)):
+    """Scores [R] of captions[r] against images[rows[r]]: checks, tokenises, encodes every image once."""
     objective = model.config.objective
     method = method or DEFAULT[objective]
     if method not in METHODS[objective]:
         raise ValueError(f"method {method!r} does not apply to a {objective!r} model; "
                          f"choose one of {METHODS[objective]}")
-    if len(captions) != len(images):
-        raise ValueError(f"got {len(images)} images but {len(captions)} captions")
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1; got {num_samples}")
+    if keys is not None and len(keys) != len(captions):
+        raise ValueError(f"got {len(keys)} keys for {len(captions)} captions")
+    if not 0.0 <= t_interval[0] <= t_interval[1] <= 1.0:
+        raise ValueError(f"t_interval must satisfy 0 <= w_l <= w_u <= 1; got {t_interval}")
     model.check_images(images)
-    tokens = trim_padding(model.tokenizer(list(captions)).to(images.device), model.tokenizer.eot_id)
+    tokens = _tokenize(model, captions).to(images.device)
     was_training = model.training
     model.eval()
     try:
         if method == "cosine":
-            return (model.image_embedding(images) * model.text_embedding(tokens)).sum(-1)
+            return (model.image_embedding(images)[rows] * model.text_embedding(tokens)).sum(-1)
+        context = model.context(images)  # encode each image once
         if method == "exact":
-            return exact_loglik(model, images, tokens)
+            return exact_loglik(model, context, rows, tokens)
         if method == "heuristic":
-            return heuristic_score(model, images, tokens)
-        return elbo_score(model, images, tokens, num_samples, seed, max_rows)
+            return heuristic_score(model, context, rows, tokens)
+        return elbo_score(model, context, rows, tokens, num_samples, seed, max_rows, keys, t_interval)
     finally:
         model.train(was_training)
+
+
+@torch.no_grad()
+def score(model, images, captions: Sequence[str], method: str | None = None, *, num_samples: int = 1024,
+          seed: int = 0, max_rows: int = 256, keys: Sequence[Hashable] | None = None,
+          t_interval: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
+    """Score each (image, caption) pair: Tensor [B]; higher = better match.
+
+    ELBO only: ``num_samples`` masked copies per caption, ``keys`` [B] name each caption's
+    noise (default: its index in this call), ``t_interval`` restricts the mask ratios summed
+    (default: all, Eq. 8); ``max_rows`` bounds the rows of one forward pass.
+    """
+    if len(captions) != len(images):
+        raise ValueError(f"got {len(images)} images but {len(captions)} captions")
+    rows = torch.arange(len(images), device=images.device)
+    return _score(model, images, rows, captions, method, keys, num_samples, seed, max_rows, t_interval)
+
+
+@torch.no_grad()
+def score_candidates(model, images, candidates: Sequence[Sequence[str]], method: str | None = None, *,
+                     paired: bool = True, item_keys: Sequence[Hashable] | None = None, **kw) -> torch.Tensor:
+    """Scores [B, K] of K candidate captions per image (the true and false captions of an item).
+
+    ``paired``: all candidates of an item share one noise key (common random numbers for the
+    ELBO); else every candidate has its own. ``item_keys`` [B] (default: the item's index in
+    this call) fix an item's noise whatever else is in the call. Each image is encoded once.
+    ``kw``: num_samples, seed, max_rows, t_interval as in :func:`score`.
+    """
+    if len(candidates) != len(images):
+        raise ValueError(f"got {len(images)} images but {len(candidates)} candidate lists")
+    K = len(candidates[0]) if len(candidates) else 0
+    if any(len(c) != K for c in candidates):
+        raise ValueError("every item needs the same number of candidate captions")
+    item_keys = range(len(images)) if item_keys is None else item_keys
+    keys = [key if paired else (key, k) for key in item_keys for k in range(K)]
+    rows = torch.arange(len(images), device=images.device).repeat_interleave(K)
+    flat = [c for cands in candidates for c in cands]
+    return _score(model, images, rows, flat, method, keys, **kw).view(len(images), K)

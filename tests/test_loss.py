@@ -4,7 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import CAPTIONS, small_model
-from mdc.loss import clip_loss, mdc_loss, sample_t
+from mdc.diffusion import sample_t
+from mdc.loss import clip_loss, mdc_loss
 from mdc.tokenizer import caption_mask
 
 
@@ -35,27 +36,27 @@ def fixed(images):
 
 def test_mdc_loss_matches_hand_computation(fixed):
     model, images, tokens, t, masked = fixed
-    got = mdc_loss(model, images, tokens, t=t, masked=masked)
+    got = mdc_loss(model, images, tokens, t=t, noise=(~masked).float())
     torch.testing.assert_close(got, _hand_mdc(model, images, tokens, t, masked))
 
 
 def test_time_weighting_off_drops_exactly_one_over_t(fixed):
     model, images, tokens, t, masked = fixed
     model.config.time_weighting = False
-    got = mdc_loss(model, images, tokens, t=t, masked=masked)
+    got = mdc_loss(model, images, tokens, t=t, noise=(~masked).float())
     torch.testing.assert_close(got, _hand_mdc(model, images, tokens, t, masked, weighted=False))
     # with one caption the two differ by exactly the factor 1/t
     one = [x[:1] for x in (images, tokens, t, masked)]
-    off = mdc_loss(model, *one[:2], t=one[2], masked=one[3])
+    off = mdc_loss(model, *one[:2], t=one[2], noise=(~one[3]).float())
     model.config.time_weighting = True
-    on = mdc_loss(model, *one[:2], t=one[2], masked=one[3])
+    on = mdc_loss(model, *one[:2], t=one[2], noise=(~one[3]).float())
     torch.testing.assert_close(on, off / t[0])
 
 
 def _captured_noisy(model, images, tokens, generator=None):
     seen = []
     hidden = model.hidden
-    model.hidden = lambda x, mem: (seen.append(x.clone()), hidden(x, mem))[1]
+    model.hidden = lambda x, ctx: (seen.append(x.clone()), hidden(x, ctx))[1]
     loss = mdc_loss(model, images, tokens, generator=generator)
     model.hidden = hidden
     return seen[0], loss
@@ -137,3 +138,13 @@ def test_clip_loss_is_symmetric_infonce():
     expect = sum(-F.log_softmax(logits, 1)[i, i] - F.log_softmax(logits, 0)[i, i] for i in range(5)) / 10
     torch.testing.assert_close(clip_loss(img, txt, torch.tensor(10.0)), expect)
     assert clip_loss(img, img, torch.tensor(10.0)) < clip_loss(img, txt, torch.tensor(10.0))
+
+
+def test_t_min_clamp_keeps_the_weight_finite(images):
+    from mdc.diffusion import T_MIN
+
+    cfg = small_model(t_interval=(0.0, 1e-9)).config
+    assert sample_t(1000, cfg, torch.Generator().manual_seed(0)).min() >= T_MIN
+    model = small_model(t_interval=(0.0, 1e-9))
+    loss = model.loss(images, model.tokenizer(CAPTIONS), generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(loss)

@@ -135,3 +135,33 @@ def test_save_load_round_trip(tmp_path, images):
 def test_load_missing_file_names_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         mdc.load(tmp_path)
+
+
+@pytest.mark.parametrize("bad, needle", [
+    (lambda x: (x * 255).to(torch.uint8), "uint8"),
+    (lambda x: x.double(), "float64"),
+    (lambda x: x.masked_fill(torch.rand_like(x) < 0.01, float("nan")), "NaN"),
+])
+def test_images_of_the_wrong_kind_are_named(images, bad, needle):
+    m = small_model()
+    with pytest.raises(ValueError, match=needle):
+        m.encode_image(bad(images))
+
+
+def test_token_ids_out_of_range_are_named(images):
+    m = small_model()
+    tok = m.tokenizer(CAPTIONS)
+    tok[1, 2] = m.tokenizer.vocab_size + 3
+    with pytest.raises(ValueError, match=str(m.tokenizer.vocab_size + 3)):
+        m(images, tok)
+    with pytest.raises(ValueError, match="got -6"):
+        small_model("clip").text_embedding(tok.clamp(max=5) - 6)
+
+
+def test_create_model_and_transforms_binds_the_eval_transform():
+    from PIL import Image
+
+    model, preprocess = mdc.create_model_and_transforms("tiny", objective="arc", **SMALL)
+    x = preprocess(Image.new("RGB", (50, 40), (200, 30, 30)))
+    assert x.shape == (3, 32, 32) and x.dtype == torch.float32
+    assert model.encode_image(x[None]).shape == (1, 64)

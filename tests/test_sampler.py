@@ -7,13 +7,14 @@ import torch.nn.functional as F
 
 import mdc
 from conftest import small_model
-from mdc.sampler import arc_sample, banned_ids, masked_row, mdc_sample
+from mdc.diffusion import banned_ids
+from mdc.sampler import arc_sample, masked_row, mdc_sample
 
 
 def _recording(model):
     """Wrap model.logits to record the token rows it is called with."""
     calls, logits = [], model.logits
-    model.logits = lambda x, mem: (calls.append(x.clone()), logits(x, mem))[1]
+    model.logits = lambda x, ctx: (calls.append(x.clone()), logits(x, ctx))[1]
     return calls
 
 
@@ -111,3 +112,47 @@ def test_generate_api_and_errors(images):
         mdc.generate(model, images, length=23)  # context 24 - SOT/EOT = 22
     with pytest.raises(ValueError, match="CLIP"):
         mdc.generate(small_model("clip"), images)
+
+
+def test_beam_search_equals_brute_force_when_the_beam_holds_everything():
+    """A 3-word vocabulary, at most 3 words: a beam of 40 keeps every hypothesis alive, so beam
+    search must return the best of all 40 captions under sum log p / length ** alpha."""
+    import itertools
+
+    from mdc.diffusion import caption_log_probs
+
+    vocab = mdc.get_tokenizer().encode("dog cat")
+    torch.manual_seed(3)
+    model = small_model("arc", vocab=vocab).eval()
+    tok = model.tokenizer
+    words = [i for i in range(tok.vocab_size) if i not in banned_ids(tok)]
+    image = torch.randn(1, 3, 32, 32)
+    for alpha in (0.0, 1.0):
+        best, best_score = None, -math.inf
+        with torch.no_grad():
+            for n in range(4):
+                for body in itertools.product(words, repeat=n):
+                    seq = [tok.sot_id, *body, tok.eot_id]
+                    logp = caption_log_probs(model(image, torch.tensor([seq[:-1]]))[0], tok, allow_eot=True)
+                    s = float(logp[torch.arange(len(seq) - 1), torch.tensor(seq[1:])].sum()) / (n + 1) ** alpha
+                    if s > best_score:
+                        best, best_score = seq, s
+        got = arc_sample(model, image, max_length=3, beam_size=40, length_penalty=alpha)
+        assert _rows(got, tok.eot_id)[0] == best, alpha
+
+
+def test_generate_never_returns_banned_ids(images):
+    model = small_model().eval()
+    tok = model.tokenizer
+    with torch.no_grad():
+        model.head.weight[banned_ids(tok)] += 5.0 * model.head.weight.norm(dim=1).max()  # banned ids dominate
+    for objective_model in (model,):
+        out = mdc.generate(objective_model, images, length=6, return_tokens=True)
+        assert not torch.isin(out[:, 1:-1], torch.tensor(banned_ids(tok))).any()
+    arc = small_model("arc").eval()
+    with torch.no_grad():
+        arc.head.weight[banned_ids(tok)] += 5.0 * arc.head.weight.norm(dim=1).max()
+    for beam in (1, 3):
+        out = mdc.generate(arc, images, length=6, beam_size=beam, return_tokens=True)
+        body = [r[1 : r.index(tok.eot_id)] for r in out.tolist()]
+        assert not any(set(b) & set(banned_ids(tok)) for b in body)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import mdc
 from conftest import CAPTIONS, small_model
+from mdc.diffusion import caption_log_probs
 from mdc.scoring import elbo_score
 from mdc.tokenizer import caption_mask
 
@@ -25,7 +26,7 @@ def test_heuristic_equals_explicit_loop(images):
             x[0, 1 : L - 1] = tok.mask_id
             total = 0.0
             for _ in range(L - 2):
-                logp = F.log_softmax(model(img[None], x)[0], -1)  # [L, V]
+                logp = caption_log_probs(model(img[None], x)[0], tok)  # [L, V], the sampler's distribution
                 conf = logp.max(-1).values
                 conf[x[0] != tok.mask_id] = -math.inf
                 i = int(conf.argmax())
@@ -46,7 +47,8 @@ def test_arc_exact_equals_teacher_forced_sum(images):
             ids = ids[: ids.index(tok.eot_id) + 1]
             total = 0.0
             for i in range(1, len(ids)):  # p(c_i | c_<i, I), one prefix at a time
-                total += float(F.log_softmax(model(img[None], torch.tensor([ids[:i]]))[0, -1], -1)[ids[i]])
+                logp = caption_log_probs(model(img[None], torch.tensor([ids[:i]]))[0, -1], tok, allow_eot=True)
+                total += float(logp[ids[i]])
             expect.append(total)
     torch.testing.assert_close(mdc.score(model, images, CAPTIONS), torch.tensor(expect), rtol=1e-5, atol=1e-4)
 
@@ -64,7 +66,7 @@ def _exact_bound(model, image, cap):
             for sub in subsets:
                 x = ids.clone()
                 x[0, list(sub)] = tok.mask_id
-                logp = F.log_softmax(model(image[None], x)[0], -1)
+                logp = caption_log_probs(model(image[None], x)[0], tok)
                 bound += sum(float(logp[i, ids[0, i]]) for i in sub) / n / len(subsets)
     return bound
 
@@ -80,12 +82,14 @@ def test_elbo_converges_to_the_enumerated_bound(images):
 def test_elbo_is_seeded_and_its_spread_shrinks_like_inverse_sqrt_n(images):
     model = small_model().eval()
     tokens = model.tokenizer(CAPTIONS)[:, :12]
+    rows = torch.arange(len(images))
     with torch.no_grad():
-        a = elbo_score(model, images, tokens, num_samples=16, seed=7)
-        b = elbo_score(model, images, tokens, num_samples=16, seed=7)
-        c = elbo_score(model, images, tokens, num_samples=16, seed=8)
+        ctx = model.context(images)
+        a = elbo_score(model, ctx, rows, tokens, num_samples=16, seed=7)
+        b = elbo_score(model, ctx, rows, tokens, num_samples=16, seed=7)
+        c = elbo_score(model, ctx, rows, tokens, num_samples=16, seed=8)
         assert torch.equal(a, b) and not torch.equal(a, c)
-        spread = {n: torch.stack([elbo_score(model, images, tokens, n, seed=s, max_rows=1024)
+        spread = {n: torch.stack([elbo_score(model, ctx, rows, tokens, n, seed=s, max_rows=1024)
                                   for s in range(40)]).std(0).mean().item() for n in (8, 128)}
     ratio = spread[8] / spread[128]  # sqrt(128 / 8) = 4
     assert 2.5 < ratio < 6.5, ratio
@@ -106,3 +110,68 @@ def test_clip_cosine_and_method_errors(images):
         mdc.score(small_model("arc"), images, CAPTIONS, method="elbo")
     with pytest.raises(ValueError, match="3 captions"):
         mdc.score(small_model(), images, CAPTIONS[:3])
+
+
+# ----------------------------------------------------------------------------- review fixes
+def test_elbo_of_a_pair_does_not_depend_on_its_batch(images):
+    """The same (image, caption) scores the same alone, first, or next to a longer caption."""
+    model = small_model().eval()
+    alone = mdc.score(model, images[:1], CAPTIONS[:1], method="elbo", num_samples=16)
+    crowd = mdc.score(model, images[[0, 2, 1]], [CAPTIONS[0], "a large purple circle right of a blue star above a "
+                                                 "green square", CAPTIONS[1]], method="elbo", num_samples=16)
+    torch.testing.assert_close(crowd[0], alone[0], rtol=0, atol=1e-5)
+
+
+def test_paired_candidates_share_their_noise(images):
+    """Common random numbers: two identical candidates of an item get identical ELBO estimates."""
+    from mdc.scoring import score_candidates
+
+    model = small_model().eval()
+    cands = [[c, c] for c in CAPTIONS]
+    paired = score_candidates(model, images, cands, method="elbo", num_samples=8)
+    assert paired.shape == (4, 2) and torch.equal(paired[:, 0], paired[:, 1])
+    unpaired = score_candidates(model, images, cands, method="elbo", num_samples=8, paired=False)
+    assert not torch.equal(unpaired[:, 0], unpaired[:, 1])
+
+
+def test_heuristic_reveals_in_the_samplers_order(images):
+    """On the sampler's own caption, the heuristic scorer walks the very same unmasking path."""
+    from mdc.sampler import mdc_sample
+    from mdc.scoring import heuristic_score
+
+    model = small_model().eval()
+    seen = {"sampler": [], "scorer": []}
+    logits = model.logits
+    for name in seen:
+        model.logits = lambda x, ctx, name=name: (seen[name].append(x.clone()), logits(x, ctx))[1]
+        if name == "sampler":
+            tokens = mdc_sample(model, images, length=8)
+        else:
+            with torch.no_grad():
+                heuristic_score(model, model.context(images), torch.arange(len(images)), tokens)
+    assert len(seen["sampler"]) == len(seen["scorer"]) == 8
+    for a, b in zip(seen["sampler"], seen["scorer"]):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("method", ["heuristic", "elbo"])
+def test_empty_caption_is_an_error_naming_its_index(images, method):
+    with pytest.raises(ValueError, match="index 2"):
+        mdc.score(small_model().eval(), images[:3], ["a red circle", "a star", "  "], method=method, num_samples=4)
+
+
+def test_truncated_captions_are_reported(images):
+    model = small_model().eval()
+    long = " ".join(["a red circle left of a blue square"] * 5)
+    with pytest.warns(UserWarning, match="1 of 2 captions"):
+        mdc.score(model, images[:2], [long, "a star"], method="heuristic")
+
+
+def test_elbo_restricted_to_trained_ratios(images):
+    """t_interval=(0, 1) is Eq. 8 itself; a narrower interval sums only the mask counts it covers."""
+    model = small_model().eval()
+    full = mdc.score(model, images[:2], CAPTIONS[:2], method="elbo", num_samples=64)
+    same = mdc.score(model, images[:2], CAPTIONS[:2], method="elbo", num_samples=64, t_interval=(0.0, 1.0))
+    torch.testing.assert_close(full, same)
+    part = mdc.score(model, images[:2], CAPTIONS[:2], method="elbo", num_samples=64, t_interval=(0.5, 1.0))
+    assert (part > full).all()  # fewer (negative) terms

@@ -1,0 +1,84 @@
+"""The masked diffusion process on captions, shared by the loss, the sampler and the scorers.
+
+Forward process (paper Eq. 2 with the linear schedule alpha_t = 1 - t): every caption token
+c^i is replaced by [MASK] with probability t, independently. :func:`corrupt` is that process
+as one pure function of the clean tokens and given noise, in the two forms the method needs:
+
+- by ratio t (training, Alg. 1): token i is masked iff noise_i < t; loss weight 1/t (Eq. 5);
+- by count n (the lower bound, Eq. 8): exactly the n caption tokens with the smallest noise
+  are masked, a uniformly random n-subset; the bound weights that term by 1/n;
+- noise None: every caption token is masked (t = 1), the sampler's and the heuristic
+  scorer's starting point [SOT] [MASK]*N [EOT].
+
+Only caption tokens are ever masked; [SOT], [EOT] and padding stay as they are.
+
+Reverse process: :func:`caption_log_probs` is the model's distribution over what a masked
+caption position may hold. Ids that can never be a caption token there ([SOT], [MASK],
+[PAD] of a compact vocabulary, and [EOT] except where an autoregressive caption may end)
+are removed and the rest renormalised. The sampler ranks confidence (max probability) under
+it and the scorers add its log-probabilities, so both see the same distribution. [UNK] is a
+caption token like any other: a real caption may contain one and must remain scorable.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+T_MIN = 1e-4  # t is clamped here so that the 1/t weight stays finite when w_l = 0
+
+
+@dataclass
+class Corrupted:
+    noisy: torch.Tensor  # [B, L] C_t: the tokens with [MASK] at the masked positions
+    masked: torch.Tensor  # [B, L] bool
+    weight: torch.Tensor  # [B] 1/t (by ratio) or 1/n (by count) per caption
+
+
+def sample_t(n: int, cfg, generator=None, device=None) -> torch.Tensor:
+    """t [n] ~ U[w_l, w_u] (clamped at T_MIN); 'stratified' uses one offset u and (u + b/n) mod 1.
+
+    A fixed ``cfg.mask_ratio`` (image-conditioned BERT) gives t = mask_ratio for every caption.
+    """
+    if cfg.mask_ratio is not None:
+        return torch.full((n,), float(cfg.mask_ratio), device=device)
+    u = torch.rand(n if cfg.t_sampling == "uniform" else 1, generator=generator, device=device)
+    if cfg.t_sampling == "stratified":
+        u = (u + torch.arange(n, device=device) / n) % 1.0
+    lo, hi = cfg.t_interval
+    return (lo + (hi - lo) * u).clamp(min=T_MIN)
+
+
+def corrupt(tokens: torch.Tensor, maskable: torch.Tensor, mask_id: int, *, t: torch.Tensor | None = None,
+            n: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> Corrupted:
+    """Mask caption tokens: by ratio ``t`` [B] or by count ``n`` [B], from uniform ``noise`` [B, L].
+
+    tokens [B, L]; maskable [B, L] bool (the caption positions). ``noise=None`` masks every
+    caption token (weight 1).
+    """
+    if noise is None:
+        masked = maskable.clone()
+        weight = torch.ones(len(tokens), device=tokens.device)
+    elif t is not None:
+        masked = (noise < t[:, None]) & maskable  # Alg. 1: masked_caps[p < t] = MASK
+        weight = 1.0 / t
+    else:
+        rank = noise.masked_fill(~maskable, 2.0).argsort(-1).argsort(-1)  # order of the caption positions
+        masked = (rank < n[:, None]) & maskable  # the n smallest: a uniform n-subset
+        weight = 1.0 / n.clamp(min=1).float()
+    return Corrupted(tokens.masked_fill(masked, mask_id), masked, weight)
+
+
+def banned_ids(tok, allow_eot: bool = False) -> list[int]:
+    """Ids a caption position never holds: [SOT], [MASK], [PAD] (compact vocabularies) and [EOT]."""
+    ids = [tok.sot_id, tok.mask_id] + ([] if allow_eot else [tok.eot_id])
+    return ids + ([tok.pad_id] if tok.vocab is not None else [])
+
+
+def caption_log_probs(logits: torch.Tensor, tok, allow_eot: bool = False) -> torch.Tensor:
+    """log p over caption tokens [..., V]: banned ids at -inf, the rest renormalised (float32)."""
+    logits = logits.float().clone()
+    logits[..., banned_ids(tok, allow_eot)] = -math.inf
+    return F.log_softmax(logits, dim=-1)
