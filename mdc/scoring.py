@@ -5,7 +5,8 @@
 - "elbo" (MDC, Eq. 8): the masked-diffusion lower bound
       log p(C) >= sum_{n=1}^{N} E_{C_n}[ (1/n) sum_{i masked in C_n} log p(c^i | C_n, f(I)) ]
   estimated with S = `num_samples` masked copies per caption: copy s masks
-  n_s = 1 + floor(N (s + u) / S) tokens (stratified over the mask counts by one offset u), a
+  n_s = 1 + floor(N (s + u) / S) tokens (stratified over the mask counts by one offset u;
+  ``stratified=False`` draws every n_s i.i.d. instead, the plain Monte-Carlo estimate), a
   uniformly random n_s-subset, and the estimate is N * mean_s (1/n_s) sum_masked log p.
   ``t_interval=(w_l, w_u)`` keeps only the counts with n/N in [w_l, w_u] (the ratios a model
   trained on t ~ U[w_l, w_u] has seen); (0, 1) is Eq. 8 itself.
@@ -74,18 +75,21 @@ def _key_seed(seed: int, key: Hashable) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def elbo_noise(keys: Sequence[Hashable], seed: int, num_samples: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per caption: the stratification offset u [B] and position noise [B, S, width] from its key."""
-    offsets, noise = [], []
+def elbo_noise(keys: Sequence[Hashable], seed: int, num_samples: int, width: int,
+               stratified: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per caption, from its key: the uniforms v [R, S] that pick the mask counts and the position
+    noise [R, S, width]. Stratified: v_s = (s + u) / S with one offset u; else S i.i.d. uniforms."""
+    levels, noise = [], []
     for key in keys:
         g = torch.Generator().manual_seed(_key_seed(seed, key))
-        offsets.append(torch.rand(1, generator=g))
+        u = torch.rand(1 if stratified else num_samples, generator=g)
+        levels.append((torch.arange(num_samples) + u) / num_samples if stratified else u)
         noise.append(torch.rand(num_samples, width, generator=g))
-    return torch.cat(offsets), torch.stack(noise)
+    return torch.stack(levels), torch.stack(noise)
 
 
 def elbo_score(model, context, rows, tokens, num_samples=1024, seed=0, max_rows=256, keys=None,
-               t_interval=(0.0, 1.0)):
+               t_interval=(0.0, 1.0), stratified=True):
     """Monte-Carlo estimate [R] of the Eq. 8 lower bound; `max_rows` bounds each forward pass."""
     tok = model.tokenizer
     R, L = tokens.shape
@@ -96,8 +100,8 @@ def elbo_score(model, context, rows, tokens, num_samples=1024, seed=0, max_rows=
     lo = torch.clamp(torch.ceil(t_interval[0] * N - 1e-9), min=1).long()
     hi = torch.maximum(torch.floor(t_interval[1] * N + 1e-9).long(), lo)
     span = hi - lo + 1  # [R]
-    u, noise = elbo_noise(range(R) if keys is None else keys, seed, S, model.config.context_length)
-    n = lo[:, None] + ((torch.arange(S)[None] + u[:, None]) / S * span[:, None]).floor().long()  # [R, S]
+    v, noise = elbo_noise(range(R) if keys is None else keys, seed, S, model.config.context_length, stratified)
+    n = lo[:, None] + (v * span[:, None]).floor().long()  # [R, S] uniform over lo..hi
     # noise column j drives caption token j, so captions of one key share positions where they can
     noise = torch.cat([torch.ones(R, S, 1), noise[:, :, : L - 1]], dim=2)  # [R, S, L]; column 0 is SOT
     n, noise = n.view(R * S), noise.view(R * S, L)
@@ -131,7 +135,7 @@ def _tokenize(model, captions: Sequence[str]) -> torch.Tensor:
 
 
 def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0, max_rows=256,
-           t_interval=(0.0, 1.0)):
+           t_interval=(0.0, 1.0), stratified=True):
     """Scores [R] of captions[r] against images[rows[r]]: checks, tokenises, encodes every image once."""
     objective = model.config.objective
     method = method or DEFAULT[objective]
@@ -156,7 +160,7 @@ def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0
             return exact_loglik(model, context, rows, tokens)
         if method == "heuristic":
             return heuristic_score(model, context, rows, tokens)
-        return elbo_score(model, context, rows, tokens, num_samples, seed, max_rows, keys, t_interval)
+        return elbo_score(model, context, rows, tokens, num_samples, seed, max_rows, keys, t_interval, stratified)
     finally:
         model.train(was_training)
 
@@ -164,17 +168,18 @@ def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0
 @torch.no_grad()
 def score(model, images, captions: Sequence[str], method: str | None = None, *, num_samples: int = 1024,
           seed: int = 0, max_rows: int = 256, keys: Sequence[Hashable] | None = None,
-          t_interval: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
+          t_interval: tuple[float, float] = (0.0, 1.0), stratified: bool = True) -> torch.Tensor:
     """Score each (image, caption) pair: Tensor [B]; higher = better match.
 
     ELBO only: ``num_samples`` masked copies per caption, ``keys`` [B] name each caption's
     noise (default: its index in this call), ``t_interval`` restricts the mask ratios summed
-    (default: all, Eq. 8); ``max_rows`` bounds the rows of one forward pass.
+    (default: all, Eq. 8), ``stratified`` spreads the mask counts evenly (False: i.i.d.);
+    ``max_rows`` bounds the rows of one forward pass.
     """
     if len(captions) != len(images):
         raise ValueError(f"got {len(images)} images but {len(captions)} captions")
     rows = torch.arange(len(images), device=images.device)
-    return _score(model, images, rows, captions, method, keys, num_samples, seed, max_rows, t_interval)
+    return _score(model, images, rows, captions, method, keys, num_samples, seed, max_rows, t_interval, stratified)
 
 
 @torch.no_grad()
@@ -185,7 +190,7 @@ def score_candidates(model, images, candidates: Sequence[Sequence[str]], method:
     ``paired``: all candidates of an item share one noise key (common random numbers for the
     ELBO); else every candidate has its own. ``item_keys`` [B] (default: the item's index in
     this call) fix an item's noise whatever else is in the call. Each image is encoded once.
-    ``kw``: num_samples, seed, max_rows, t_interval as in :func:`score`.
+    ``kw``: num_samples, seed, max_rows, t_interval, stratified as in :func:`score`.
     """
     if len(candidates) != len(images):
         raise ValueError(f"got {len(images)} images but {len(candidates)} candidate lists")

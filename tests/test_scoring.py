@@ -71,11 +71,12 @@ def _exact_bound(model, image, cap):
     return bound
 
 
-def test_elbo_converges_to_the_enumerated_bound(images):
+@pytest.mark.parametrize("stratified", [True, False])
+def test_elbo_converges_to_the_enumerated_bound(images, stratified):
     model = small_model().eval()
     caps = ["a red circle", "two blue squares"]
     exact = torch.tensor([_exact_bound(model, images[i], c) for i, c in enumerate(caps)])
-    est = mdc.score(model, images[:2], caps, method="elbo", num_samples=3000, max_rows=512)
+    est = mdc.score(model, images[:2], caps, method="elbo", num_samples=3000, max_rows=512, stratified=stratified)
     torch.testing.assert_close(est, exact, rtol=0.02, atol=0.05)
 
 

@@ -14,8 +14,15 @@ def _norm(spec: str) -> str:
     return re.sub(r"\s+", "", spec).lower()
 
 
+def _declared() -> list[str]:
+    """Core dependencies and every extra of pyproject.toml (the self-referencing 'all' left out)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = [d for name, group in project["optional-dependencies"].items() if name != "all" for d in group]
+    return project["dependencies"] + extras
+
+
 def test_environment_yml_mirrors_pyproject():
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    deps = _declared()
     spec = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in spec["dependencies"] if isinstance(d, dict))
     env = [p for p in pip if p != "-e ."]
@@ -29,10 +36,19 @@ def test_lock_pins_cpu_safe_versions():
     assert lock["torchvision"] == "0.28.0"
     major, minor = map(int, lock["numpy"].split(".")[:2])
     assert (major, minor) < (2, 4)
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    deps = _declared()
     names = {re.split(r"[<>=!~ ]", d)[0].lower().replace("_", "-") for d in deps}
     locked = {n.lower().replace("_", "-") for n in lock}
     assert names <= locked, names - locked
+
+
+def test_core_dependencies_leave_notebook_and_eval_tools_to_extras():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {re.split(r"[<>=!~ ]", d)[0] for d in project["dependencies"]}
+    assert {"torch", "timm", "safetensors", "webdataset", "open-clip-torch"} <= core
+    assert not core & {"jupyterlab", "papermill", "nbval", "matplotlib", "seaborn", "pycocoevalcap", "clip-benchmark",
+                       "pytest"}
+    assert set(project["optional-dependencies"]) >= {"notebooks", "eval", "test"}
 
 
 def test_timm_and_open_clip_import_after_mdc():
