@@ -47,6 +47,21 @@ def test_sugarcrepe(tmp_path):
         load_sugarcrepe(str(tmp_path), str(tmp_path / "val2017"))
 
 
+def test_sugarcrepe_missing_images_error_or_skip(tmp_path, caplog):
+    _image(tmp_path / "val2017" / "a.jpg")
+    items = {str(i): {"filename": "a.jpg" if i % 2 == 0 else f"gone{i}.jpg", "caption": "a red bus",
+                      "negative_caption": "a blue bus"} for i in range(6)}
+    _json(tmp_path / "add_att.json", items)
+    with pytest.raises(ValueError, match=r"add_att\.json.*'1'.*gone1\.jpg.*on_missing='skip'"):
+        load_sugarcrepe(str(tmp_path), str(tmp_path / "val2017"), subsets=["add_att"])
+    got = load_sugarcrepe(str(tmp_path), str(tmp_path / "val2017"), subsets=["add_att"], on_missing="skip")["add_att"]
+    assert [it["id"] for it in got] == ["0", "2", "4"]
+    assert got.total == 6 and len(got.missing) == 3 and got.missing[0].endswith("gone1.jpg")
+    assert "skipped 3 of 6 items" in caplog.text and "gone1.jpg" in caplog.text
+    with pytest.raises(ValueError, match="on_missing"):
+        load_sugarcrepe(str(tmp_path), str(tmp_path / "val2017"), subsets=["add_att"], on_missing="ignore")
+
+
 def test_sugarcrepe_columns_are_item_weighted():
     cols = sugarcrepe_columns({"add_att": [True] * 3, "add_obj": [False], "swap_att": [True, False]})
     assert cols["add"] == pytest.approx(3 / 4) and cols["swap"] == 0.5 and "replace" not in cols

@@ -5,7 +5,9 @@ Tie rule everywhere: an item is correct only if the true caption's score is stri
 greater than every competing caption's score (a tie is an error).
 
 Items are dicts with ``image_path`` (and ``bbox`` for ARO's VG sets); open images with
-``mdc.data.formats.load_image``. Missing fields/images raise ValueError naming file, item, field.
+``mdc.data.formats.load_image``. Missing fields raise ValueError naming file, item and field;
+missing images raise too, or with ``on_missing="skip"`` drop the item (see
+:class:`mdc.data.formats.Items`: ``total`` and ``missing`` say how many were evaluated).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from mdc.data.formats import image_file, read_json, require
+from mdc.data.formats import ImageLookup, Items, read_json, require
 
 # ------------------------------------------------------------------------------ SugarCrepe
 SUGARCREPE_SUBSETS = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
@@ -24,20 +26,23 @@ SUGARCREPE_COLUMNS = {"add": ("add_att", "add_obj"),
                       "swap": ("swap_att", "swap_obj")}
 
 
-def load_sugarcrepe(root_json_dir: str, image_dir: str,
-                    subsets: Sequence[str] = SUGARCREPE_SUBSETS) -> dict[str, list[dict]]:
+def load_sugarcrepe(root_json_dir: str, image_dir: str, subsets: Sequence[str] = SUGARCREPE_SUBSETS,
+                    on_missing: str = "error") -> dict[str, Items]:
     """``{subset: [{id, image_path, caption, negative_caption}]}`` from ``<subset>.json`` files,
     each ``{"<idx>": {"filename", "caption", "negative_caption"}}``; images are COCO val2017."""
     out = {}
     for subset in subsets:
         path = os.path.join(root_json_dir, f"{subset}.json")
         data = read_json(path, root=dict)
+        lookup = ImageLookup(image_dir, path, on_missing)
         items = []
         for key, record in data.items():
             require(record, ["filename", "caption", "negative_caption"], path, key)
-            items.append({"id": key, "image_path": image_file(image_dir, record["filename"], path, key),
-                          "caption": record["caption"], "negative_caption": record["negative_caption"]})
-        out[subset] = items
+            image = lookup(record["filename"], key)
+            if image is not None:
+                items.append({"id": key, "image_path": image, "caption": record["caption"],
+                              "negative_caption": record["negative_caption"]})
+        out[subset] = lookup.items(items, len(data))
     return out
 
 
@@ -89,28 +94,30 @@ ARO_SYMMETRIC_RELATIONS = frozenset([
 VG_FIELDS = ("image_path", "bbox_x", "bbox_y", "bbox_w", "bbox_h", "true_caption", "false_caption")
 
 
-def _load_vg(json_path: str, image_dir: str, label_field: str) -> list[dict]:
+def _load_vg(json_path: str, image_dir: str, label_field: str, on_missing: str) -> Items:
     data = read_json(json_path, root=list)
+    lookup = ImageLookup(image_dir, json_path, on_missing)
     items = []
     for index, record in enumerate(data):
         require(record, (*VG_FIELDS, label_field), json_path, index)
-        items.append({"id": index, "image_path": image_file(image_dir, record["image_path"], json_path, index),
-                      "bbox": tuple(record[f"bbox_{k}"] for k in "xywh"),
-                      "true_caption": record["true_caption"], "false_caption": record["false_caption"],
-                      label_field: record[label_field]})
-    return items
+        image = lookup(record["image_path"], index)
+        if image is not None:
+            items.append({"id": index, "image_path": image, "bbox": tuple(record[f"bbox_{k}"] for k in "xywh"),
+                          "true_caption": record["true_caption"], "false_caption": record["false_caption"],
+                          label_field: record[label_field]})
+    return lookup.items(items, len(data))
 
 
-def load_vg_relation(json_path: str, image_dir: str) -> list[dict]:
+def load_vg_relation(json_path: str, image_dir: str, on_missing: str = "error") -> Items:
     """``visual_genome_relation.json`` -> ``[{id, image_path, bbox, true_caption, false_caption,
     relation_name}]``; ``load_image(item)`` crops to ``bbox`` = (x, y, w, h)."""
-    return _load_vg(json_path, image_dir, "relation_name")
+    return _load_vg(json_path, image_dir, "relation_name", on_missing)
 
 
-def load_vg_attribution(json_path: str, image_dir: str) -> list[dict]:
+def load_vg_attribution(json_path: str, image_dir: str, on_missing: str = "error") -> Items:
     """``visual_genome_attribution.json`` -> ``[{id, image_path, bbox, true_caption,
     false_caption, attributes}]`` (``attributes``: the two swapped attributes)."""
-    return _load_vg(json_path, image_dir, "attributes")
+    return _load_vg(json_path, image_dir, "attributes", on_missing)
 
 
 def pairwise_correct(true_scores, false_scores) -> np.ndarray:
@@ -228,7 +235,8 @@ def perturb_caption(words: Sequence[str], rng: np.random.Generator) -> list[list
     return out
 
 
-def load_order_suite(karpathy_test_json: str, image_dir: str, seed: int = 0, max_words: int = 30) -> list[dict]:
+def load_order_suite(karpathy_test_json: str, image_dir: str | None, seed: int = 0, max_words: int = 30,
+                     on_missing: str = "error") -> Items:
     """COCO-Order / Flickr30k-Order from ARO's Karpathy test file (``[{image, caption: [5]}]``).
 
     One item per caption: ``{id, image_path, caption, perturbed: [4 captions], identical:
@@ -245,20 +253,26 @@ def load_order_suite(karpathy_test_json: str, image_dir: str, seed: int = 0, max
     ("leans") count as nouns, and noun/verb homographs ("park", "walk") as verbs, so the
     first two perturbations differ somewhat from ARO's.
     ``identical[k]`` flags a perturbation equal to the true caption (short captions).
+    ``image_dir=None`` builds the captions without looking for images (``image_path`` None);
+    ``total`` counts captions, and a missing image (``on_missing="skip"``) drops all of its captions.
     """
     data = read_json(karpathy_test_json, root=list)
-    items = []
+    lookup = ImageLookup(image_dir or "", karpathy_test_json, on_missing)
+    items, total = [], 0
     for index, record in enumerate(data):
         require(record, ["image", "caption"], karpathy_test_json, index)
-        path = image_file(image_dir, record["image"], karpathy_test_json, index)
         captions = [record["caption"]] if isinstance(record["caption"], str) else record["caption"]
+        total += len(captions)
+        path = lookup(record["image"], index) if image_dir is not None else None
+        if path is None and image_dir is not None:
+            continue
         for c, caption in enumerate(captions):
             words = normalise_caption(caption, max_words)
             perturbed = [" ".join(p) for p in perturb_caption(words, np.random.default_rng((seed, index, c)))]
             true = " ".join(words)
             items.append({"id": f"{index}.{c}", "image_path": path, "caption": true, "perturbed": perturbed,
                           "identical": [p == true for p in perturbed]})
-    return items
+    return lookup.items(items, total)
 
 
 def order_accuracy(items: Sequence[dict], true_scores, perturbed_scores) -> float:

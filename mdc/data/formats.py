@@ -2,8 +2,11 @@
 
 Items are plain dicts holding an ``image_path`` (plus ``bbox`` where the benchmark crops);
 :func:`load_image` opens one lazily, so notebooks choose their own batching. A benchmark
-file with a missing field or a missing image raises ``ValueError`` naming the file, the
-item and the field (or the image path).
+file with a missing field raises ``ValueError`` naming the file, the item and the field.
+A missing image does too with ``on_missing="error"`` (the default); with ``"skip"`` the item
+is left out, a warning gives the count and the first names, and the returned :class:`Items`
+(a list) records how many items the file held (``total``) and which images were absent
+(``missing``), so results can say how many items were evaluated out of how many.
 
 The compositionality benchmarks (SugarCrepe, ARO, COCO/Flickr30k-Order) live in
 ``mdc.data.compositionality``.
@@ -12,12 +15,15 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from PIL import Image
 from torch.utils.data import Dataset, IterableDataset
 
+logger = logging.getLogger(__name__)
+ON_MISSING = ("error", "skip")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 CLIP_BENCHMARK_DATASETS = ("imagenet1k", "food101", "cifar10", "cifar100", "pets")
 
@@ -48,12 +54,44 @@ def require(record: Any, fields: Iterable[str], path: str, item: Any) -> None:
             raise ValueError(f"{path}: item {item!r} has no field {name!r}")
 
 
-def image_file(image_dir: str, name: str, path: str, item: Any) -> str:
-    """``image_dir/name``, which must exist (else ValueError naming the benchmark file and item)."""
-    full = os.path.join(image_dir, name)
-    if not os.path.isfile(full):
-        raise ValueError(f"{path}: item {item!r} refers to a missing image {full}")
-    return full
+class Items(list):
+    """Items read from a benchmark file: a list, plus ``source`` (the file), ``total`` (items the
+    file holds) and ``missing`` (image paths of the items skipped because the image is absent)."""
+
+    def __init__(self, items: Iterable = (), source: str = "", total: int | None = None,
+                 missing: Sequence[str] = ()):
+        super().__init__(items)
+        self.source, self.missing = source, list(missing)
+        self.total = len(self) + len(self.missing) if total is None else total
+
+
+class ImageLookup:
+    """Finds each item's image under ``image_dir`` for one benchmark file, per ``on_missing``:
+    "error" raises ValueError naming the file, item and path; "skip" records it (``__call__``
+    returns None and the caller drops the item)."""
+
+    def __init__(self, image_dir: str, source: str, on_missing: str = "error"):
+        if on_missing not in ON_MISSING:
+            raise ValueError(f"on_missing must be one of {ON_MISSING}; got {on_missing!r}")
+        self.image_dir, self.source, self.on_missing = image_dir, source, on_missing
+        self.missing: list[str] = []
+
+    def __call__(self, name: str, item: Any) -> str | None:
+        full = os.path.join(self.image_dir, name)
+        if os.path.isfile(full):
+            return full
+        if self.on_missing == "error":
+            raise ValueError(f"{self.source}: item {item!r} refers to a missing image {full} "
+                             f"(on_missing='skip' evaluates the items whose images exist)")
+        self.missing.append(full)
+        return None
+
+    def items(self, kept: list, total: int) -> Items:
+        """The kept items as :class:`Items`; warns with the count and first names if any were skipped."""
+        if self.missing:
+            logger.warning("%s: skipped %d of %d items whose image is missing (first: %s)", self.source,
+                           len(self.missing), total, ", ".join(self.missing[:3]))
+        return Items(kept, self.source, total, self.missing)
 
 
 def load_image(item: Mapping) -> Image.Image:
@@ -66,7 +104,8 @@ def load_image(item: Mapping) -> Image.Image:
 
 
 # --------------------------------------------------------------------------- captioning
-def load_karpathy(dataset_json: str, image_root: str, split: str | Sequence[str] = "test") -> list[dict]:
+def load_karpathy(dataset_json: str, image_root: str, split: str | Sequence[str] = "test",
+                  on_missing: str = "error") -> Items:
     """Karpathy split file (``dataset_coco.json`` / ``dataset_flickr30k.json``).
 
     Returns ``[{image_id, image_path, references: [raw sentences]}]`` for images whose
@@ -78,29 +117,31 @@ def load_karpathy(dataset_json: str, image_root: str, split: str | Sequence[str]
     data = read_json(dataset_json)
     require(data, ["images"], dataset_json, "<root>")
     splits = {split} if isinstance(split, str) else set(split)
-    out = []
+    lookup = ImageLookup(image_root, dataset_json, on_missing)
+    out, total = [], 0
     for index, image in enumerate(data["images"]):
         require(image, ["filename", "split", "sentences"], dataset_json, index)
         if image["split"] not in splits:
             continue
+        total += 1
         references = []
         for s, sentence in enumerate(image["sentences"]):
             require(sentence, ["raw"], dataset_json, f"{index}.sentences[{s}]")
-            references.append(sentence["raw"])
+            references.append(sentence["raw"].strip())
         if "cocoid" not in image:
             require(image, ["imgid"], dataset_json, index)
-        name = os.path.join(image.get("filepath", ""), image["filename"])
-        out.append({"image_id": image.get("cocoid", image.get("imgid")),
-                    "image_path": image_file(image_root, name, dataset_json, index),
-                    "references": references})
-    return out
+        path = lookup(os.path.join(image.get("filepath", ""), image["filename"]), index)
+        if path is not None:
+            out.append({"image_id": image.get("cocoid", image.get("imgid")), "image_path": path,
+                        "references": references})
+    return lookup.items(out, total)
 
 
-def load_coco_captions(captions_json: str, image_dir: str) -> list[dict]:
+def load_coco_captions(captions_json: str, image_dir: str, on_missing: str = "error") -> Items:
     """Official COCO captions file (``captions_val2014.json``: ``images`` + ``annotations``).
 
-    Returns ``[{image_id, image_path, references}]`` in the file's image order; every
-    listed image must exist in ``image_dir`` and every annotation must name a listed image.
+    Returns ``[{image_id, image_path, references}]`` in the file's image order (references
+    stripped); every annotation must name a listed image; missing images per ``on_missing``.
     """
     data = read_json(captions_json)
     require(data, ["images", "annotations"], captions_json, "<root>")
@@ -113,11 +154,14 @@ def load_coco_captions(captions_json: str, image_dir: str) -> list[dict]:
         if ann["image_id"] not in references:
             raise ValueError(f"{captions_json}: item annotations[{index}] names image_id "
                              f"{ann['image_id']!r}, which is not in 'images'")
-        references[ann["image_id"]].append(ann["caption"])
-    return [{"image_id": image["id"],
-             "image_path": image_file(image_dir, image["file_name"], captions_json, f"images[{index}]"),
-             "references": references[image["id"]]}
-            for index, image in enumerate(data["images"])]
+        references[ann["image_id"]].append(ann["caption"].strip())
+    lookup = ImageLookup(image_dir, captions_json, on_missing)
+    out = []
+    for index, image in enumerate(data["images"]):
+        path = lookup(image["file_name"], f"images[{index}]")
+        if path is not None:
+            out.append({"image_id": image["id"], "image_path": path, "references": references[image["id"]]})
+    return lookup.items(out, len(data["images"]))
 
 
 # --------------------------------------------------------------------------- linear probes
