@@ -1,0 +1,1 @@
+"""Evaluation of pretrained models (paper Sec. 4): linear probes, compositionality, captioning."""
