@@ -1,0 +1,202 @@
+"""Linear probing of frozen image features (paper Table 1, Tables 4-5, Figs. 4-5; App. B).
+
+Features are ``model.encode_image``: global average pooling of the encoder tokens for the
+captioners, the [CLS] token for CLIP (pre-projection). They are extracted once per
+(weights, dataset, split, transform) and cached on disk under a key made of a fingerprint
+of the weights (sha256 of the state dict), so a random-initialised encoder and a trained
+checkpoint never share a cache entry and a re-run reuses the features.
+
+The classifier follows CLIP_benchmark's ``linear_probe`` protocol, which the paper uses:
+L2-normalised features, one ``nn.Linear``, AdamW (lr 0.1, weight decay 0), batch 64 with
+shuffling, 10 epochs, cosine decay from the first step (no warm-up), cross-entropy; top-1
+on the test split. ``weight_decay="search"`` runs CLIP_benchmark's validation search instead:
+hold out ``val_proportion`` of the training features, try weight decays on
+``logspace(-6, 2, 97)`` (7 coarse points, then a bisection-like refinement around the peak
+with spans 8, 4, 2, 1), retrain on train+val with the best one. It runs on CPU or GPU.
+
+Results of :func:`probe_datasets` (the ``results`` part of a ``linear_probe`` results file)::
+
+    {"datasets": {name: {"top1": float, "top5": float | null, "mean_per_class_recall": float,
+                         "weight_decay": float, "classes": int, "chance": float,
+                         "n_train": int, "n_test": int}},
+     "average": float,                     # mean top-1 over the datasets
+     "protocol": {batch_size, epochs, lr, weight_decay, val_proportion, normalize, seed}}
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class ProbeConfig:
+    batch_size: int = 64  # CLIP_benchmark default (paper App. B)
+    epochs: int = 10
+    lr: float = 0.1
+    weight_decay: float | str = 0.0  # a value, or "search" (CLIP_benchmark's validation search)
+    val_proportion: float = 0.2  # held out of the training features by the search
+    normalize: bool = True  # L2-normalise features (CLIP_benchmark's default)
+    seed: int = 0
+
+
+# ----------------------------------------------------------------------------- features
+def fingerprint(model: nn.Module) -> str:
+    """sha256 (16 hex digits) of a model's state dict: which weights, wherever they came from."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+@torch.no_grad()
+def extract_features(model, dataset: Iterable, batch_size: int = 256, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(features [N, D] float32, labels [N] int64) of ``(image tensor, label)`` items, in order."""
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
+    model.eval()
+    feats, labels = [], []
+    for images, y in loader:
+        feats.append(model.encode_image(images.to(device)).float().cpu())
+        labels.append(torch.as_tensor(y, dtype=torch.long))
+    if not feats:
+        raise ValueError("the dataset yielded no images")
+    return torch.cat(feats), torch.cat(labels)
+
+
+def cached_features(model, dataset_fn: Callable[[], Iterable], key: str, cache_dir: str | None,
+                    batch_size: int = 256, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`extract_features` of ``dataset_fn()``, stored as ``cache_dir/<fingerprint>/<key>.safetensors``.
+
+    ``key`` names the dataset, split and transform (e.g. ``"wds-object__train__eval64"``).
+    """
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(cache_dir, fingerprint(model), f"{key}.safetensors") if cache_dir else None
+    if path and os.path.isfile(path):
+        data = load_file(path)
+        return data["features"], data["labels"]
+    feats, labels = extract_features(model, dataset_fn(), batch_size, device)
+    if path:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        save_file({"features": feats.contiguous(), "labels": labels}, tmp)
+        os.replace(tmp, path)
+    return feats, labels
+
+
+# ----------------------------------------------------------------------------- classifier
+def _cosine(step: int, total: int, base: float) -> float:
+    return 0.5 * (1 + math.cos(math.pi * step / total)) * base
+
+
+def train_linear(x: torch.Tensor, y: torch.Tensor, num_classes: int, cfg: ProbeConfig, weight_decay: float,
+                 device="cpu") -> nn.Linear:
+    """CLIP_benchmark's probe training: AdamW, cosine LR per step, shuffled batches (seeded)."""
+    torch.manual_seed(cfg.seed)
+    layer = nn.Linear(x.shape[1], num_classes).to(device)
+    opt = torch.optim.AdamW(layer.parameters(), lr=cfg.lr, weight_decay=weight_decay)
+    g = torch.Generator().manual_seed(cfg.seed)
+    batches = math.ceil(len(x) / cfg.batch_size)
+    total = cfg.epochs * batches
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(len(x), generator=g)
+        for i in range(batches):
+            for group in opt.param_groups:
+                group["lr"] = _cosine(epoch * batches + i, total, cfg.lr)
+            idx = order[i * cfg.batch_size : (i + 1) * cfg.batch_size]
+            loss = F.cross_entropy(layer(x[idx].to(device)), y[idx].to(device))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return layer
+
+
+@torch.no_grad()
+def _accuracy(layer: nn.Linear, x: torch.Tensor, y: torch.Tensor, device="cpu") -> dict:
+    logits = layer(x.to(device)).cpu()  # [N, C]
+    pred = logits.argmax(1)
+    top5 = None
+    if logits.shape[1] >= 5:
+        top5 = float((logits.topk(5, 1).indices == y[:, None]).any(1).float().mean())
+    recalls = [float((pred[y == c] == c).float().mean()) for c in y.unique()]
+    return {"top1": float((pred == y).float().mean()), "top5": top5, "mean_per_class_recall": float(np.mean(recalls))}
+
+
+def _search_weight_decay(x, y, num_classes, cfg: ProbeConfig, device) -> float:
+    """CLIP_benchmark's search: coarse grid of 7 on logspace(-6, 2, 97), then refine around the peak."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    perm = torch.randperm(len(x), generator=g)
+    n_val = max(1, int(round(cfg.val_proportion * len(x))))
+    tr, va = perm[n_val:], perm[:n_val]
+    grid = np.logspace(-6, 2, num=97).tolist()
+    scores: dict[int, float] = {}
+
+    def peak(indices: list[int]) -> int:
+        best, best_acc = indices[0], -1.0
+        for i in indices:
+            if i not in scores:
+                layer = train_linear(x[tr], y[tr], num_classes, cfg, grid[i], device)
+                scores[i] = _accuracy(layer, x[va], y[va], device)["top1"]
+            if scores[i] > best_acc:
+                best, best_acc = i, scores[i]
+        return best
+
+    best = peak(list(range(0, 97, 16)))  # the 7 points of logspace(-6, 2, 7)
+    span = 8
+    while span > 0:
+        best = peak([max(best - span, 0), best, min(best + span, len(grid) - 1)])
+        span //= 2
+    return grid[best]
+
+
+def linear_probe(train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor],
+                 cfg: ProbeConfig = ProbeConfig(), device="cpu") -> dict:
+    """Fit the probe on ``train`` features/labels and report top-1 (and more) on ``test``."""
+    (x, y), (xt, yt) = train, test
+    if cfg.normalize:
+        x, xt = F.normalize(x, dim=-1), F.normalize(xt, dim=-1)
+    num_classes = int(max(y.max(), yt.max())) + 1
+    wd = _search_weight_decay(x, y, num_classes, cfg, device) if cfg.weight_decay == "search" else float(cfg.weight_decay)
+    layer = train_linear(x, y, num_classes, cfg, wd, device)
+    return {**_accuracy(layer, xt, yt, device), "weight_decay": wd, "classes": num_classes,
+            "chance": 1.0 / num_classes, "n_train": len(x), "n_test": len(xt)}
+
+
+# ----------------------------------------------------------------------------- datasets
+def dataset_fns(roots: Mapping[str, str], transform) -> dict[str, tuple[Callable, Callable]]:
+    """``{name: (train_fn, test_fn)}`` for :func:`probe_datasets` from ``{name: root}``: CLIP_benchmark
+    names (imagenet1k, food101, cifar10, cifar100, pets) or ``wds/<name>`` folders (the synthetic
+    probe tasks are ``wds/<task>`` at ``<evalsets>/probe/<task>``)."""
+    from mdc.data.formats import build_probe_dataset
+
+    def fns(name, root):
+        return (lambda: build_probe_dataset(name, root, "train", transform),
+                lambda: build_probe_dataset(name, root, "test", transform))
+
+    return {name: fns(name, root) for name, root in roots.items()}
+
+
+def probe_datasets(model, datasets: Mapping[str, tuple[Callable[[], Iterable], Callable[[], Iterable]]],
+                   cfg: ProbeConfig = ProbeConfig(), cache_dir: str | None = None, transform_key: str = "",
+                   batch_size: int = 256, device="cpu") -> dict:
+    """Probe ``model`` on every dataset: ``{name: (train_dataset_fn, test_dataset_fn)}``.
+
+    Each function returns an iterable of ``(image tensor, label)``. Returns the documented
+    ``results`` dict (per-dataset numbers and the average top-1).
+    """
+    out = {}
+    for name, (train_fn, test_fn) in datasets.items():
+        key = name.replace("/", "-")
+        train = cached_features(model, train_fn, f"{key}__train__{transform_key}", cache_dir, batch_size, device)
+        test = cached_features(model, test_fn, f"{key}__test__{transform_key}", cache_dir, batch_size, device)
+        out[name] = linear_probe(train, test, cfg, device)
+    return {"datasets": out, "average": float(np.mean([r["top1"] for r in out.values()])) if out else None,
+            "protocol": asdict(cfg)}

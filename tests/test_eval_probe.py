@@ -1,0 +1,55 @@
+"""Linear probe: CLIP_benchmark's protocol on cached features; separable tasks, sklearn agreement, cache keys."""
+import numpy as np
+import pytest
+import torch
+
+from conftest import small_model
+from mdc.eval import probe
+from mdc.eval.probe import ProbeConfig, cached_features, fingerprint, linear_probe
+
+
+def _blobs(n, d=16, k=4, spread=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(k, d, generator=torch.Generator().manual_seed(99)) * 2
+    y = torch.arange(n) % k
+    return centres[y] + spread * torch.randn(n, d, generator=g), y
+
+
+def test_separable_task_is_solved():
+    res = linear_probe(_blobs(400, spread=0.05), _blobs(200, spread=0.05, seed=1))
+    assert res["top1"] == 1.0 and res["classes"] == 4 and res["chance"] == 0.25
+    assert (res["n_train"], res["n_test"], res["weight_decay"]) == (400, 200, 0.0)
+
+
+def test_probe_agrees_with_sklearn_logistic_regression():
+    from sklearn.linear_model import LogisticRegression
+
+    train, test = _blobs(800, spread=6.0), _blobs(400, spread=6.0, seed=1)
+    ours = linear_probe(train, test)["top1"]
+    x = torch.nn.functional.normalize(train[0], dim=-1).numpy()
+    xt = torch.nn.functional.normalize(test[0], dim=-1).numpy()
+    theirs = LogisticRegression(C=100.0, max_iter=5000).fit(x, train[1].numpy()).score(xt, test[1].numpy())
+    assert 0.4 < theirs < 0.95  # a task neither trivial nor hopeless
+    assert abs(ours - theirs) < 0.03, (ours, theirs)
+
+
+def test_weight_decay_search_picks_a_grid_value():
+    res = linear_probe(_blobs(300, spread=2.0), _blobs(200, spread=2.0, seed=1),
+                       ProbeConfig(weight_decay="search", epochs=2))
+    assert any(np.isclose(res["weight_decay"], w) for w in np.logspace(-6, 2, 97))
+
+
+def test_features_are_cached_per_weights(tmp_path, monkeypatch, images):
+    calls = []
+    real = probe.extract_features
+    monkeypatch.setattr(probe, "extract_features", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    data = [(img, i % 2) for i, img in enumerate(images)]
+    a = small_model()
+    f1 = cached_features(a, lambda: data, "toy__train__eval32", str(tmp_path))
+    f2 = cached_features(a, lambda: data, "toy__train__eval32", str(tmp_path))
+    assert len(calls) == 1 and torch.equal(f1[0], f2[0]) and f1[0].shape == (4, 64)
+    torch.testing.assert_close(f1[0], a.encode_image(images).detach())
+    b = small_model()  # other random weights: another cache entry
+    assert fingerprint(a) != fingerprint(b)
+    cached_features(b, lambda: data, "toy__train__eval32", str(tmp_path))
+    assert len(calls) == 2
