@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mdc._compat import patch_torchvision
-from mdc.loss import arc_loss, clip_loss, mdc_loss
+from mdc.loss import arc_loss, clip_loss, mdc_loss, trim_padding
 from mdc.tokenizer import Tokenizer, valid_mask
 
 OBJECTIVES = ("mdc", "arc", "clip")
@@ -299,6 +299,7 @@ class CLIP(_Model):
 
     def text_embedding(self, tokens):  # [B, E], unit norm
         self.check_tokens(tokens)
+        tokens = trim_padding(tokens, self.tokenizer.eot_id)  # causal: padding after [EOT] cannot reach it
         h = self.text(tokens, causal=True)  # [B, L, W]
         eot = (tokens == self.tokenizer.eot_id).int().argmax(-1)
         return F.normalize(self.text_proj(h[torch.arange(len(tokens)), eot]), dim=-1)

@@ -165,3 +165,13 @@ def test_create_model_and_transforms_binds_the_eval_transform():
     x = preprocess(Image.new("RGB", (50, 40), (200, 30, 30)))
     assert x.shape == (3, 32, 32) and x.dtype == torch.float32
     assert model.encode_image(x[None]).shape == (1, 64)
+
+
+def test_clip_text_embedding_ignores_trailing_padding():
+    m = small_model("clip").eval()
+    tok = m.tokenizer(CAPTIONS)  # [4, 24], mostly padding
+    with torch.no_grad():
+        h = m.text(tok, causal=True)  # the untrimmed computation
+        eot = (tok == m.tokenizer.eot_id).int().argmax(-1)
+        full = torch.nn.functional.normalize(m.text_proj(h[torch.arange(4), eot]), dim=-1)
+        torch.testing.assert_close(m.text_embedding(tok), full)

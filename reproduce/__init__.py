@@ -1,0 +1,1 @@
+"""Reproduce the paper: experiment registry, profiles and the runner (python -m reproduce)."""

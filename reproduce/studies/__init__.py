@@ -1,0 +1,1 @@
+"""Studies that fix settings before methods are compared (e.g. the `mini` operating point)."""
