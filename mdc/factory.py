@@ -55,14 +55,19 @@ def create_model(name: str, objective: str = "mdc", **overrides):
     return build(model_config(name, objective, **overrides))
 
 
-def create_model_and_transforms(name: str, objective: str = "mdc", **overrides):
-    """(model, preprocess): the model and its evaluation transform (PIL image -> normalised
-    FloatTensor [3, S, S] at the model's resolution: resize the shorter side, centre crop, CLIP
-    mean/std), as open_clip pairs them. Training transforms: ``mdc.data.pipeline.image_transform``."""
-    from mdc.data.pipeline import image_transform
+def image_transform(model, train: bool = False):
+    """The image transform of a model (or an image size): PIL image -> normalised FloatTensor
+    [3, S, S]. Eval: resize the shorter side to S, centre crop. Train: a mild random-resized
+    crop. Both normalise with CLIP's mean/std (see :class:`mdc.data.pipeline.ImageTransform`)."""
+    from mdc.data.pipeline import image_transform as transform
 
+    return transform(model if isinstance(model, int) else model.config.image_size, train)
+
+
+def create_model_and_transforms(name: str, objective: str = "mdc", **overrides):
+    """(model, preprocess): the model and its evaluation transform, as open_clip pairs them."""
     model = create_model(name, objective, **overrides)
-    return model, image_transform(model.config.image_size, train=False)
+    return model, image_transform(model)
 
 
 def get_tokenizer(model: str | None = None, *, context_length: int | None = None, vocab=None,

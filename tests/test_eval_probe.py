@@ -53,3 +53,22 @@ def test_features_are_cached_per_weights(tmp_path, monkeypatch, images):
     assert fingerprint(a) != fingerprint(b)
     cached_features(b, lambda: data, "toy__train__eval32", str(tmp_path))
     assert len(calls) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CLIP_benchmark's linear probe asserts CUDA")
+def test_agrees_with_clip_benchmark_on_cuda(tmp_path):
+    from mdc.eval.probe import clip_benchmark_crosscheck
+
+    torch.manual_seed(0)
+    images, labels = torch.randn(600, 3, 32, 32), torch.arange(600) % 3
+    images[labels == 1] += 0.5
+    data = list(zip(images, labels.tolist()))
+    got = clip_benchmark_crosscheck(small_model(), data[:400], data[400:], str(tmp_path))
+    assert abs(got["ours"] - got["clip_benchmark"]) < 0.05, got
+
+
+def test_crosscheck_refuses_cpu():
+    from mdc.eval.probe import clip_benchmark_crosscheck
+
+    with pytest.raises(ValueError, match="CUDA"):
+        clip_benchmark_crosscheck(small_model(), [], [], "x", device="cpu")

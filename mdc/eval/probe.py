@@ -14,13 +14,20 @@ hold out ``val_proportion`` of the training features, try weight decays on
 ``logspace(-6, 2, 97)`` (7 coarse points, then a bisection-like refinement around the peak
 with spans 8, 4, 2, 1), retrain on train+val with the best one. It runs on CPU or GPU.
 
-Results of :func:`probe_datasets` (the ``results`` part of a ``linear_probe`` results file)::
+Every probe of a trained encoder comes with the same probe of the same architecture at its
+random initialisation (:func:`random_init_like`): the floor every method must beat (on the
+synthetic world colour and background are decodable from random features).
+
+Results of :func:`probe_datasets`::
 
     {"datasets": {name: {"top1": float, "top5": float | null, "mean_per_class_recall": float,
                          "weight_decay": float, "classes": int, "chance": float,
                          "n_train": int, "n_test": int}},
      "average": float,                     # mean top-1 over the datasets
      "protocol": {batch_size, epochs, lr, weight_decay, val_proportion, normalize, seed}}
+
+and the ``results`` part of a ``linear_probe`` results file is that dict for the trained
+encoder plus ``"random_init"``: the same dict for the random-initialised one.
 """
 from __future__ import annotations
 
@@ -171,6 +178,28 @@ def linear_probe(train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Ten
 
 
 # ----------------------------------------------------------------------------- datasets
+SYNTHETIC_TASKS = ("object", "shape", "texture", "count", "relation", "shape_texture", "colour", "background")
+
+
+def synthetic_roots(evalsets_dir: str, tasks=SYNTHETIC_TASKS) -> dict[str, str]:
+    """``{"wds/<task>": folder}`` of the synthetic probe tasks written by ``mdc.data.evalsets``."""
+    roots = {f"wds/{t}": os.path.join(evalsets_dir, "probe", t) for t in tasks}
+    missing = [r for r in roots.values() if not os.path.isdir(r)]
+    if missing:
+        raise ValueError(f"synthetic probe task folder not found: {missing[0]} "
+                         f"(write them with python -m mdc.data.evalsets --out {evalsets_dir})")
+    return roots
+
+
+def random_init_like(model, seed: int = 0):
+    """The same architecture (config) as ``model`` at a seeded random initialisation."""
+    from mdc.factory import build
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build(model.config)
+
+
 def dataset_fns(roots: Mapping[str, str], transform) -> dict[str, tuple[Callable, Callable]]:
     """``{name: (train_fn, test_fn)}`` for :func:`probe_datasets` from ``{name: root}``: CLIP_benchmark
     names (imagenet1k, food101, cifar10, cifar100, pets) or ``wds/<name>`` folders (the synthetic
@@ -200,3 +229,25 @@ def probe_datasets(model, datasets: Mapping[str, tuple[Callable[[], Iterable], C
         out[name] = linear_probe(train, test, cfg, device)
     return {"datasets": out, "average": float(np.mean([r["top1"] for r in out.values()])) if out else None,
             "protocol": asdict(cfg)}
+
+
+def clip_benchmark_crosscheck(model, train_dataset, test_dataset, feature_root: str,
+                              cfg: ProbeConfig = ProbeConfig(), device: str = "cuda") -> dict:
+    """Top-1 of this module and of ``clip_benchmark.metrics.linear_probe.evaluate`` on the same
+    datasets (``(image tensor, label)`` items) and protocol. CLIP_benchmark asserts CUDA, so this
+    runs only on a GPU; the two numbers should agree to within the run-to-run noise of the probe
+    (the shuffling RNGs differ). Returns ``{"ours": float, "clip_benchmark": float}``."""
+    if device != "cuda" or not torch.cuda.is_available():
+        raise ValueError("CLIP_benchmark's linear probe runs only on CUDA (it asserts device == 'cuda')")
+    from clip_benchmark.metrics.linear_probe import evaluate
+
+    def loader(ds):
+        return torch.utils.data.DataLoader(ds, batch_size=256)
+
+    model = model.to(device).eval()
+    theirs = evaluate(model, loader(train_dataset), loader(test_dataset), fewshot_k=-1, batch_size=cfg.batch_size,
+                      num_workers=0, lr=cfg.lr, epochs=cfg.epochs, model_id=fingerprint(model), seed=cfg.seed,
+                      feature_root=feature_root, device=device, normalize=cfg.normalize, amp=True)
+    ours = linear_probe(extract_features(model, train_dataset, device=device),
+                        extract_features(model, test_dataset, device=device), cfg, device)
+    return {"ours": ours["top1"], "clip_benchmark": float(theirs["lp_acc1"])}
