@@ -1,5 +1,7 @@
-"""Captioning evaluation: pycocoevalcap metrics, fine-tuning, generation, loaders, Table 3 rows, figure."""
+"""Captioning evaluation: pycocoevalcap metrics, fine-tuning, generation, the LLM judge, loaders, figure."""
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from PIL import Image
@@ -8,6 +10,7 @@ import pycocoevalcap.meteor.meteor as meteor_module
 from mdc.data.formats import load_karpathy_test
 from mdc.data.pipeline import image_transform
 from mdc.eval import captioning as cap
+from mdc.eval.judge import JUDGE_PROMPT, llm_judge, parse_choice
 from mdc.plots import plot_captions
 from conftest import CAPTIONS, small_model
 
@@ -147,6 +150,74 @@ def test_load_karpathy_test(tmp_path, caplog):
         cap.load_caption_items(str(path), "flickr", str(tmp_path))
     with pytest.raises(ValueError, match=r"image_root .*nowhere.*not found"):
         cap.load_caption_items(str(path), "karpathy", str(tmp_path / "nowhere"))
+
+
+# ------------------------------------------------------------------ LLM judge
+def test_parse_choice():
+    for answer, letter in [("B", "B"), ("b", "B"), ("(C)", "C"), ("**D**", "D"), ("Answer: C", "C"),
+                           ("answer: c", "C"), ("Caption B is best", "B"), ("The best caption is (A).", "A"),
+                           ("I cannot tell", None), ("(A) or (B)", None), ("E", None),
+                           ("A man riding a horse", None), ("", None)]:
+        assert parse_choice(answer, 4) == letter, answer
+
+
+@pytest.fixture
+def fake_judge():
+    """An OpenAI-style chat server on 127.0.0.1 answering from a list, in turn."""
+    answers = ["A", "Answer: b", "hmm, hard to say", "(B)"]
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, body))
+            text = answers[(len(seen) - 1) % len(answers)]
+            reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/v1", seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_llm_judge_against_a_fake_server(tmp_path, fake_judge):
+    url, seen = fake_judge
+    items = _items(tmp_path, 4)
+    captions = {name: {it["image_id"]: f"{name} caption {it['image_id']}" for it in items}
+                for name in ("mdc-10", "mdc-15", "mdc-20", "arc-beam6")}
+    out = llm_judge(items, captions, endpoint=url, model="judge", seed=3, workers=1)
+    assert (out["images"], out["valid"], out["invalid"], out["failed"]) == (4, 3, 1, 0)
+    said = ["A", "B", None, "B"]  # the server's answers in turn; the third is unparseable
+    assert [a["choice"] for a in out["answers"]] == [a["order"][s] if s else None for a, s in zip(out["answers"], said)]
+    assert sum(out["counts"].values()) == 3 and sum(out["selection_rate"].values()) == pytest.approx(1.0)
+    path, body = seen[0]
+    assert path == "/v1/chat/completions" and body["model"] == "judge"
+    image, text = body["messages"][0]["content"]
+    assert image["image_url"]["url"].startswith("data:image/png;base64,")
+    assert text["text"].startswith(JUDGE_PROMPT) and "(D) " in text["text"]
+    orders = [tuple(a["order"].values()) for a in out["answers"]]
+    assert len(set(orders)) > 1  # shuffled per image
+    assert orders == [tuple(a["order"].values()) for a in llm_judge(items, captions, endpoint=url, model="judge",
+                                                                     seed=3)["answers"]]  # seeded
+
+
+def test_llm_judge_skipped_or_failing(tmp_path):
+    items = _items(tmp_path, 2)
+    captions = {"mdc-10": {0: "a", 1: "b"}, "arc-beam6": {0: "c", 1: "d"}}
+    out = llm_judge(items, captions, endpoint="", model="judge")
+    assert out["selection_rate"] is None and "no judge endpoint" in out["reason"] and out["images"] == 0
+    down = llm_judge(items, captions, endpoint="http://127.0.0.1:9/v1", model="judge", timeout=2)
+    assert down["failed"] == 2 and down["selection_rate"] is None and "first error" in down["reason"]
 
 
 # ------------------------------------------------------------------ tables and the figure
