@@ -1,12 +1,23 @@
 """Paper figures, one function per artifact. Figures are drawn on matplotlib's Agg canvas
-(no pyplot, no display needed) and saved as PNG and PDF side by side."""
+(no pyplot, no display needed), saved as PNG and PDF side by side, and show inline in Jupyter."""
 from __future__ import annotations
 
+import io
 import os
 import textwrap
 from typing import Mapping, Sequence
 
 import numpy as np
+from matplotlib.figure import Figure
+
+
+class PaperFigure(Figure):
+    """A matplotlib Figure that Jupyter displays as PNG without pyplot or an inline backend."""
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+        return buffer.getvalue()
 
 
 def _save(fig, path: str | None) -> None:
@@ -23,9 +34,8 @@ def plot_captions(images: Sequence, captions_by_model: Mapping[str, Sequence[str
     image], ..., "arc-beam6": [...]}``), optionally with its first reference ("GT").
 
     ``images``: PIL images, HxWx3 arrays or file paths. Saves ``path`` as .png and .pdf when
-    given; returns the matplotlib Figure.
+    given; returns the figure (a matplotlib Figure).
     """
-    from matplotlib.figure import Figure
     from PIL import Image
 
     from mdc.eval.captioning import row_label
@@ -33,7 +43,7 @@ def plot_captions(images: Sequence, captions_by_model: Mapping[str, Sequence[str
     for name, captions in captions_by_model.items():
         if len(captions) != len(images):
             raise ValueError(f"captions_by_model[{name!r}] holds {len(captions)} captions for {len(images)} images")
-    fig = Figure(figsize=(10, 2.4 * len(images)))
+    fig = PaperFigure(figsize=(10, 2.4 * len(images)))
     grid = fig.add_gridspec(len(images), 2, width_ratios=[1, 3.2], wspace=0.05)
     for i, image in enumerate(images):
         if isinstance(image, (str, os.PathLike)):

@@ -31,24 +31,41 @@ def _items(tmp_path, n=4):
 
 
 # ------------------------------------------------------------------ metrics
-def test_caption_metrics_equal_pycocoevalcap(monkeypatch):
-    from pycocoevalcap.bleu.bleu import Bleu
-    from pycocoevalcap.cider.cider import Cider
-    from pycocoevalcap.rouge.rouge import Rouge
+def _pycocoevalcap(*scorers):
+    """pycocoevalcap's own corpus scores of PREDICTIONS, called directly: {our name: score}."""
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
     tok = PTBTokenizer()
     gts = tok.tokenize({i: [{"caption": r} for r in refs] for i, refs in REFERENCES.items()})
     res = tok.tokenize({i: [{"caption": c}] for i, c in PREDICTIONS.items()})
-    meteor = meteor_module.Meteor()  # one Java process for both sides (it takes seconds to start)
-    expected = dict(zip(["bleu1", "bleu2", "bleu3", "bleu4"], Bleu(4).compute_score(gts, res)[0]))
-    expected |= {"meteor": meteor.compute_score(gts, res)[0], "rouge_l": Rouge().compute_score(gts, res)[0],
-                 "cider": Cider().compute_score(gts, res)[0]}
-    monkeypatch.setattr(meteor_module, "Meteor", lambda: meteor)
-    got = cap.caption_metrics(PREDICTIONS, REFERENCES, metrics=["bleu", "meteor", "rouge_l", "cider"])
+    out = {}
+    for names, scorer in scorers:
+        score = scorer.compute_score(gts, res)[0]
+        out |= dict(zip(names, score if isinstance(score, list) else [score]))
+    return out
+
+
+def test_caption_metrics_equal_pycocoevalcap():
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.rouge.rouge import Rouge
+
+    expected = _pycocoevalcap((["bleu1", "bleu2", "bleu3", "bleu4"], Bleu(4)), (["rouge_l"], Rouge()),
+                              (["cider"], Cider()))
+    got = cap.caption_metrics(PREDICTIONS, REFERENCES, metrics=["bleu", "rouge_l", "cider"])
     assert {k: got[k] for k in expected} == pytest.approx(expected, rel=1e-12)
     assert 0 < got["bleu4"] < got["bleu1"] < 1 and got["cider"] > 0
-    assert got["spice"] is None and got["unavailable"] == {"spice": "not requested"}
+    assert got["meteor"] is None and got["spice"] is None
+    assert got["unavailable"] == {"meteor": "not requested", "spice": "not requested"}
+
+
+@pytest.mark.slow
+def test_meteor_equals_pycocoevalcap(monkeypatch):  # METEOR's Java process takes ~10 s to start
+    meteor = meteor_module.Meteor()  # one process for both sides
+    expected = _pycocoevalcap((["meteor"], meteor))
+    monkeypatch.setattr(meteor_module, "Meteor", lambda: meteor)
+    got = cap.caption_metrics(PREDICTIONS, REFERENCES, metrics=["meteor"])
+    assert got["meteor"] == pytest.approx(expected["meteor"], rel=1e-12) and 0 < got["meteor"] < 1
     assert meteor.meteor_p.poll() is not None  # its Java process was stopped
 
 

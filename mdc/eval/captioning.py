@@ -12,16 +12,19 @@ Results (``results`` of the ``captioning`` results file, :mod:`mdc.eval.results`
                   "captions_json", "format", "split",
                   "images_evaluated": int, "images_total": int, "images_missing": int},
       "metrics": {"mdc-10" | "mdc-15" | "mdc-20" | "arc-beam6": {
-                  "bleu1", "bleu2", "bleu3", "bleu4", "meteor", "rouge_l", "cider", "spice"}},
+                  "bleu1", "bleu2", "bleu3", "bleu4", "meteor", "rouge_l", "cider", "spice",
                                                   # fractions, as pycocoevalcap returns them; null = not computed
+                  "unavailable": {metric: why}}},
       "judge": {"model", "endpoint", "models": [names compared], "images", "valid", "invalid",
-                "failed", "counts": {name: int}, "selection_rate": {name: fraction of valid answers}} | null,
-      "unavailable": {"spice" | "meteor" | ... | "judge" | "mdc" | "arc": "why it is missing"},
-      "checkpoints": {"mdc" | "arc": {"path", "checkpoint_id", "finetuned": folder | null}},
-      "finetune": {"mdc" | "arc": {"steps", "first_loss", "final_loss", "unknown_rate"}},
-      "files": {"predictions", "table", "figure", "judge_answers"}   # beside the results file
+                "failed", "counts": {name: int}, "selection_rate": {name: fraction of valid answers} | null}
+               | null,                            # null: the judge did not run
+      "unavailable": {"spice" | "meteor" | ... | "judge" | "mdc" | "arc": why it is missing},
+      "checkpoints": {"mdc" | "arc": {"path", "checkpoint_id", "finetuned": folder | null, "model": config}},
+      "finetune": {"mdc" | "arc": {"steps", "batch_size", "lr", "images", "unknown_rate", "loss": [per step]}},
+      "files": {"predictions", "table", "figure", "judge_answers"?}   # beside the results file
     }
 
+The results file's top-level ``checkpoint`` / ``model`` are the MDC checkpoint's (ARC's without one).
 :func:`table3_rows` turns it into the paper's Table 3 rows ("ARC (beam 6)", "MDC-10", ...) and
 columns (``coco_bleu4, coco_meteor, coco_cider, coco_spice, coco_rougeL, coco_llm_judge``) in
 the paper's units (percent).
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import socket
@@ -79,30 +83,41 @@ def limit(items: Items, n: int | None) -> Items:
     return items if n is None else Items(items[:n], items.source, items.total, items.missing)
 
 
-def load_captioner(path: str, objective: str, parameter: str = "checkpoint"):
-    """``mdc.load`` a checkpoint folder (or a pretraining run folder: its latest checkpoint) and
-    check that it is an ``objective`` ("mdc" | "arc") captioner; errors name ``parameter`` and the path."""
+def resolve_checkpoint(path: str, objective: str, parameter: str = "checkpoint") -> str:
+    """The checkpoint folder ``path`` (or a pretraining run folder's latest checkpoint), checked
+    from its config to hold an ``objective`` ("mdc" | "arc") captioner; errors name ``parameter``."""
     from mdc.checkpoint import latest
-    from mdc.factory import load
 
     if not os.path.isdir(path):
         raise ValueError(f"{parameter} = {path!r}: folder not found")
     path = latest(path) or path
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ValueError(f"{parameter} = {path!r}: not a checkpoint folder (no config.json; give a folder "
-                         f"written by model.save or a pretraining run folder)")
+    for name in ("config.json", "model.safetensors"):
+        if not os.path.isfile(os.path.join(path, name)):
+            raise ValueError(f"{parameter} = {path!r}: not a checkpoint folder (no {name}; give a folder "
+                             f"written by model.save or a pretraining run folder)")
     try:
-        model = load(path)
-    except (FileNotFoundError, ValueError) as exn:
-        raise ValueError(f"{parameter} = {path!r}: {exn}") from exn
-    got = model.config.objective
+        with open(os.path.join(path, "config.json")) as f:
+            got = json.load(f).get("objective")
+    except (OSError, ValueError, AttributeError) as exn:
+        raise ValueError(f"{parameter} = {path!r}: unreadable config.json ({exn})") from exn
     if got == "clip":
         raise ValueError(f"{parameter} = {path!r} holds a CLIP model, which cannot caption; "
                          f"give a checkpoint pretrained with objective {objective!r}")
     if got != objective:
         raise ValueError(f"{parameter} = {path!r} holds an {got!r} captioner, expected {objective!r} "
                          f"(are mdc_checkpoint and arc_checkpoint swapped?)")
-    return model
+    return path
+
+
+def load_captioner(path: str, objective: str, parameter: str = "checkpoint"):
+    """``mdc.load`` a checkpoint checked by :func:`resolve_checkpoint`; errors name ``parameter``."""
+    from mdc.factory import load
+
+    path = resolve_checkpoint(path, objective, parameter)
+    try:
+        return load(path)
+    except (FileNotFoundError, ValueError) as exn:
+        raise ValueError(f"{parameter} = {path!r}: {exn}") from exn
 
 
 def _check_captioner(model) -> str:
@@ -115,10 +130,11 @@ def _check_captioner(model) -> str:
 def _check_items(items: Sequence[Mapping]) -> None:
     if not items:
         raise ValueError("no captioning items (an empty split, or every image missing?)")
-    ids = [it["image_id"] for it in items]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"image_id values repeat in the captioning items (e.g. {ids[0]!r}); they key the captions")
+    seen = set()
     for it in items:
+        if it["image_id"] in seen:
+            raise ValueError(f"image_id {it['image_id']!r} repeats in the captioning items; ids key the captions")
+        seen.add(it["image_id"])
         if not it.get("references"):
             raise ValueError(f"image {it['image_id']!r} has no reference captions")
 
@@ -207,6 +223,38 @@ def generate_captions(model, items: Sequence[Mapping], *, lengths: Sequence[int]
             for it, caption in zip(batch, generate(model, images, **kw)):
                 out[name][it["image_id"]] = caption
     return out
+
+
+def caption_checkpoint(path: str, objective: str, train_items: Sequence[Mapping], test_items: Sequence[Mapping], *,
+                       finetune_steps: int = 0, finetune_batch_size: int = 32, finetune_lr: float = 1e-5,
+                       lengths: Sequence[int] = (10, 15, 20), beam_size: int = 6, batch_size: int = 32,
+                       device: str = "cpu", seed: int = 0, save_dir: str | None = None) -> tuple[dict, dict]:
+    """Load the ``objective`` captioner at ``path`` (checked; errors name ``<objective>_checkpoint``),
+    fine-tune it on ``train_items`` if ``finetune_steps`` (saved to ``save_dir/<objective>``) and
+    caption ``test_items``. Returns ``(captions, info)``: :func:`generate_captions`' output and
+    ``{path, checkpoint_id, config (ModelConfig), finetuned, finetune}`` for the results file."""
+    from mdc.eval.results import checkpoint_id
+
+    path = resolve_checkpoint(path, objective, f"{objective}_checkpoint")
+    model = load_captioner(path, objective, f"{objective}_checkpoint")
+    info = {"path": path, "checkpoint_id": checkpoint_id(path), "config": model.config,
+            "finetuned": None, "finetune": None}
+    if finetune_steps:
+        torch.manual_seed(seed)
+        model, log = finetune(model, train_items, steps=finetune_steps, batch_size=finetune_batch_size,
+                              lr=finetune_lr, seed=seed, device=device)
+        unknown = log["text"]["unknown"] / max(1, log["text"]["tokens"])
+        if unknown > 0.05:
+            logger.warning("%s fine-tuning: %.0f%% of reference tokens are outside the model's vocabulary ([UNK])",
+                           objective, 100 * unknown)
+        info["finetune"] = {"steps": finetune_steps, "batch_size": finetune_batch_size, "lr": finetune_lr,
+                            "images": len(train_items), "unknown_rate": unknown, "loss": log["loss"]}
+        if save_dir:
+            info["finetuned"] = os.path.join(save_dir, objective)
+            model.save(info["finetuned"])
+    captions = generate_captions(model, test_items, lengths=lengths, beam_size=beam_size, batch_size=batch_size,
+                                 device=device)
+    return captions, info
 
 
 # --------------------------------------------------------------------------- metrics
@@ -363,3 +411,71 @@ def pick_examples(items: Sequence[Mapping], captions_by_model: Mapping[str, Mapp
     picked = [items[i] for i in chosen]
     return {"images": [load_image(it) for it in picked], "references": [it["references"] for it in picked],
             "captions_by_model": {n: [c[it["image_id"]] for it in picked] for n, c in captions_by_model.items()}}
+
+
+def captioning_results(*, dataset: str, items: Items, metrics: Mapping[str, dict], judge: Mapping | None,
+                       checkpoints: Mapping[str, dict], captions_json: str, captions_format: str, split) -> dict:
+    """The ``results`` of a captioning results file (schema in the module docstring).
+
+    ``metrics``: :func:`evaluate_captions`' output; ``judge``: :func:`mdc.eval.judge.llm_judge`'s
+    (its per-image answers are left out; a judge that did not run is null); ``checkpoints``:
+    the ``info`` of :func:`caption_checkpoint` per objective.
+    """
+    from dataclasses import asdict
+
+    if dataset not in TABLE3_PREFIX:
+        raise ValueError(f"dataset must be one of {list(TABLE3_PREFIX)} (the Table 3 block); got {dataset!r}")
+    unavailable = {obj: f"no {obj}_checkpoint given" for obj in ("mdc", "arc") if obj not in checkpoints}
+    for name, m in metrics.items():
+        for key, reason in m.get("unavailable", {}).items():
+            unavailable.setdefault(key, reason)
+    ran = judge is not None and judge["images"] > 0
+    if judge is not None and judge.get("reason"):
+        unavailable["judge"] = judge["reason"]
+    return {
+        "dataset": {"name": dataset, "captions_json": captions_json, "format": captions_format, "split": split,
+                    "images_evaluated": len(items), "images_total": getattr(items, "total", len(items)),
+                    "images_missing": len(getattr(items, "missing", ()))},
+        "metrics": dict(metrics),
+        "judge": {k: v for k, v in judge.items() if k not in ("answers", "reason")} if ran else None,
+        "unavailable": unavailable,
+        "checkpoints": {obj: {k: info[k] for k in ("path", "checkpoint_id", "finetuned")} | {"model": asdict(info["config"])}
+                        for obj, info in checkpoints.items()},
+        "finetune": {obj: info["finetune"] for obj, info in checkpoints.items() if info["finetune"]},
+    }
+
+
+def write_outputs(output_dir: str, captions: Mapping[str, Mapping], results: Mapping,
+                  judge: Mapping | None = None) -> dict:
+    """Write ``predictions.json`` ({name: {image_id: caption}}), ``table3.csv`` / ``table3.md``
+    (:func:`table3_rows`) and, if the judge ran, ``judge_answers.json``; returns their paths."""
+    import csv
+
+    os.makedirs(output_dir, exist_ok=True)
+    files = {"predictions": os.path.join(output_dir, "predictions.json"), "table": os.path.join(output_dir, "table3.csv")}
+    with open(files["predictions"], "w") as f:
+        json.dump({name: {str(i): c for i, c in caps.items()} for name, caps in captions.items()}, f, indent=1)
+    rows = table3_rows(results)
+    columns = list(rows[0]) if rows else ["method"]
+    with open(files["table"], "w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(os.path.splitext(files["table"])[0] + ".md", "w") as f:
+        f.write(markdown_table(rows))
+    if judge and judge.get("answers"):
+        files["judge_answers"] = os.path.join(output_dir, "judge_answers.json")
+        with open(files["judge_answers"], "w") as f:
+            json.dump(judge["answers"], f, indent=1)
+    return files
+
+
+def markdown_table(rows: Sequence[Mapping]) -> str:
+    """Rows of :func:`table3_rows` as a Markdown table (numbers to one decimal, "-" where missing)."""
+    if not rows:
+        return "(no captioner evaluated)\n"
+    columns = list(rows[0])
+    cell = lambda v: "-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
