@@ -70,15 +70,24 @@ def test_meteor_equals_pycocoevalcap(monkeypatch):  # METEOR's Java process take
 
 
 def test_failing_metric_is_reported_not_raised(monkeypatch, caplog):
+    def no_java(*args):
+        raise FileNotFoundError("java: not found")
+
     class Broken:
-        def __init__(self):
-            raise FileNotFoundError("java: not found")
+        __init__ = no_java
 
     monkeypatch.setattr(meteor_module, "Meteor", Broken)
     got = cap.caption_metrics(PREDICTIONS, REFERENCES, metrics=["bleu", "meteor", "cider"])
     assert got["meteor"] is None and "java: not found" in got["unavailable"]["meteor"]
     assert got["bleu4"] > 0 and got["cider"] > 0 and "meteor" in caplog.text
     assert set(got["unavailable"]) == {"meteor", "rouge_l", "spice"}  # the last two were not requested
+
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    monkeypatch.setattr(PTBTokenizer, "tokenize", no_java)  # Java missing: nothing is on COCO's scale
+    got = cap.caption_metrics(PREDICTIONS, REFERENCES, metrics=["bleu", "cider"])
+    assert got["bleu4"] is None and got["cider"] is None
+    assert "PTB tokenizer failed (FileNotFoundError: java: not found)" in got["unavailable"]["bleu4"]
 
 
 def test_metric_failing_for_one_model_and_bad_input(monkeypatch):

@@ -235,7 +235,7 @@ def caption_checkpoint(path: str, objective: str, train_items: Sequence[Mapping]
     ``{path, checkpoint_id, config (ModelConfig), finetuned, finetune}`` for the results file."""
     from mdc.eval.results import checkpoint_id
 
-    path = resolve_checkpoint(path, objective, f"{objective}_checkpoint")
+    path = resolve_checkpoint(path, objective, f"{objective}_checkpoint")  # a run folder -> its checkpoint
     model = load_captioner(path, objective, f"{objective}_checkpoint")
     info = {"path": path, "checkpoint_id": checkpoint_id(path), "config": model.config,
             "finetuned": None, "finetune": None}
@@ -326,7 +326,7 @@ def evaluate_captions(captions_by_model: Mapping[str, Mapping], references: Mapp
         for name in names:
             out[name]["unavailable"].update({key: reason for key in METRICS[metric]})
 
-    for metric in set(METRICS) - set(metrics):
+    for metric in [m for m in METRICS if m not in metrics]:
         unavailable(metric, "not requested")
     ids = sorted({i for p in captions_by_model.values() for i in p}, key=str)
     try:
