@@ -8,6 +8,10 @@ is left out, a warning gives the count and the first names, and the returned :cl
 (a list) records how many items the file held (``total``) and which images were absent
 (``missing``), so results can say how many items were evaluated out of how many.
 
+Captioning files come in three layouts: the Karpathy split file (:func:`load_karpathy`), the
+official COCO captions file (:func:`load_coco_captions`) and ARO/BLIP's Karpathy test file
+(:func:`load_karpathy_test`); all three give ``{image_id, image_path, references}`` items.
+
 The compositionality benchmarks (SugarCrepe, ARO, COCO/Flickr30k-Order) live in
 ``mdc.data.compositionality``.
 """
@@ -162,6 +166,32 @@ def load_coco_captions(captions_json: str, image_dir: str, on_missing: str = "er
         if path is not None:
             out.append({"image_id": image["id"], "image_path": path, "references": references[image["id"]]})
     return lookup.items(out, len(data["images"]))
+
+
+def load_karpathy_test(test_json: str, image_root: str, on_missing: str = "error") -> Items:
+    """Karpathy test file of ARO / BLIP (``coco_karpathy_test.json``, ``flickr30k_test.json``):
+    ``[{"image": "val2014/COCO_val2014_....jpg", "caption": [5 captions]}]``.
+
+    Returns ``[{image_id, image_path, references}]`` as :func:`load_karpathy` does;
+    ``image_id`` is the ``image`` field (unique in the file), ``image_path`` is
+    ``image_root/image``; a single caption string counts as one reference.
+    """
+    data = read_json(test_json, root=list)
+    lookup = ImageLookup(image_root, test_json, on_missing)
+    out, seen = [], set()
+    for index, record in enumerate(data):
+        require(record, ["image", "caption"], test_json, index)
+        captions = [record["caption"]] if isinstance(record["caption"], str) else record["caption"]
+        if not isinstance(captions, list) or not captions or not all(isinstance(c, str) for c in captions):
+            raise ValueError(f"{test_json}: item {index!r} field 'caption' must be a caption or a non-empty "
+                             f"list of captions; got {record['caption']!r}")
+        if record["image"] in seen:
+            raise ValueError(f"{test_json}: item {index!r} repeats image {record['image']!r}")
+        seen.add(record["image"])
+        path = lookup(record["image"], index)
+        if path is not None:
+            out.append({"image_id": record["image"], "image_path": path, "references": [c.strip() for c in captions]})
+    return lookup.items(out, len(data))
 
 
 # --------------------------------------------------------------------------- linear probes

@@ -1,0 +1,481 @@
+"""Image captioning evaluation (paper Sec. 4.2, Table 3, Fig. 6).
+
+Pretrained captioners are fine-tuned on a captioning set's train split (:func:`finetune`),
+caption its test split (:func:`generate_captions`: MDC greedy at lengths 10/15/20, ARC beam 6),
+and are scored with pycocoevalcap (:func:`caption_metrics`) and, optionally, an LLM judge that
+picks the best of the four captions per image (:func:`mdc.eval.judge.llm_judge`).
+
+Results (``results`` of the ``captioning`` results file, :mod:`mdc.eval.results`)::
+
+    {
+      "dataset": {"name": "coco" | "flickr30k",   # the Table 3 block these numbers fill
+                  "captions_json", "format", "split",
+                  "images_evaluated": int, "images_total": int, "images_missing": int},
+      "metrics": {"mdc-10" | "mdc-15" | "mdc-20" | "arc-beam6": {
+                  "bleu1", "bleu2", "bleu3", "bleu4", "meteor", "rouge_l", "cider", "spice",
+                                                  # fractions, as pycocoevalcap returns them; null = not computed
+                  "unavailable": {metric: why}}},
+      "judge": {"model", "endpoint", "models": [names compared], "images", "valid", "invalid",
+                "failed", "counts": {name: int}, "selection_rate": {name: fraction of valid answers} | null}
+               | null,                            # null: the judge did not run
+      "unavailable": {"spice" | "meteor" | ... | "judge" | "mdc" | "arc": why it is missing},
+      "checkpoints": {"mdc" | "arc": {"path", "checkpoint_id", "finetuned": folder | null, "model": config}},
+      "finetune": {"mdc" | "arc": {"steps", "batch_size", "lr", "images", "unknown_rate", "loss": [per step]}},
+      "files": {"predictions", "table", "figure", "judge_answers"?}   # beside the results file
+    }
+
+The results file's top-level ``checkpoint`` / ``model`` are the MDC checkpoint's (ARC's without one).
+:func:`table3_rows` turns it into the paper's Table 3 rows ("ARC (beam 6)", "MDC-10", ...) and
+columns (``coco_bleu4, coco_meteor, coco_cider, coco_spice, coco_rougeL, coco_llm_judge``) in
+the paper's units (percent).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import socket
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from mdc.data.formats import Items, load_coco_captions, load_image, load_karpathy, load_karpathy_test
+from mdc.data.pipeline import image_transform
+from mdc.optim import make_optimizer, make_scheduler
+from mdc.sampler import check_length, generate
+from mdc.tokenizer import TextStats
+
+logger = logging.getLogger(__name__)
+
+#: pycocoevalcap scorers -> the names they report under.
+METRICS = {"bleu": ("bleu1", "bleu2", "bleu3", "bleu4"), "meteor": ("meteor",), "rouge_l": ("rouge_l",),
+           "cider": ("cider",), "spice": ("spice",)}
+SPICE_DOWNLOAD_TIMEOUT = 60  # seconds per socket operation while SPICE fetches its CoreNLP jars
+#: Table 3: our metric keys -> the paper's column suffixes (rows: :func:`row_label`).
+TABLE3_COLUMNS = {"bleu4": "bleu4", "meteor": "meteor", "cider": "cider", "spice": "spice", "rouge_l": "rougeL"}
+TABLE3_PREFIX = {"coco": "coco", "flickr30k": "flickr"}
+FORMATS = ("karpathy", "coco", "karpathy_test")
+
+
+# --------------------------------------------------------------------------- data and models
+def load_caption_items(captions_json: str, captions_format: str, image_root: str,
+                       split: str | Sequence[str] = "test", on_missing: str = "error") -> Items:
+    """``[{image_id, image_path, references}]`` of a captioning file in one of :data:`FORMATS`.
+
+    ``split`` applies to the Karpathy split file only: the other two hold one split each.
+    """
+    if captions_format not in FORMATS:
+        raise ValueError(f"captions_format must be one of {FORMATS}; got {captions_format!r}")
+    if not os.path.isdir(image_root):
+        raise ValueError(f"image_root {image_root!r}: folder not found (images of {captions_json})")
+    if captions_format == "karpathy":
+        return load_karpathy(captions_json, image_root, split, on_missing)
+    if captions_format == "coco":
+        return load_coco_captions(captions_json, image_root, on_missing)
+    return load_karpathy_test(captions_json, image_root, on_missing)
+
+
+def limit(items: Items, n: int | None) -> Items:
+    """The first ``n`` items (all if ``n`` is None), keeping the file's ``total`` and ``missing``."""
+    return items if n is None else Items(items[:n], items.source, items.total, items.missing)
+
+
+def resolve_checkpoint(path: str, objective: str, parameter: str = "checkpoint") -> str:
+    """The checkpoint folder ``path`` (or a pretraining run folder's latest checkpoint), checked
+    from its config to hold an ``objective`` ("mdc" | "arc") captioner; errors name ``parameter``."""
+    from mdc.checkpoint import latest
+
+    if not os.path.isdir(path):
+        raise ValueError(f"{parameter} = {path!r}: folder not found")
+    path = latest(path) or path
+    for name in ("config.json", "model.safetensors"):
+        if not os.path.isfile(os.path.join(path, name)):
+            raise ValueError(f"{parameter} = {path!r}: not a checkpoint folder (no {name}; give a folder "
+                             f"written by model.save or a pretraining run folder)")
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            got = json.load(f).get("objective")
+    except (OSError, ValueError, AttributeError) as exn:
+        raise ValueError(f"{parameter} = {path!r}: unreadable config.json ({exn})") from exn
+    if got == "clip":
+        raise ValueError(f"{parameter} = {path!r} holds a CLIP model, which cannot caption; "
+                         f"give a checkpoint pretrained with objective {objective!r}")
+    if got != objective:
+        raise ValueError(f"{parameter} = {path!r} holds an {got!r} captioner, expected {objective!r} "
+                         f"(are mdc_checkpoint and arc_checkpoint swapped?)")
+    return path
+
+
+def load_captioner(path: str, objective: str, parameter: str = "checkpoint"):
+    """``mdc.load`` a checkpoint checked by :func:`resolve_checkpoint`; errors name ``parameter``."""
+    from mdc.factory import load
+
+    path = resolve_checkpoint(path, objective, parameter)
+    try:
+        return load(path)
+    except (FileNotFoundError, ValueError) as exn:
+        raise ValueError(f"{parameter} = {path!r}: {exn}") from exn
+
+
+def _check_captioner(model) -> str:
+    objective = model.config.objective
+    if objective not in ("mdc", "arc"):
+        raise ValueError(f"captioning needs an 'mdc' or 'arc' model; got objective {objective!r}")
+    return objective
+
+
+def _check_items(items: Sequence[Mapping]) -> None:
+    if not items:
+        raise ValueError("no captioning items (an empty split, or every image missing?)")
+    seen = set()
+    for it in items:
+        if it["image_id"] in seen:
+            raise ValueError(f"image_id {it['image_id']!r} repeats in the captioning items; ids key the captions")
+        seen.add(it["image_id"])
+        if not it.get("references"):
+            raise ValueError(f"image {it['image_id']!r} has no reference captions")
+
+
+# --------------------------------------------------------------------------- fine-tuning
+def finetune(model, items: Sequence[Mapping], *, steps: int, batch_size: int = 32, lr: float = 1e-5,
+             weight_decay: float = 0.01, warmup_steps: int | None = None, grad_clip_norm: float | None = 1.0,
+             seed: int = 0, device: str = "cpu", cache_limit: int = 4096):
+    """Fine-tune a captioner with its own ``model.loss`` on ``items`` (image + references).
+
+    Each draw pairs an image with one reference picked uniformly; images are visited in seeded
+    random epochs. AdamW (the pretraining parameter groups), ``warmup_steps`` linear warm-up
+    (default 5% of the steps) then cosine decay to 0. Images get the model's eval transform and
+    are decoded once when the set holds at most ``cache_limit`` images, else per batch.
+    Returns ``(model, log)`` with ``log = {"loss": [per step], "text": TextStats counts}``;
+    the model is left in eval mode on ``device``.
+    """
+    objective = _check_captioner(model)
+    _check_items(items)
+    if steps < 1 or batch_size < 1:
+        raise ValueError(f"steps and batch_size must be >= 1; got {steps}, {batch_size}")
+    model.to(device).train()
+    transform = image_transform(model.config.image_size, train=False)
+    cache: dict[int, torch.Tensor] | None = {} if len(items) <= cache_limit else None
+    rng = np.random.default_rng(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)  # MDC masking
+    optimizer = make_optimizer(model, lr, weight_decay)
+    warmup = max(1, steps // 20) if warmup_steps is None else warmup_steps
+    scheduler = make_scheduler(optimizer, warmup, steps)
+    order: list[int] = []
+    losses, text = [], TextStats()
+
+    def image(i: int) -> torch.Tensor:
+        if cache is None:
+            return transform(load_image(items[i]))
+        if i not in cache:
+            cache[i] = transform(load_image(items[i]))
+        return cache[i]
+
+    for _ in range(steps):
+        batch = []
+        while len(batch) < batch_size:
+            order = order or rng.permutation(len(items)).tolist()
+            batch.append(order.pop())
+        captions = [items[i]["references"][rng.integers(len(items[i]["references"]))] for i in batch]
+        tokens, stats = model.tokenizer.tokenize(captions)
+        text.merge(stats)
+        images = torch.stack([image(i) for i in batch]).to(device)
+        kw = {"generator": generator} if objective == "mdc" else {}
+        loss = model.loss(images, tokens.to(device), **kw)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if grad_clip_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip_norm)
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    model.eval()
+    return model, {"loss": losses, "text": text.as_dict()}
+
+
+# --------------------------------------------------------------------------- generation
+@torch.no_grad()
+def generate_captions(model, items: Sequence[Mapping], *, lengths: Sequence[int] = (10, 15, 20),
+                      beam_size: int = 6, arc_max_length: int | None = None, batch_size: int = 32,
+                      device: str = "cpu") -> dict[str, dict]:
+    """``{name: {image_id: caption}}``: MDC greedy at each length (``mdc-10``, ...), ARC beam
+    search (``arc-beam6``; at most ``arc_max_length`` tokens, default the context minus SOT/EOT)."""
+    objective = _check_captioner(model)
+    _check_items(items)
+    if objective == "mdc":
+        for n in lengths:
+            check_length(model, n)
+        runs = {f"mdc-{n}": dict(length=n) for n in lengths}
+    else:
+        max_length = arc_max_length or model.config.context_length - 2
+        check_length(model, max_length)
+        runs = {f"arc-beam{beam_size}": dict(length=max_length, beam_size=beam_size)}
+    model.to(device).eval()
+    transform = image_transform(model.config.image_size, train=False)
+    out: dict[str, dict] = {name: {} for name in runs}
+    for start in range(0, len(items), batch_size):
+        batch = items[start : start + batch_size]
+        images = torch.stack([transform(load_image(it)) for it in batch]).to(device)
+        for name, kw in runs.items():
+            for it, caption in zip(batch, generate(model, images, **kw)):
+                out[name][it["image_id"]] = caption
+    return out
+
+
+def caption_checkpoint(path: str, objective: str, train_items: Sequence[Mapping], test_items: Sequence[Mapping], *,
+                       finetune_steps: int = 0, finetune_batch_size: int = 32, finetune_lr: float = 1e-5,
+                       lengths: Sequence[int] = (10, 15, 20), beam_size: int = 6, batch_size: int = 32,
+                       device: str = "cpu", seed: int = 0, save_dir: str | None = None) -> tuple[dict, dict]:
+    """Load the ``objective`` captioner at ``path`` (checked; errors name ``<objective>_checkpoint``),
+    fine-tune it on ``train_items`` if ``finetune_steps`` (saved to ``save_dir/<objective>``) and
+    caption ``test_items``. Returns ``(captions, info)``: :func:`generate_captions`' output and
+    ``{path, checkpoint_id, config (ModelConfig), finetuned, finetune}`` for the results file."""
+    from mdc.eval.results import checkpoint_id
+
+    path = resolve_checkpoint(path, objective, f"{objective}_checkpoint")  # a run folder -> its checkpoint
+    model = load_captioner(path, objective, f"{objective}_checkpoint")
+    info = {"path": path, "checkpoint_id": checkpoint_id(path), "config": model.config,
+            "finetuned": None, "finetune": None}
+    if finetune_steps:
+        torch.manual_seed(seed)
+        model, log = finetune(model, train_items, steps=finetune_steps, batch_size=finetune_batch_size,
+                              lr=finetune_lr, seed=seed, device=device)
+        unknown = log["text"]["unknown"] / max(1, log["text"]["tokens"])
+        if unknown > 0.05:
+            logger.warning("%s fine-tuning: %.0f%% of reference tokens are outside the model's vocabulary ([UNK])",
+                           objective, 100 * unknown)
+        info["finetune"] = {"steps": finetune_steps, "batch_size": finetune_batch_size, "lr": finetune_lr,
+                            "images": len(train_items), "unknown_rate": unknown, "loss": log["loss"]}
+        if save_dir:
+            info["finetuned"] = os.path.join(save_dir, objective)
+            model.save(info["finetuned"])
+    captions = generate_captions(model, test_items, lengths=lengths, beam_size=beam_size, batch_size=batch_size,
+                                 device=device)
+    return captions, info
+
+
+# --------------------------------------------------------------------------- metrics
+def _scorer(metric: str):
+    """A pycocoevalcap scorer, imported at call time."""
+    if metric == "bleu":
+        from pycocoevalcap.bleu.bleu import Bleu
+        return Bleu(4)
+    if metric == "meteor":
+        from pycocoevalcap.meteor.meteor import Meteor
+        return Meteor()
+    if metric == "rouge_l":
+        from pycocoevalcap.rouge.rouge import Rouge
+        return Rouge()
+    if metric == "cider":
+        from pycocoevalcap.cider.cider import Cider
+        return Cider()
+    from pycocoevalcap.spice import spice
+
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(SPICE_DOWNLOAD_TIMEOUT)  # its jar download has no timeout of its own
+    try:
+        return spice.Spice()
+    except Exception as exn:
+        lib = os.path.join(os.path.dirname(spice.__file__), "lib")
+        raise RuntimeError(f"SPICE needs the Stanford CoreNLP 3.6.0 jars in {lib}, which it downloads on first "
+                           f"use; that failed ({type(exn).__name__}: {exn})") from exn
+    finally:
+        socket.setdefaulttimeout(old)
+
+
+def _close(scorer) -> None:
+    """Stop METEOR's Java process (its own __del__ would hang if a failed call left its lock held)."""
+    process = getattr(scorer, "meteor_p", None)
+    if process is not None:
+        process.kill()
+        process.wait()
+        if scorer.lock.locked():
+            scorer.lock.release()
+
+
+def _ptb_tokenize(captions: Mapping) -> dict:
+    """pycocoevalcap's PTB tokenizer (Java) on ``{key: [captions]}``, checked to keep every caption."""
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    flat = {k: [{"caption": " ".join(c.split())} for c in v] for k, v in captions.items()}  # one line each
+    out = PTBTokenizer().tokenize(flat)
+    if any(len(out.get(k, ())) != len(v) for k, v in captions.items()):
+        raise RuntimeError("PTB tokenizer returned fewer lines than captions")
+    return out
+
+
+def evaluate_captions(captions_by_model: Mapping[str, Mapping], references: Mapping[object, Sequence[str]],
+                      metrics: Sequence[str] = tuple(METRICS)) -> dict[str, dict]:
+    """:func:`caption_metrics` of several models at once (one tokenizer run, one METEOR process)."""
+    unknown = set(metrics) - set(METRICS)
+    if unknown:
+        raise ValueError(f"unknown metrics {sorted(unknown)}; choose from {list(METRICS)}")
+    for name, predictions in captions_by_model.items():
+        if not predictions:
+            raise ValueError(f"{name or 'predictions'}: no captions to score")
+        for image_id in predictions:
+            if not references.get(image_id):
+                raise ValueError(f"{name or 'predictions'}: image {image_id!r} has no reference captions")
+    out = {name: {key: None for keys in METRICS.values() for key in keys} | {"unavailable": {}}
+           for name in captions_by_model}
+
+    def unavailable(metric: str, reason: str, names=tuple(out)) -> None:
+        for name in names:
+            out[name]["unavailable"].update({key: reason for key in METRICS[metric]})
+
+    for metric in [m for m in METRICS if m not in metrics]:
+        unavailable(metric, "not requested")
+    ids = sorted({i for p in captions_by_model.values() for i in p}, key=str)
+    try:
+        gts = _ptb_tokenize({i: list(references[i]) for i in ids})
+        res = _ptb_tokenize({(name, i): [c] for name, p in captions_by_model.items() for i, c in p.items()})
+    except Exception as exn:  # Java missing, ...: nothing can be scored on pycocoevalcap's scale
+        reason = f"PTB tokenizer failed ({type(exn).__name__}: {exn})"
+        logger.warning("caption metrics unavailable: %s", reason)
+        for metric in metrics:
+            unavailable(metric, reason)
+        return out
+    for metric in [m for m in METRICS if m in metrics]:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # pycocoevalcap prints progress
+                scorer = _scorer(metric)
+        except Exception as exn:
+            logger.warning("%s unavailable: %s", metric, exn)
+            unavailable(metric, f"{type(exn).__name__}: {exn}")
+            continue
+        try:
+            for name, predictions in captions_by_model.items():
+                keys = sorted(predictions, key=str)
+                try:
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        score, _ = scorer.compute_score({i: gts[i] for i in keys}, {i: res[(name, i)] for i in keys})
+                except Exception as exn:
+                    logger.warning("%s failed for %s: %s", metric, name or "predictions", exn)
+                    unavailable(metric, f"{type(exn).__name__}: {exn}", [name])
+                    continue
+                scores = score if isinstance(score, list) else [score]
+                out[name].update({k: float(s) for k, s in zip(METRICS[metric], scores)})
+        finally:
+            _close(scorer)
+    return out
+
+
+def caption_metrics(predictions: Mapping, references: Mapping[object, Sequence[str]],
+                    metrics: Sequence[str] = tuple(METRICS)) -> dict:
+    """pycocoevalcap's BLEU-1..4, METEOR, ROUGE-L, CIDEr and SPICE of ``{image_id: caption}``
+    against ``{image_id: [references]}`` (the predicted images only), PTB-tokenized as the
+    COCO caption evaluation does; fractions, as pycocoevalcap returns them.
+
+    A metric that cannot be computed (SPICE offline without its CoreNLP jars, METEOR without
+    Java, one not in ``metrics``) is None, with the reason under ``unavailable[name]``, logged.
+    """
+    return evaluate_captions({"": predictions}, references, metrics)[""]
+
+
+# --------------------------------------------------------------------------- tables and figures
+def row_label(name: str) -> str:
+    """The paper's row label of a caption set: ``arc-beam6`` -> "ARC (beam 6)", ``mdc-10`` -> "MDC-10"."""
+    if name.startswith("arc-beam"):
+        return f"ARC (beam {name[8:]})"
+    return name.upper()
+
+
+def _row_order(name: str) -> tuple:
+    return (name.startswith("mdc-"), int(name.split("-")[-1].removeprefix("beam")))
+
+
+def table3_rows(results: Mapping, dataset: str | None = None) -> list[dict]:
+    """Table 3 rows (ARC, then MDC by length; values in percent, as the paper prints them) from
+    a captioning ``results`` dict: ``method``, ``length_<dataset>`` and ``<prefix>_bleu4, _meteor,
+    _cider, _spice, _rougeL, _llm_judge`` (prefix coco | flickr); None where not computed."""
+    dataset = dataset or results["dataset"]["name"]
+    prefix = TABLE3_PREFIX[dataset]
+    judge = (results.get("judge") or {}).get("selection_rate") or {}
+    rows = []
+    for name in sorted(results["metrics"], key=_row_order):
+        m = results["metrics"][name]
+        row = {"method": row_label(name), f"length_{dataset}": int(name[4:]) if name.startswith("mdc-") else None}
+        row |= {f"{prefix}_{col}": None if m.get(k) is None else 100 * m[k] for k, col in TABLE3_COLUMNS.items()}
+        row[f"{prefix}_llm_judge"] = 100 * judge[name] if name in judge else None
+        rows.append(row)
+    return rows
+
+
+def pick_examples(items: Sequence[Mapping], captions_by_model: Mapping[str, Mapping], k: int = 3,
+                  seed: int = 0) -> dict:
+    """``k`` seeded random images with every model's caption: the arguments of :func:`mdc.plots.plot_captions`."""
+    chosen = sorted(np.random.default_rng(seed).choice(len(items), min(k, len(items)), replace=False).tolist())
+    picked = [items[i] for i in chosen]
+    return {"images": [load_image(it) for it in picked], "references": [it["references"] for it in picked],
+            "captions_by_model": {n: [c[it["image_id"]] for it in picked] for n, c in captions_by_model.items()}}
+
+
+def captioning_results(*, dataset: str, items: Items, metrics: Mapping[str, dict], judge: Mapping | None,
+                       checkpoints: Mapping[str, dict], captions_json: str, captions_format: str, split) -> dict:
+    """The ``results`` of a captioning results file (schema in the module docstring).
+
+    ``metrics``: :func:`evaluate_captions`' output; ``judge``: :func:`mdc.eval.judge.llm_judge`'s
+    (its per-image answers are left out; a judge that did not run is null); ``checkpoints``:
+    the ``info`` of :func:`caption_checkpoint` per objective.
+    """
+    from dataclasses import asdict
+
+    if dataset not in TABLE3_PREFIX:
+        raise ValueError(f"dataset must be one of {list(TABLE3_PREFIX)} (the Table 3 block); got {dataset!r}")
+    unavailable = {obj: f"no {obj}_checkpoint given" for obj in ("mdc", "arc") if obj not in checkpoints}
+    for name, m in metrics.items():
+        for key, reason in m.get("unavailable", {}).items():
+            unavailable.setdefault(key, reason)
+    ran = judge is not None and judge["images"] > 0
+    if judge is not None and judge.get("reason"):
+        unavailable["judge"] = judge["reason"]
+    return {
+        "dataset": {"name": dataset, "captions_json": captions_json, "format": captions_format, "split": split,
+                    "images_evaluated": len(items), "images_total": getattr(items, "total", len(items)),
+                    "images_missing": len(getattr(items, "missing", ()))},
+        "metrics": dict(metrics),
+        "judge": {k: v for k, v in judge.items() if k not in ("answers", "reason")} if ran else None,
+        "unavailable": unavailable,
+        "checkpoints": {obj: {k: info[k] for k in ("path", "checkpoint_id", "finetuned")} | {"model": asdict(info["config"])}
+                        for obj, info in checkpoints.items()},
+        "finetune": {obj: info["finetune"] for obj, info in checkpoints.items() if info["finetune"]},
+    }
+
+
+def write_outputs(output_dir: str, captions: Mapping[str, Mapping], results: Mapping,
+                  judge: Mapping | None = None) -> dict:
+    """Write ``predictions.json`` ({name: {image_id: caption}}), ``table3.csv`` / ``table3.md``
+    (:func:`table3_rows`) and, if the judge ran, ``judge_answers.json``; returns their paths."""
+    import csv
+
+    os.makedirs(output_dir, exist_ok=True)
+    files = {"predictions": os.path.join(output_dir, "predictions.json"), "table": os.path.join(output_dir, "table3.csv")}
+    with open(files["predictions"], "w") as f:
+        json.dump({name: {str(i): c for i, c in caps.items()} for name, caps in captions.items()}, f, indent=1)
+    rows = table3_rows(results)
+    columns = list(rows[0]) if rows else ["method"]
+    with open(files["table"], "w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(os.path.splitext(files["table"])[0] + ".md", "w") as f:
+        f.write(markdown_table(rows))
+    if judge and judge.get("answers"):
+        files["judge_answers"] = os.path.join(output_dir, "judge_answers.json")
+        with open(files["judge_answers"], "w") as f:
+            json.dump(judge["answers"], f, indent=1)
+    return files
+
+
+def markdown_table(rows: Sequence[Mapping]) -> str:
+    """Rows of :func:`table3_rows` as a Markdown table (numbers to one decimal, "-" where missing)."""
+    if not rows:
+        return "(no captioner evaluated)\n"
+    columns = list(rows[0])
+    cell = lambda v: "-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r[c]) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"

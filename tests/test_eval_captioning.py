@@ -1,0 +1,263 @@
+"""Captioning evaluation: pycocoevalcap metrics, fine-tuning, generation, the LLM judge, loaders, figure."""
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from PIL import Image
+
+import pycocoevalcap.meteor.meteor as meteor_module
+from mdc.data.formats import load_karpathy_test
+from mdc.data.pipeline import image_transform
+from mdc.eval import captioning as cap
+from mdc.eval.judge import JUDGE_PROMPT, llm_judge, parse_choice
+from mdc.plots import plot_captions
+from conftest import CAPTIONS, small_model
+
+PREDICTIONS = {1: "A red circle left of a blue square.", 2: "a green star above the triangle",
+               3: "two blue squares, below a cross"}
+REFERENCES = {1: ["a red circle left of a blue square", "A red circle and a blue square."],
+              2: ["a green star above a small yellow triangle", "a star above a triangle", "green star"],
+              3: ["two blue squares below a striped cross", "blue squares under a cross"]}
+
+
+def _items(tmp_path, n=4):
+    items = []
+    for i in range(n):
+        path = tmp_path / f"{i}.png"
+        Image.new("RGB", (40, 32), (60 * i % 255, 90, 200)).save(path)
+        items.append({"image_id": i, "image_path": str(path), "references": [CAPTIONS[i % 4], CAPTIONS[(i + 1) % 4]]})
+    return items
+
+
+# ------------------------------------------------------------------ metrics
+def _pycocoevalcap(*scorers):
+    """pycocoevalcap's own corpus scores of PREDICTIONS, called directly: {our name: score}."""
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    tok = PTBTokenizer()
+    gts = tok.tokenize({i: [{"caption": r} for r in refs] for i, refs in REFERENCES.items()})
+    res = tok.tokenize({i: [{"caption": c}] for i, c in PREDICTIONS.items()})
+    out = {}
+    for names, scorer in scorers:
+        score = scorer.compute_score(gts, res)[0]
+        out |= dict(zip(names, score if isinstance(score, list) else [score]))
+    return out
+
+
+def test_caption_metrics_equal_pycocoevalcap():
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.rouge.rouge import Rouge
+
+    expected = _pycocoevalcap((["bleu1", "bleu2", "bleu3", "bleu4"], Bleu(4)), (["rouge_l"], Rouge()),
+                              (["cider"], Cider()))
+    got = cap.caption_metrics(PREDICTIONS, REFERENCES, metrics=["bleu", "rouge_l", "cider"])
+    assert {k: got[k] for k in expected} == pytest.approx(expected, rel=1e-12)
+    assert 0 < got["bleu4"] < got["bleu1"] < 1 and got["cider"] > 0
+    assert got["meteor"] is None and got["spice"] is None
+    assert got["unavailable"] == {"meteor": "not requested", "spice": "not requested"}
+
+
+@pytest.mark.slow
+def test_meteor_equals_pycocoevalcap(monkeypatch):  # METEOR's Java process takes ~10 s to start
+    meteor = meteor_module.Meteor()  # one process for both sides
+    expected = _pycocoevalcap((["meteor"], meteor))
+    monkeypatch.setattr(meteor_module, "Meteor", lambda: meteor)
+    got = cap.caption_metrics(PREDICTIONS, REFERENCES, metrics=["meteor"])
+    assert got["meteor"] == pytest.approx(expected["meteor"], rel=1e-12) and 0 < got["meteor"] < 1
+    assert meteor.meteor_p.poll() is not None  # its Java process was stopped
+
+
+def test_failing_metric_is_reported_not_raised(monkeypatch, caplog):
+    def no_java(*args):
+        raise FileNotFoundError("java: not found")
+
+    class Broken:
+        __init__ = no_java
+
+    monkeypatch.setattr(meteor_module, "Meteor", Broken)
+    got = cap.caption_metrics(PREDICTIONS, REFERENCES, metrics=["bleu", "meteor", "cider"])
+    assert got["meteor"] is None and "java: not found" in got["unavailable"]["meteor"]
+    assert got["bleu4"] > 0 and got["cider"] > 0 and "meteor" in caplog.text
+    assert set(got["unavailable"]) == {"meteor", "rouge_l", "spice"}  # the last two were not requested
+
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    monkeypatch.setattr(PTBTokenizer, "tokenize", no_java)  # Java missing: nothing is on COCO's scale
+    got = cap.caption_metrics(PREDICTIONS, REFERENCES, metrics=["bleu", "cider"])
+    assert got["bleu4"] is None and got["cider"] is None
+    assert "PTB tokenizer failed (FileNotFoundError: java: not found)" in got["unavailable"]["bleu4"]
+
+
+def test_metric_failing_for_one_model_and_bad_input(monkeypatch):
+    from pycocoevalcap.cider import cider
+
+    real = cider.Cider.compute_score
+
+    def flaky(self, gts, res):
+        if any("circle" in c[0] for c in res.values()):
+            raise RuntimeError("boom")
+        return real(self, gts, res)
+
+    monkeypatch.setattr(cider.Cider, "compute_score", flaky)
+    got = cap.evaluate_captions({"a": PREDICTIONS, "b": {i: PREDICTIONS[i] for i in (2, 3)}}, REFERENCES, metrics=["cider"])
+    assert got["a"]["cider"] is None and "boom" in got["a"]["unavailable"]["cider"] and got["b"]["cider"] > 0
+    with pytest.raises(ValueError, match="image 9 has no reference"):
+        cap.caption_metrics({9: "a cat"}, REFERENCES)
+    with pytest.raises(ValueError, match="unknown metrics"):
+        cap.caption_metrics(PREDICTIONS, REFERENCES, metrics=["bleu", "wer"])
+
+
+# ------------------------------------------------------------------ fine-tuning and generation
+def test_finetune_lowers_the_loss(tmp_path):
+    import torch
+
+    items = _items(tmp_path)
+    model = small_model("arc")
+    images = torch.stack([image_transform(32, train=False)(Image.open(it["image_path"])) for it in items])
+    tokens = model.tokenizer([it["references"][0] for it in items])
+    before = model.loss(images, tokens).item()
+    model, log = cap.finetune(model, items, steps=30, batch_size=4, lr=2e-3, seed=0)
+    assert model.loss(images, tokens).item() < before - 0.5 and not model.training
+    assert len(log["loss"]) == 30 and log["text"]["captions"] == 120
+    torch.manual_seed(0)
+    again = cap.finetune(small_model("arc"), items, steps=3, batch_size=4, lr=2e-3, seed=0)[1]["loss"]
+    torch.manual_seed(0)
+    assert again == cap.finetune(small_model("arc"), items, steps=3, batch_size=4, lr=2e-3, seed=0)[1]["loss"]
+    mdc_log = cap.finetune(small_model("mdc"), items, steps=2, batch_size=2, lr=1e-3)[1]
+    assert len(mdc_log["loss"]) == 2
+
+
+def test_generate_captions_names_and_shapes(tmp_path):
+    items = _items(tmp_path, 3)
+    out = cap.generate_captions(small_model("mdc"), items, lengths=(3, 5), batch_size=2)
+    assert list(out) == ["mdc-3", "mdc-5"] and list(out["mdc-3"]) == [0, 1, 2]
+    assert all(len(c.split()) <= 5 for c in out["mdc-5"].values())
+    arc = cap.generate_captions(small_model("arc"), items, beam_size=2, arc_max_length=4)
+    assert list(arc) == ["arc-beam2"] and len(arc["arc-beam2"]) == 3
+    with pytest.raises(ValueError, match="length must lie in"):
+        cap.generate_captions(small_model("mdc"), items, lengths=(30,))
+    with pytest.raises(ValueError, match="'mdc' or 'arc' model"):
+        cap.generate_captions(small_model("clip"), items)
+
+
+def test_load_captioner_names_wrong_checkpoints(tmp_path):
+    for objective in ("mdc", "arc", "clip"):
+        small_model(objective).save(tmp_path / objective)
+    assert cap.load_captioner(str(tmp_path / "mdc"), "mdc").config.objective == "mdc"
+    with pytest.raises(ValueError, match=r"arc_checkpoint = .*mdc.* holds an 'mdc' captioner, expected 'arc'"):
+        cap.load_captioner(str(tmp_path / "mdc"), "arc", "arc_checkpoint")
+    with pytest.raises(ValueError, match=r"mdc_checkpoint = .*clip.* CLIP model"):
+        cap.load_captioner(str(tmp_path / "clip"), "mdc", "mdc_checkpoint")
+    with pytest.raises(ValueError, match=r"mdc_checkpoint = .*nope.*not found"):
+        cap.load_captioner(str(tmp_path / "nope"), "mdc", "mdc_checkpoint")
+
+
+# ------------------------------------------------------------------ loaders
+def test_load_karpathy_test(tmp_path, caplog):
+    (tmp_path / "val2014").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "val2014" / "a.jpg")
+    records = [{"image": "val2014/a.jpg", "caption": [" A dog. ", "a cat"]},
+               {"image": "val2014/gone.jpg", "caption": "one caption"}]
+    path = tmp_path / "coco_karpathy_test.json"
+    path.write_text(json.dumps(records))
+    with pytest.raises(ValueError, match=r"coco_karpathy_test\.json.*1.*gone\.jpg"):
+        load_karpathy_test(str(path), str(tmp_path))
+    items = load_karpathy_test(str(path), str(tmp_path), on_missing="skip")
+    assert items == [{"image_id": "val2014/a.jpg", "image_path": str(tmp_path / "val2014" / "a.jpg"),
+                      "references": ["A dog.", "a cat"]}]
+    assert items.total == 2 and len(items.missing) == 1 and "skipped 1 of 2" in caplog.text
+    assert cap.load_caption_items(str(path), "karpathy_test", str(tmp_path), on_missing="skip") == items
+    path.write_text(json.dumps([{"image": "val2014/a.jpg", "caption": []}]))
+    with pytest.raises(ValueError, match=r"item 0 field 'caption'"):
+        load_karpathy_test(str(path), str(tmp_path))
+    with pytest.raises(ValueError, match="captions_format"):
+        cap.load_caption_items(str(path), "flickr", str(tmp_path))
+    with pytest.raises(ValueError, match=r"image_root .*nowhere.*not found"):
+        cap.load_caption_items(str(path), "karpathy", str(tmp_path / "nowhere"))
+
+
+# ------------------------------------------------------------------ LLM judge
+def test_parse_choice():
+    for answer, letter in [("B", "B"), ("b", "B"), ("(C)", "C"), ("**D**", "D"), ("Answer: C", "C"),
+                           ("answer: c", "C"), ("Caption B is best", "B"), ("The best caption is (A).", "A"),
+                           ("I cannot tell", None), ("(A) or (B)", None), ("E", None),
+                           ("A man riding a horse", None), ("", None)]:
+        assert parse_choice(answer, 4) == letter, answer
+
+
+@pytest.fixture
+def fake_judge():
+    """An OpenAI-style chat server on 127.0.0.1 answering from a list, in turn."""
+    answers = ["A", "Answer: b", "hmm, hard to say", "(B)"]
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, body))
+            text = answers[(len(seen) - 1) % len(answers)]
+            reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/v1", seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_llm_judge_against_a_fake_server(tmp_path, fake_judge):
+    url, seen = fake_judge
+    items = _items(tmp_path, 4)
+    captions = {name: {it["image_id"]: f"{name} caption {it['image_id']}" for it in items}
+                for name in ("mdc-10", "mdc-15", "mdc-20", "arc-beam6")}
+    out = llm_judge(items, captions, endpoint=url, model="judge", seed=3, workers=1)
+    assert (out["images"], out["valid"], out["invalid"], out["failed"]) == (4, 3, 1, 0)
+    said = ["A", "B", None, "B"]  # the server's answers in turn; the third is unparseable
+    assert [a["choice"] for a in out["answers"]] == [a["order"][s] if s else None for a, s in zip(out["answers"], said)]
+    assert sum(out["counts"].values()) == 3 and sum(out["selection_rate"].values()) == pytest.approx(1.0)
+    path, body = seen[0]
+    assert path == "/v1/chat/completions" and body["model"] == "judge"
+    image, text = body["messages"][0]["content"]
+    assert image["image_url"]["url"].startswith("data:image/png;base64,")
+    assert text["text"].startswith(JUDGE_PROMPT) and "(D) " in text["text"]
+    orders = [tuple(a["order"].values()) for a in out["answers"]]
+    assert len(set(orders)) > 1  # shuffled per image
+    assert orders == [tuple(a["order"].values()) for a in llm_judge(items, captions, endpoint=url, model="judge",
+                                                                     seed=3)["answers"]]  # seeded
+
+
+def test_llm_judge_skipped_or_failing(tmp_path):
+    items = _items(tmp_path, 2)
+    captions = {"mdc-10": {0: "a", 1: "b"}, "arc-beam6": {0: "c", 1: "d"}}
+    out = llm_judge(items, captions, endpoint="", model="judge")
+    assert out["selection_rate"] is None and "no judge endpoint" in out["reason"] and out["images"] == 0
+    down = llm_judge(items, captions, endpoint="http://127.0.0.1:9/v1", model="judge", timeout=2)
+    assert down["failed"] == 2 and down["selection_rate"] is None and "first error" in down["reason"]
+
+
+# ------------------------------------------------------------------ tables and the figure
+def test_table3_rows_and_figure(tmp_path):
+    results = {"dataset": {"name": "coco"}, "judge": {"selection_rate": {"mdc-10": 0.25, "arc-beam6": 0.75}},
+               "metrics": {"mdc-10": {"bleu4": 0.2, "meteor": 0.1, "cider": 0.6, "spice": None, "rouge_l": 0.4},
+                           "arc-beam6": {"bleu4": 0.1, "meteor": 0.2, "cider": 0.5, "spice": 0.1, "rouge_l": 0.3}}}
+    rows = cap.table3_rows(results)
+    assert [r["method"] for r in rows] == ["ARC (beam 6)", "MDC-10"]
+    assert rows[1] == {"method": "MDC-10", "length_coco": 10, "coco_bleu4": 20.0, "coco_meteor": 10.0,
+                       "coco_cider": 60.0, "coco_spice": None, "coco_rougeL": 40.0, "coco_llm_judge": 25.0}
+    assert "flickr_bleu4" in cap.table3_rows(results, "flickr30k")[0]
+    items = _items(tmp_path, 3)
+    picked = cap.pick_examples(items, {"mdc-10": {i: "a caption " * 9 for i in range(3)},
+                                       "arc-beam6": {i: "x" for i in range(3)}}, k=2)
+    fig = plot_captions(**picked, path=str(tmp_path / "fig6.png"))
+    assert len(fig.axes) == 4 and (tmp_path / "fig6.png").is_file() and (tmp_path / "fig6.pdf").is_file()
