@@ -74,7 +74,12 @@ class TrainConfig:
     tensorboard: bool = False  # also log to output_dir/tensorboard (if tensorboard is installed)
 
     def resolved(self, world_size: int) -> "TrainConfig":
-        """A copy with every default filled in from the preset and checked against the world size."""
+        """A copy with every default filled in from the preset and checked against the world size.
+
+        A warm-up as long as the run or longer (e.g. a preset's 10,000 steps in a short run) is an
+        error, not silently clipped: the schedule would never reach its peak LR nor decay, so the
+        caller must choose ``warmup_steps`` explicitly.
+        """
         c = dataclasses.replace(self)
         if not c.train_data:
             raise ValueError("train_data is empty: give a shard pattern such as 'DIR/{000000..000009}.tar'")
@@ -108,6 +113,10 @@ class TrainConfig:
             c.steps = c.epochs * max(1, c.samples_per_epoch // (per_step * c.accum_steps))
         if c.warmup_steps is None:
             c.warmup_steps = paper.get("warmup_steps", round(0.05 * c.steps))
+        if c.warmup_steps >= c.steps:  # the LR would never reach its peak nor decay
+            raise ValueError(f"warmup_steps {c.warmup_steps} >= steps {c.steps}: the learning rate would never "
+                             f"peak nor decay; give a shorter warm-up with --warmup-steps (e.g. "
+                             f"{max(1, round(0.05 * c.steps))}) or train longer")
         if c.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"precision must be auto, fp32 or bf16; got {c.precision!r}")
         if min(c.steps, c.batch_size, c.accum_steps, c.save_every, c.log_every) < 1:
