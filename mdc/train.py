@@ -67,6 +67,7 @@ class TrainConfig:
     workers: int = 2  # DataLoader workers per process
     shuffle_buffer: int = 1000  # samples in each worker's shuffle buffer
     save_every: int = 1000  # checkpoint every N steps (and at the end)
+    keep_last: int | None = None  # keep only the K newest checkpoints (None: all)
     log_every: int = 1  # metrics.jsonl / TensorBoard line every N steps
     resume: bool = False  # continue from checkpoints/latest.json if present
     precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU) | "fp32" | "bf16"
@@ -121,6 +122,8 @@ class TrainConfig:
             raise ValueError(f"precision must be auto, fp32 or bf16; got {c.precision!r}")
         if min(c.steps, c.batch_size, c.accum_steps, c.save_every, c.log_every) < 1:
             raise ValueError("steps, batch_size, accum_steps, save_every and log_every must be positive")
+        if c.keep_last is not None and c.keep_last < 1:
+            raise ValueError(f"keep_last must be at least 1 (or None to keep every checkpoint); got {c.keep_last}")
         return c
 
 
@@ -352,7 +355,7 @@ def _save(cfg, step, model, optimizer, scheduler, stream, rank, world) -> str:
     if rank == 0:
         path = checkpoint.save(cfg.output_dir, step, model, {
             "step": step, "world_size": world, "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "rng": rngs, "data": data})
+            "scheduler": scheduler.state_dict(), "rng": rngs, "data": data}, keep_last=cfg.keep_last)
     if world > 1:
         dist.barrier()
     return path
@@ -388,6 +391,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per process")
     p.add_argument("--shuffle-buffer", type=int, default=1000, help="samples per worker shuffle buffer")
     p.add_argument("--save-every", type=int, default=1000, help="checkpoint every N steps (and at the end)")
+    p.add_argument("--keep-last", type=int, metavar="K", help="keep only the K newest checkpoints (default: all)")
     p.add_argument("--log-every", type=int, default=1, help="metrics line every N steps")
     p.add_argument("--resume", action="store_true", help="continue from checkpoints/latest.json if present")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
