@@ -152,6 +152,15 @@ def latest(run_dir: str) -> str | None:
         return os.path.join(run_dir, "checkpoints", json.load(f)["path"])
 
 
+def read_run_config(checkpoint: str) -> dict | None:
+    """{"train": train_config.json, "model": config.json} of a checkpoint folder; None without train_config.json."""
+    path = os.path.join(checkpoint, "train_config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f, open(os.path.join(checkpoint, "config.json")) as g:
+        return {"train": json.load(f), "model": json.load(g)}
+
+
 def load_trainer_state(checkpoint: str) -> dict:
     """The trainer state of a checkpoint folder (tensors and plain values only)."""
     return torch.load(os.path.join(checkpoint, "trainer.pt"), map_location="cpu", weights_only=True)

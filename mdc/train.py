@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import random
 import tarfile
@@ -34,6 +35,8 @@ from mdc import checkpoint, optim
 from mdc.data.pipeline import SKIP_REASONS, SkipStats, StreamPosition, iterate_batches, make_loader
 from mdc.factory import create_model, load_weights
 
+logger = logging.getLogger(__name__)
+
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite; the message names the step and the last good checkpoint."""
@@ -41,7 +44,15 @@ class NonFiniteLossError(RuntimeError):
 
 @dataclass
 class TrainConfig:
-    """Arguments of :func:`train` (the CLI flags, with dashes as underscores)."""
+    """Arguments of :func:`train` (the CLI flags, with dashes as underscores).
+
+    Every checkpoint stores the resolved configuration (``train_config.json``, plus the model's
+    ``config.json``). ``resume`` continues only the same run: any difference outside
+    ``RESUME_FREE`` (bookkeeping that does not change what is trained: resume, force_resume,
+    save_every, log_every, keep_last, tensorboard, compile, and output_dir, so that a run
+    folder may be moved) is refused with a ``ValueError`` naming each field and both values;
+    ``force_resume`` continues anyway and logs the differences.
+    """
 
     train_data: str  # webdataset shard pattern, e.g. "DIR/{000000..000009}.tar" ("::" joins several)
     output_dir: str  # checkpoints/, metrics.jsonl, train_config.json
@@ -69,7 +80,8 @@ class TrainConfig:
     save_every: int = 1000  # checkpoint every N steps (and at the end)
     keep_last: int | None = None  # keep only the K newest checkpoints (None: all)
     log_every: int = 1  # metrics.jsonl / TensorBoard line every N steps
-    resume: bool = False  # continue from checkpoints/latest.json if present
+    resume: bool = False  # continue from checkpoints/latest.json if present (the same run only)
+    force_resume: bool = False  # resume even if the checkpoint's run configuration differs (warns)
     precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU) | "fp32" | "bf16"
     compile: bool = False  # torch.compile the loss computation
     tensorboard: bool = False  # also log to output_dir/tensorboard (if tensorboard is installed)
@@ -125,6 +137,73 @@ class TrainConfig:
         if c.keep_last is not None and c.keep_last < 1:
             raise ValueError(f"keep_last must be at least 1 (or None to keep every checkpoint); got {c.keep_last}")
         return c
+
+
+# TrainConfig fields that may differ between a run and its resumption (see TrainConfig).
+RESUME_FREE = ("resume", "force_resume", "save_every", "log_every", "keep_last", "tensorboard", "compile",
+               "output_dir")
+
+
+def run_config(cfg: TrainConfig, world: int) -> dict:
+    """What a checkpoint records of its run: the resolved config, the world size and the global batch."""
+    return {**dataclasses.asdict(cfg), "world_size": world, "global_batch": cfg.batch_size * world * cfg.accum_steps}
+
+
+def run_differences(saved: dict, now: dict) -> list[str]:
+    """``"field: checkpoint A, now B"`` for every differing field outside ``RESUME_FREE``.
+
+    Both sides are {"train": run_config, "model": ModelConfig fields}; dicts are compared per
+    key (``model_overrides.text_layers``). A model-config field is only listed when no train
+    field of the same name already explains it.
+    """
+    flat_saved, flat_now = (_flatten(json.loads(json.dumps(d))) for d in (saved, now))
+    lines, named = [], set()
+    for key in sorted(flat_saved.keys() | flat_now.keys(), key=lambda k: (k.startswith("model."), k)):
+        a, b = flat_saved.get(key, "<unset>"), flat_now.get(key, "<unset>")
+        leaf = key.split(".")[-1]
+        if a == b or key.split(".")[1] in RESUME_FREE or (key.startswith("model.") and leaf in named):
+            continue
+        named.add(leaf)
+        lines.append(f"{key.split('.', 1)[1] if key.startswith('train.') else key}: checkpoint {_show(a)}, now {_show(b)}")
+    return lines
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}; model_overrides None counts as {} (no overrides)."""
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        elif not (key == "model_overrides" and value is None):
+            out[prefix + key] = value
+    return out
+
+
+def _show(value) -> str:
+    text = repr(value)
+    if isinstance(value, (list, dict)) and len(text) > 60:
+        text = f"{text[:50]}... ({len(value)} items)"
+    return text
+
+
+def check_same_run(cfg: TrainConfig, model_config, world: int, ckpt: str) -> list[str]:
+    """Refuse to resume ``ckpt`` with a different run configuration (unless ``force_resume``).
+
+    Returns the differences that ``force_resume`` lets through, for the caller to log.
+    """
+    saved = checkpoint.read_run_config(ckpt)
+    hint = "pass force_resume=True (--force-resume) to continue it anyway, or use another output_dir"
+    if saved is None:
+        if cfg.force_resume:
+            return [f"{ckpt} holds no train_config.json: its run configuration is unknown"]
+        raise ValueError(f"cannot resume {ckpt}: it holds no train_config.json (written by an older version), "
+                         f"so it cannot be checked to be the same run; {hint}")
+    now = {"train": run_config(cfg, world), "model": json.loads(model_config.to_json())}
+    diffs = run_differences(saved, now)
+    if diffs and not cfg.force_resume:
+        raise ValueError(f"{ckpt} belongs to a different run; resume continues only the same run. Differences:\n  "
+                         + "\n  ".join(diffs) + f"\n{hint}")
+    return diffs
 
 
 def count_samples(urls: str) -> int:
@@ -255,6 +334,10 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
         if state["world_size"] != world:
             raise ValueError(f"{last_ckpt} was written by {state['world_size']} processes; resuming exactly "
                              f"needs the same number, not {world}")
+        forced = check_same_run(cfg, model.config, world, last_ckpt)
+        if forced and rank == 0:
+            logger.warning("force_resume: continuing %s despite these differences:\n  %s", last_ckpt,
+                           "\n  ".join(forced))
         load_weights(model, last_ckpt)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -274,8 +357,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
     global_batch = cfg.batch_size * world * cfg.accum_steps
     if rank == 0:
         checkpoint.atomic_write_text(os.path.join(cfg.output_dir, "train_config.json"),
-                                     json.dumps({**dataclasses.asdict(cfg), "world_size": world,
-                                                 "global_batch": global_batch}, indent=1))
+                                     json.dumps(run_config(cfg, world), indent=1))
     log = checkpoint.MetricsLog(cfg.output_dir, step, cfg.tensorboard) if rank == 0 else None
     bar = tqdm(total=cfg.steps, initial=step, disable=rank != 0, desc=f"{cfg.objective} {cfg.model}",
                dynamic_ncols=True)
@@ -355,7 +437,8 @@ def _save(cfg, step, model, optimizer, scheduler, stream, rank, world) -> str:
     if rank == 0:
         path = checkpoint.save(cfg.output_dir, step, model, {
             "step": step, "world_size": world, "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "rng": rngs, "data": data}, keep_last=cfg.keep_last)
+            "scheduler": scheduler.state_dict(), "rng": rngs, "data": data},
+            run_config=run_config(cfg, world), keep_last=cfg.keep_last)
     if world > 1:
         dist.barrier()
     return path
@@ -394,6 +477,8 @@ def parse_args(argv: list[str] | None = None) -> dict:
     p.add_argument("--keep-last", type=int, metavar="K", help="keep only the K newest checkpoints (default: all)")
     p.add_argument("--log-every", type=int, default=1, help="metrics line every N steps")
     p.add_argument("--resume", action="store_true", help="continue from checkpoints/latest.json if present")
+    p.add_argument("--force-resume", action="store_true",
+                   help="resume even if the checkpoint's run configuration differs (logs the differences)")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
                    help="auto: bf16 autocast on CUDA, fp32 on CPU")
     p.add_argument("--compile", action="store_true", help="torch.compile the loss computation")
