@@ -12,7 +12,9 @@ import mdc
 from mdc.data.scenes import vocabulary, write_shards
 from conftest import CAPTIONS, SMALL
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
+# The checkout under test comes first on the scripts' path (not whichever mdc is installed).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
 
 TRAIN_SCRIPT = textwrap.dedent('''
     """Train under torchrun; every rank also dumps its in-memory weights at each checkpoint."""
