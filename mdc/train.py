@@ -268,8 +268,51 @@ class LossModule(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model.loss(images, tokens)
+    def forward(self, images: torch.Tensor, tokens: torch.Tensor, **kw) -> torch.Tensor:
+        return self.model.loss(images, tokens, **kw)
+
+
+def accumulate(net: nn.Module, model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
+               ddp: nn.Module | None = None, autocast=contextlib.nullcontext) -> torch.Tensor:
+    """Forward and backward of one optimizer step over K micro-batches; returns the step's loss.
+
+    ``net`` is the (DDP-wrapped, compiled) :class:`LossModule` of ``model``; with ``ddp``,
+    gradients are all-reduced only in the last micro-step (``no_sync`` before).
+
+    Captioners: each micro-batch loss is backpropagated divided by K (gradient of the mean);
+    the returned loss is the mean. CLIP (K > 1): the global batch is contrasted, as open_clip's
+    ``accum_freq``: first the embeddings of all micro-batches are computed without gradient
+    and cached; then for each micro-batch j its embeddings are recomputed with gradient and
+    spliced into the cache, the loss over all of them (gathered across ranks) is
+    backpropagated *undivided*: micro-step j yields exactly the part of the full-batch
+    gradient that flows through micro-batch j, so the K parts sum to the one-big-batch
+    gradient. Unlike open_clip, the learned temperature gets its gradient once: it is live in
+    the last micro-step (the one DDP synchronises, where every parameter must take part) and
+    detached in the others. The returned loss is that full-batch loss. Recomputation assumes
+    a deterministic forward (no dropout). ``batches`` are [(images [B,3,H,W], tokens [B,L])].
+    """
+    K = len(batches)
+
+    def sync(j: int):
+        return ddp.no_sync() if ddp is not None and j < K - 1 else contextlib.nullcontext()
+
+    if getattr(model.config, "objective", None) == "clip" and K > 1:
+        with torch.no_grad(), autocast():
+            cached = list(zip(*(model(images, tokens)[:2] for images, tokens in batches)))  # 2 x K x [B, E]
+        for j, (images, tokens) in enumerate(batches):
+            with sync(j):
+                with autocast():
+                    loss = net(images, tokens, cached=cached, index=j, live_scale=j == K - 1)
+                loss.backward()
+        return loss.detach().float()
+    total = torch.zeros((), device=batches[0][0].device)
+    for j, (images, tokens) in enumerate(batches):
+        with sync(j):
+            with autocast():
+                loss = net(images, tokens)
+            (loss / K).backward()
+        total += loss.detach().float()
+    return total / K
 
 
 def setup_distributed() -> tuple[int, int, torch.device, bool]:
@@ -354,6 +397,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
     if cfg.compile:
         net = torch.compile(net)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
+    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)  # noqa: E731
     global_batch = cfg.batch_size * world * cfg.accum_steps
     if rank == 0:
         checkpoint.atomic_write_text(os.path.join(cfg.output_dir, "train_config.json"),
@@ -366,18 +410,10 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
     try:
         while step < cfg.steps:
             start = time.perf_counter()
-            total = torch.zeros((), device=device)
-            for micro in range(cfg.accum_steps):
-                images, tokens = stream.next()
-                images, tokens = images.to(device, non_blocking=True), tokens.to(device, non_blocking=True)
-                sync = contextlib.nullcontext() if world == 1 or micro == cfg.accum_steps - 1 else ddp.no_sync()
-                with sync:
-                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                        loss = net(images, tokens)
-                    (loss / cfg.accum_steps).backward()
-                total += loss.detach().float()
-            # mean loss over micro-batches and ranks, and the skip counts of all ranks: [1 + reasons]
-            report = _all_sum([total.item() / cfg.accum_steps] + _skip_counts(stream.stats), world, device)
+            batches = [tuple(x.to(device, non_blocking=True) for x in stream.next()) for _ in range(cfg.accum_steps)]
+            loss = accumulate(net, model, batches, ddp if world > 1 else None, autocast)
+            # the step's loss averaged over ranks, and the skip counts of all ranks: [1 + reasons]
+            report = _all_sum([loss.item()] + _skip_counts(stream.stats), world, device)
             loss_value = report[0] / world
             step += 1
             if not np.isfinite(loss_value):

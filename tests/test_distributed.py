@@ -1,4 +1,5 @@
-"""DDP on CPU (gloo) under torchrun: ranks stay in sync; the CLIP loss and gradient are global-batch exact."""
+"""DDP on CPU (gloo) under torchrun: ranks stay in sync; the CLIP loss and gradient are global-batch exact,
+with and without gradient accumulation."""
 import json
 import os
 import subprocess
@@ -42,7 +43,7 @@ CLIP_SCRIPT = textwrap.dedent('''
     import torch
     import torch.distributed as dist
     import mdc
-    from mdc.train import LossModule
+    from mdc.train import LossModule, accumulate
 
     out, overrides, captions = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
     dist.init_process_group("gloo")
@@ -55,8 +56,14 @@ CLIP_SCRIPT = textwrap.dedent('''
     net = torch.nn.parallel.DistributedDataParallel(LossModule(model))
     loss = net(images[half], tokens[half])
     loss.backward()
-    grads = {n: p.grad for n, p in model.named_parameters()}
-    torch.save({"loss": loss.detach(), "grads": grads}, os.path.join(out, f"clip{rank}.pt"))
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    # the same global batch of 8 as 2 ranks x 2 micro-batches of 2, accumulated
+    model.zero_grad(set_to_none=True)
+    micro = [(images[half][i : i + 2], tokens[half][i : i + 2]) for i in (0, 2)]
+    accum_loss = accumulate(net, model, micro, ddp=net)
+    accum_grads = {n: p.grad for n, p in model.named_parameters()}
+    torch.save({"loss": loss.detach(), "grads": grads, "accum_loss": accum_loss, "accum_grads": accum_grads},
+               os.path.join(out, f"clip{rank}.pt"))
     dist.destroy_process_group()
 ''')
 
@@ -104,6 +111,8 @@ def test_clip_loss_on_two_ranks_equals_single_process_on_the_whole_batch(tmp_pat
     loss.backward()
     for rank in (0, 1):
         got = torch.load(tmp_path / f"clip{rank}.pt", weights_only=True)
-        torch.testing.assert_close(got["loss"], loss.detach(), rtol=1e-6, atol=1e-6)
-        for name, p in model.named_parameters():  # DDP's average of the ranks' gradients
-            torch.testing.assert_close(got["grads"][name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+        for suffix in ("", "accum_"):  # one micro-batch per rank; two accumulated micro-batches per rank
+            torch.testing.assert_close(got[suffix + "loss"], loss.detach(), rtol=1e-6, atol=1e-6)
+            for name, p in model.named_parameters():  # DDP's average of the ranks' gradients
+                torch.testing.assert_close(got[suffix + "grads"][name], p.grad, rtol=1e-4, atol=1e-6,
+                                           msg=suffix + name)
