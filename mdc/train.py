@@ -227,13 +227,23 @@ class DataStream:
     next batch is exactly the one that would have come next. Loaders are created under
     ``fork_rng`` because a DataLoader iterator draws its base seed from the global torch
     RNG, which must stay a function of the training steps alone.
+
+    Under DDP the ranks' splits of a pass may hold different numbers of batches; the ranks
+    still change data epochs together: for every micro-batch they agree (one all_reduce,
+    MIN) that each of them has one, and when any rank's pass has ended all of them start
+    the next epoch, dropping what the others had left of that pass (as ``drop_last`` does).
+    The epoch counter is therefore the same on all ranks, and no shard is read twice in an
+    epoch. (A resampled stream never ends: no agreement is needed.)
     """
 
-    def __init__(self, cfg: TrainConfig, tokenizer, image_size: int, state: dict | None = None):
+    def __init__(self, cfg: TrainConfig, tokenizer, image_size: int, state: dict | None = None, world: int = 1,
+                 device: torch.device = torch.device("cpu")):
         self.cfg, self.tokenizer, self.image_size = cfg, tokenizer, image_size
+        self.world, self.device = world, device
         self.epoch = state["epoch"] if state else 0
         self.stats = SkipStats(dict(state["skipped"])) if state else SkipStats()
         self._open(state["position"] if state else None)
+        self._fresh = state is None  # no batch taken from this pass yet
 
     def _open(self, position: dict | None) -> None:
         c = self.cfg
@@ -246,16 +256,27 @@ class DataStream:
             self._batches = iterate_batches(iter(loader), self.stats, self.position)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(images [B, 3, H, W], tokens [B, L]); starts the next data epoch when a pass ends."""
-        for _ in range(2):
-            try:
-                return next(self._batches)
-            except StopIteration:
-                self.epoch += 1
-                self._open(None)
-        raise RuntimeError(f"a full pass over {self.cfg.train_data!r} gave this process no batch of "
-                           f"{self.cfg.batch_size} good samples (skipped: {self.stats.as_dict()}); "
-                           f"each process x worker needs at least one shard with that many")
+        """(images [B, 3, H, W], tokens [B, L]); all ranks start the next data epoch when one's pass ends."""
+        while True:
+            batch = next(self._batches, None)
+            if self._all_have(batch is not None):
+                self._fresh = False
+                return batch
+            if self._fresh:
+                raise RuntimeError(f"a full pass over {self.cfg.train_data!r} gave a process no batch of "
+                                   f"{self.cfg.batch_size} good samples (this process skipped: "
+                                   f"{self.stats.as_dict()}); each process x worker needs at least that many")
+            self.epoch += 1
+            self._open(None)
+            self._fresh = True
+
+    def _all_have(self, have: bool) -> bool:
+        """Does every rank have a batch? (MIN over ranks; the same answer on all of them.)"""
+        if self.world == 1 or self.cfg.resampled:
+            return have
+        flag = torch.tensor([int(have)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position.state_dict(), "skipped": self.stats.as_dict()}
@@ -385,7 +406,8 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step = state["step"]
-    stream = DataStream(cfg, model.tokenizer, model.config.image_size, state["data"][rank] if state else None)
+    stream = DataStream(cfg, model.tokenizer, model.config.image_size, state["data"][rank] if state else None,
+                        world, device)
     if state:
         checkpoint.set_rng_state(state["rng"][rank])
     else:  # a different mask/noise stream per rank
