@@ -12,6 +12,7 @@ from mdc.data.pipeline import (
     CLIP_MEAN, SkipStats, StreamPosition, image_transform, iterate_batches, make_dataset, make_loader,
 )
 from mdc.data.scenes import write_tar
+from mdc.tokenizer import TextStats, compact_vocab
 
 SIZE = 16
 
@@ -156,6 +157,18 @@ def test_every_rank_and_worker_gets_a_disjoint_share(tmp_path, tok, monkeypatch,
         if len(sizes) < world * num_workers:  # by sample: shares differ by at most one sample
             shares = [sum(1 for w, _ in seen[r] if w == worker) for r in seen for worker in range(num_workers)]
             assert max(shares) - min(shares) <= 1
+
+
+def test_batches_carry_their_text_stats_out_of_the_workers(tmp_path):
+    """A compact vocabulary without digits: "caption number 3" has one unknown token of 3; context 4 truncates."""
+    small = get_tokenizer(context_length=4, vocab=compact_vocab(["caption number"]))
+    shard = write_shard(tmp_path / "000000.tar", good_members(0, 6))
+    text, stats = TextStats(), SkipStats()
+    batches = list(iterate_batches(make_loader(shard, small, SIZE, 3, num_workers=2), stats, text_stats=text))
+    assert len(batches) == 2
+    assert text.as_dict() == {"captions": 6, "tokens": 18, "unknown": 6, "truncated": 6}
+    assert small.stats.captions == 0  # nothing counted on the tokenizer copy of this process
+    assert len(list(iterate_batches(make_loader(shard, small, SIZE, 3, num_workers=0), SkipStats()))) == 2
 
 
 def test_same_seed_same_batches_different_seed_differs(tmp_path, tok):

@@ -23,11 +23,12 @@ errors are then counted and logged by slot 0 only.
 Bad input never crashes the stream: it is skipped, logged (logger ``mdc.data.pipeline``,
 naming the shard URL and sample key) and counted in a :class:`SkipStats` under one of
 ``SKIP_REASONS``. Loader batches are ``(images, tokens, meta)`` with
-``meta = {"worker", "position", "last", "skipped", "keys"}`` (``keys``: the batch's sample keys,
-in row order): ``skipped`` holds the counts incurred while
-that batch was assembled, so counts made in worker processes reach the main process with
-the data. :func:`iterate_batches` folds them into one :class:`SkipStats` and yields plain
-``(images, tokens)``.
+``meta = {"worker", "position", "last", "skipped", "keys", "text"}`` (``keys``: the batch's sample
+keys, in row order): ``skipped`` holds the counts incurred while that batch was assembled
+and ``text`` the :class:`~mdc.tokenizer.TextStats` of its captions (tokens, unknown tokens
+under a compact vocabulary, truncated captions), so counts made in worker processes reach
+the main process with the data. :func:`iterate_batches` folds them into one
+:class:`SkipStats` (and a ``TextStats``) and yields plain ``(images, tokens)``.
 
 Exact resume. All randomness (shard order, shuffle buffer, crops) is a function of
 (seed, epoch, rank, worker, sample index), so a worker's stream is fixed. ``position``
@@ -55,6 +56,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset
 from webdataset.tariterators import base_plus_ext, tar_file_iterator, url_opener
 from webdataset.utils import make_seed, pytorch_worker_info
+
+from mdc.tokenizer import TextStats
 
 logger = logging.getLogger(__name__)
 
@@ -154,16 +157,19 @@ class StreamPosition:
                    state["next_worker"], state["batches"])
 
 
-def iterate_batches(loader: Iterable, stats: SkipStats,
-                    position: StreamPosition | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def iterate_batches(loader: Iterable, stats: SkipStats, position: StreamPosition | None = None,
+                    text_stats: TextStats | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield ``(images, tokens)`` from a :func:`make_loader` loader.
 
-    Each batch's skip counts are merged into ``stats`` and, if given, ``position`` is
-    advanced. Empty batches (a worker's leftover skip counts at the end of a finite
-    stream) only carry counts and are not yielded.
+    Each batch's skip counts are merged into ``stats``, its caption counts (unknown tokens,
+    truncations) into ``text_stats`` if given, and ``position``, if given, is advanced.
+    Empty batches (a worker's leftover skip counts at the end of a finite stream) only
+    carry counts and are not yielded.
     """
     for images, tokens, meta in loader:
         stats.merge(meta["skipped"])
+        if text_stats is not None:
+            text_stats.merge(meta["text"])
         if position is not None:
             position.update(meta)
         if len(images):
@@ -314,11 +320,17 @@ def _decode(sample: dict, stats: SkipStats) -> tuple[Image.Image, str] | None:
     return image, caption.strip()
 
 
-def _collate(samples: list, tokenizer, image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _collate(samples: list, tokenizer, image_size: int) -> tuple[torch.Tensor, torch.Tensor, TextStats]:
+    """(images [B, 3, H, W], tokens [B, L], the captions' TextStats); a plain callable tokenizer gives no counts."""
     if not samples:
-        return torch.zeros(0, 3, image_size, image_size), torch.zeros(0, tokenizer.context_length, dtype=torch.long)
+        return (torch.zeros(0, 3, image_size, image_size),
+                torch.zeros(0, tokenizer.context_length, dtype=torch.long), TextStats())
     images, captions = zip(*samples)
-    return torch.stack(images), tokenizer(list(captions))
+    if hasattr(tokenizer, "tokenize"):
+        tokens, text = tokenizer.tokenize(list(captions))
+    else:
+        tokens, text = tokenizer(list(captions)), TextStats()
+    return torch.stack(images), tokens, text
 
 
 class ImageCaptionDataset(IterableDataset):
@@ -395,19 +407,19 @@ class ImageCaptionDataset(IterableDataset):
             good.append(item)
             keys.append(sample["__key__"])
             if len(good) == self.batch_size:
-                yield (*_collate(good, self.tokenizer, self.transform.size),
-                       self._meta(worker, position, stats, False, keys))
+                yield self._batch(good, worker, position, stats, False, keys)
                 good, keys = [], []
         if self.batch_size and ((good and self.partial) or stats.total):
             kept = good if self.partial else []
-            yield (*_collate(kept, self.tokenizer, self.transform.size),
-                   self._meta(worker, position, stats, True, keys[: len(kept)]))
+            yield self._batch(kept, worker, position, stats, True, keys[: len(kept)])
 
-    @staticmethod
-    def _meta(worker: int, position: int, stats: SkipStats, last: bool, keys: list[str]) -> dict:
-        meta = {"worker": worker, "position": position, "last": last, "skipped": stats.as_dict(), "keys": keys}
+    def _batch(self, samples: list, worker: int, position: int, stats: SkipStats, last: bool, keys: list[str]):
+        """(images, tokens, meta) of a loader batch; the skip counts in ``stats`` move into ``meta``."""
+        images, tokens, text = _collate(samples, self.tokenizer, self.transform.size)
+        meta = {"worker": worker, "position": position, "last": last, "skipped": stats.as_dict(), "keys": keys,
+                "text": text.as_dict()}
         stats.clear()
-        return meta
+        return images, tokens, meta
 
 
 # --------------------------------------------------------------------------- public API
