@@ -34,8 +34,14 @@ from torch import nn
 from mdc import checkpoint, optim
 from mdc.data.pipeline import SKIP_REASONS, SkipStats, StreamPosition, iterate_batches, make_loader
 from mdc.factory import create_model, load_weights
+from mdc.tokenizer import TextStats, Tokenizer
 
 logger = logging.getLogger(__name__)
+
+# One warning when more than UNK_WARN_RATE of the caption tokens seen so far (at least
+# UNK_WARN_MIN_TOKENS of them) fall outside a compact vocabulary and become [UNK].
+UNK_WARN_RATE, UNK_WARN_MIN_TOKENS = 0.01, 250
+TEXT_FIELDS = tuple(TextStats().as_dict())  # captions, tokens, unknown, truncated
 
 
 class NonFiniteLossError(RuntimeError):
@@ -59,6 +65,7 @@ class TrainConfig:
     model: str | None = None  # registry name; default: the preset's backbone, else "tiny"
     objective: str = "mdc"  # "mdc" | "arc" | "clip"
     model_overrides: dict | None = None  # extra ModelConfig fields, e.g. {"image_size": 32}
+    vocab_from_data: bool = False  # compact vocabulary = the BPE ids of the training captions (local shards)
     preset: str | None = None  # paper hyperparameters of a backbone: vit-b-32 | vit-b-16 | vit-l-14
     steps: int | None = None  # optimizer steps; or give epochs
     epochs: int | None = None  # passes of samples_per_epoch samples (preset default: 32)
@@ -96,6 +103,11 @@ class TrainConfig:
         c = dataclasses.replace(self)
         if not c.train_data:
             raise ValueError("train_data is empty: give a shard pattern such as 'DIR/{000000..000009}.tar'")
+        if c.vocab_from_data:
+            if "vocab" in (c.model_overrides or {}):
+                raise ValueError("vocab_from_data builds the vocabulary from the training captions; "
+                                 "drop 'vocab' from model_overrides or vocab_from_data")
+            c.model_overrides = {**(c.model_overrides or {}), "vocab": vocab_from_captions(c.train_data)}
         paper = optim.preset_values(c.preset, c.objective) if c.preset else {}
         c.model = c.model or c.preset or "tiny"
         c.lr = c.lr if c.lr is not None else paper.get("lr", 5e-4)
@@ -206,6 +218,29 @@ def check_same_run(cfg: TrainConfig, model_config, world: int, ckpt: str) -> lis
     return diffs
 
 
+def vocab_from_captions(urls: str) -> list[int]:
+    """The sorted BPE ids of every ``.txt`` caption in local shards (no image is read).
+
+    Under this compact vocabulary no training caption has an unknown token: the ids come
+    from the model tokenizer's own ``encode`` (so a caption's literal "<end_of_text>" counts
+    as text, as in training). Used as the ``vocab`` model override by ``vocab_from_data``:
+    the way to train ``tiny`` (whose default vocabulary is the synthetic world's) on real
+    captions. Every process reads all captions once.
+    """
+    import webdataset as wds
+
+    from mdc.data.stats import iter_captions
+
+    paths = wds.shardlists.expand_urls(urls)
+    for url in paths:
+        if not os.path.isfile(url):
+            raise ValueError(f"vocab_from_data reads the captions of local shards; {url!r} is not a local file")
+    bpe, ids = Tokenizer(), set()
+    for text in iter_captions(paths):
+        ids.update(bpe.encode(text.strip()))
+    return sorted(ids)
+
+
 def count_samples(urls: str) -> int:
     """Samples (distinct member keys) in local tar shards: the epoch size when none is given."""
     import webdataset as wds
@@ -223,7 +258,7 @@ def count_samples(urls: str) -> int:
 class DataStream:
     """A rank's endless batch stream: pass after pass (data epochs) over the shards.
 
-    ``state_dict()`` (epoch, loader position, skip counts) restores the stream so that the
+    ``state_dict()`` (epoch, loader position, skip and caption counts) restores the stream so that the
     next batch is exactly the one that would have come next. Loaders are created under
     ``fork_rng`` because a DataLoader iterator draws its base seed from the global torch
     RNG, which must stay a function of the training steps alone.
@@ -242,6 +277,7 @@ class DataStream:
         self.world, self.device = world, device
         self.epoch = state["epoch"] if state else 0
         self.stats = SkipStats(dict(state["skipped"])) if state else SkipStats()
+        self.text = TextStats(**state["text"]) if state and "text" in state else TextStats()  # running totals
         self._open(state["position"] if state else None)
         self._fresh = state is None  # no batch taken from this pass yet
 
@@ -253,7 +289,7 @@ class DataStream:
                              pin_memory=torch.cuda.is_available())
         self.position = StreamPosition.from_state_dict(position) if position else StreamPosition(c.workers)
         with torch.random.fork_rng(devices=[]):
-            self._batches = iterate_batches(iter(loader), self.stats, self.position)
+            self._batches = iterate_batches(iter(loader), self.stats, self.position, self.text)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(images [B, 3, H, W], tokens [B, L]); all ranks start the next data epoch when one's pass ends."""
@@ -279,7 +315,8 @@ class DataStream:
         return bool(flag.item())
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position.state_dict(), "skipped": self.stats.as_dict()}
+        return {"epoch": self.epoch, "position": self.position.state_dict(), "skipped": self.stats.as_dict(),
+                "text": self.text.as_dict()}
 
 
 class LossModule(nn.Module):
@@ -427,15 +464,16 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
     log = checkpoint.MetricsLog(cfg.output_dir, step, cfg.tensorboard) if rank == 0 else None
     bar = tqdm(total=cfg.steps, initial=step, disable=rank != 0, desc=f"{cfg.objective} {cfg.model}",
                dynamic_ncols=True)
-    loss_value, speeds = float("nan"), []
+    loss_value, speeds, warned = float("nan"), [], False
     model.train()
     try:
         while step < cfg.steps:
             start = time.perf_counter()
             batches = [tuple(x.to(device, non_blocking=True) for x in stream.next()) for _ in range(cfg.accum_steps)]
             loss = accumulate(net, model, batches, ddp if world > 1 else None, autocast)
-            # the step's loss averaged over ranks, and the skip counts of all ranks: [1 + reasons]
-            report = _all_sum([loss.item()] + _skip_counts(stream.stats), world, device)
+            # the step's loss averaged over ranks, the skip and caption counts of all ranks: [1 + reasons + text]
+            report = _all_sum([loss.item()] + _skip_counts(stream.stats) + _text_counts(stream.text), world, device)
+            text = _text_stats(report[1 + len(SKIP_REASONS):])
             loss_value = report[0] / world
             step += 1
             if not np.isfinite(loss_value):
@@ -450,10 +488,18 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
             speeds.append(global_batch / (time.perf_counter() - start))
             if rank == 0:
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss_value:.4f}", img_s=f"{speeds[-1]:.1f}", lr=f"{lr:.2e}")
+                bar.set_postfix(loss=f"{loss_value:.4f}", img_s=f"{speeds[-1]:.1f}", lr=f"{lr:.2e}",
+                                **({"unk": f"{text.unknown_rate:.1%}"} if model.tokenizer.vocab is not None else {}))
                 if step % cfg.log_every == 0 or step == cfg.steps:
                     log.write({"step": step, "epoch": stream.epoch, "loss": loss_value, "lr": lr,
-                               "images_per_s": speeds[-1], "skipped": _skip_dict(report[1:])})
+                               "images_per_s": speeds[-1], "skipped": _skip_dict(report[1:]),
+                               "unk_rate": text.unknown_rate, "truncated": text.truncated})
+                if not warned and text.tokens >= UNK_WARN_MIN_TOKENS and text.unknown_rate > UNK_WARN_RATE:
+                    warned = True
+                    logger.warning("%.1f%% of the caption tokens so far (%d of %d) are unknown to the model's compact "
+                                   "vocabulary and became [UNK]; build the vocabulary from the training captions "
+                                   "with --vocab-from-data (vocab_from_data=True)", 100 * text.unknown_rate,
+                                   text.unknown, text.tokens)
             if step % cfg.save_every == 0 or step == cfg.steps:
                 last_ckpt = _save(cfg, step, model, optimizer, scheduler, stream, rank, world)
     finally:
@@ -464,8 +510,10 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
     if not speeds:  # nothing left to do: report the finished run's last logged loss
         with open(metrics) as f:
             loss_value = json.loads(f.readlines()[-1])["loss"]
-    skipped = _skip_dict(_all_sum(_skip_counts(stream.stats), world, device))
+    totals = _all_sum(_skip_counts(stream.stats) + _text_counts(stream.text), world, device)
+    skipped, text = _skip_dict(totals), _text_stats(totals[len(SKIP_REASONS):])
     return {"checkpoint": last_ckpt, "steps": step, "final_loss": loss_value, "metrics": metrics, "skipped": skipped,
+            "unk_rate": text.unknown_rate, "truncated": text.truncated,
             "images_per_s": float(np.mean(speeds)) if speeds else None, "world_size": world,
             "global_batch": global_batch, "output_dir": cfg.output_dir}
 
@@ -476,6 +524,14 @@ def _skip_counts(stats: SkipStats) -> list[int]:
 
 def _skip_dict(counts: list[float]) -> dict[str, int]:
     return {reason: int(n) for reason, n in zip(SKIP_REASONS, counts) if n}
+
+
+def _text_counts(text: TextStats) -> list[int]:
+    return [getattr(text, name) for name in TEXT_FIELDS]
+
+
+def _text_stats(counts: list[float]) -> TextStats:
+    return TextStats(**{name: int(n) for name, n in zip(TEXT_FIELDS, counts)})
 
 
 def _all_sum(values: list[float], world: int, device: torch.device) -> list[float]:
@@ -511,6 +567,8 @@ def parse_args(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", help="registry name (default: the preset's backbone, else tiny)")
     p.add_argument("--objective", default="mdc", choices=["mdc", "arc", "clip"])
     p.add_argument("--model-overrides", type=json.loads, help='JSON of ModelConfig fields, e.g. \'{"image_size": 32}\'')
+    p.add_argument("--vocab-from-data", action="store_true",
+                   help="compact vocabulary from the training captions (local shards), e.g. to train tiny on real data")
     p.add_argument("--preset", choices=sorted(optim.PRESETS), help="paper hyperparameters of this backbone")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="optimizer steps")
