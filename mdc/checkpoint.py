@@ -190,8 +190,9 @@ class MetricsLog:
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         if self.writer is not None:
-            for key in ("loss", "lr", "images_per_s"):
-                self.writer.add_scalar(f"train/{key}", row[key], row["step"])
+            for key in ("loss", "lr", "images_per_s", "unk_rate"):
+                if key in row:
+                    self.writer.add_scalar(f"train/{key}", row[key], row["step"])
 
     def close(self) -> None:
         self.file.close()
