@@ -52,11 +52,16 @@ def fsync_path(path: str) -> None:
 def atomic_write_text(path: str, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, ``os.replace`` it over ``path``, fsync the folder."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
@@ -100,6 +105,8 @@ def save(run_dir: str, step: int, model, trainer_state: dict, run_config: dict |
     os.makedirs(root, exist_ok=True)
     for stale in glob.glob(os.path.join(root, ".step_*.tmp-*")):  # left by earlier crashed writes
         shutil.rmtree(stale, ignore_errors=True)
+    for stale in glob.glob(os.path.join(root, f"{LATEST}.tmp-*")):
+        os.remove(stale)
     try:
         model.save(tmp)
         with open(os.path.join(tmp, "trainer.pt"), "wb") as f:  # a file object: write errors keep their errno
@@ -114,13 +121,13 @@ def save(run_dir: str, step: int, model, trainer_state: dict, run_config: dict |
             shutil.rmtree(final)
         os.replace(tmp, final)
         fsync_path(root)
+        atomic_write_text(os.path.join(root, LATEST), json.dumps({"step": step, "path": name}))
     except Exception as exn:
         shutil.rmtree(tmp, ignore_errors=True)
         if _no_space(exn):
             raise OSError(errno.ENOSPC, f"no space left on device while writing checkpoint {final}; "
-                          f"latest.json still names the previous checkpoint") from exn
+                          f"free space and resume: latest.json is unchanged") from exn
         raise
-    atomic_write_text(os.path.join(root, LATEST), json.dumps({"step": step, "path": name}))
     if keep_last is not None:
         _prune(root, step, keep_last)
     return final

@@ -45,6 +45,22 @@ def test_full_disk_gives_a_clear_error_and_leaves_the_last_checkpoint(tmp_path, 
     assert checkpoint.latest(str(tmp_path)).endswith("step_000001")
 
 
+def test_full_disk_while_updating_latest_json(tmp_path, monkeypatch):
+    _save(tmp_path, 1)
+    replace = os.replace
+
+    def full_disk(src, dst):
+        if str(dst).endswith("latest.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError, match=r"no space left on device.*step_000002"):
+        _save(tmp_path, 2)
+    assert _latest(tmp_path) == "step_000001"
+    assert not [n for n in _entries(tmp_path) if ".tmp-" in n]
+
+
 def test_other_write_errors_propagate_unchanged_and_clean_up(tmp_path, monkeypatch):
     def denied(*args, **kw):
         raise PermissionError(errno.EACCES, "Permission denied")
@@ -59,6 +75,7 @@ def test_stale_temporary_folders_are_removed_by_the_next_save(tmp_path):
     stale = tmp_path / "checkpoints" / ".step_000005.tmp-99999"
     stale.mkdir(parents=True)
     (stale / "model.safetensors").write_bytes(b"half")
+    (tmp_path / "checkpoints" / "latest.json.tmp-99999").write_text("{")
     _save(tmp_path, 6)
     assert _entries(tmp_path) == ["latest.json", "step_000006"]
 
