@@ -11,7 +11,8 @@ One optimizer step consumes ``accum_steps`` micro-batches of ``batch_size`` imag
 Resuming (``--resume``) is exact: the checkpoint holds the optimizer, the LR schedule, every
 rank's RNG states and data-stream position, and the loader replays the stream from the next
 batch (see :mod:`mdc.data.pipeline`), so a killed and resumed run ends with the same weights
-as an uninterrupted one (bitwise on CPU; on GPU up to the kernels' own nondeterminism).
+as an uninterrupted one (bitwise on CPU; on GPU up to the kernels' own nondeterminism). It
+continues only the same run: a different configuration is refused (see :class:`TrainConfig`).
 """
 from __future__ import annotations
 
@@ -492,7 +493,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
                                 **({"unk": f"{text.unknown_rate:.1%}"} if model.tokenizer.vocab is not None else {}))
                 if step % cfg.log_every == 0 or step == cfg.steps:
                     log.write({"step": step, "epoch": stream.epoch, "loss": loss_value, "lr": lr,
-                               "images_per_s": speeds[-1], "skipped": _skip_dict(report[1:]),
+                               "images_per_s": speeds[-1], "skipped": _skip_dict(report[1 : 1 + len(SKIP_REASONS)]),
                                "unk_rate": text.unknown_rate, "truncated": text.truncated})
                 if not warned and text.tokens >= UNK_WARN_MIN_TOKENS and text.unknown_rate > UNK_WARN_RATE:
                     warned = True
@@ -592,7 +593,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
     p.add_argument("--save-every", type=int, default=1000, help="checkpoint every N steps (and at the end)")
     p.add_argument("--keep-last", type=int, metavar="K", help="keep only the K newest checkpoints (default: all)")
     p.add_argument("--log-every", type=int, default=1, help="metrics line every N steps")
-    p.add_argument("--resume", action="store_true", help="continue from checkpoints/latest.json if present")
+    p.add_argument("--resume", action="store_true", help="continue from checkpoints/latest.json if present (the same run only)")
     p.add_argument("--force-resume", action="store_true",
                    help="resume even if the checkpoint's run configuration differs (logs the differences)")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
