@@ -311,5 +311,17 @@ class CLIP(_Model):
     def forward(self, images, tokens):
         return self.image_embedding(images), self.text_embedding(tokens), self.scale()
 
-    def loss(self, images, tokens):
-        return clip_loss(*self(images, tokens))
+    def loss(self, images, tokens, cached=None, index=0, live_scale=True):
+        """Symmetric InfoNCE over the batch (and every DDP rank's, see ``clip_loss``).
+
+        Gradient accumulation (open_clip's ``accum_freq`` scheme): ``cached`` = (image
+        embeddings, text embeddings), each a list of the K micro-batches' [B_k, E] embeddings
+        computed without gradient; this call's micro-batch, number ``index``, is recomputed with
+        gradient and spliced in, so the loss contrasts all K micro-batches. ``live_scale=False``
+        detaches the temperature, which must receive its gradient in one micro-step only.
+        """
+        img, txt, scale = self(images, tokens)  # [B, E], [B, E], []
+        if cached is not None:
+            img = torch.cat([*cached[0][:index], img, *cached[0][index + 1 :]])  # [sum_k B_k, E]
+            txt = torch.cat([*cached[1][:index], txt, *cached[1][index + 1 :]])
+        return clip_loss(img, txt, scale if live_scale else scale.detach())

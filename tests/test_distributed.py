@@ -1,4 +1,5 @@
-"""DDP on CPU (gloo) under torchrun: ranks stay in sync; the CLIP loss and gradient are global-batch exact."""
+"""DDP on CPU (gloo) under torchrun: ranks stay in sync; the CLIP loss and gradient are global-batch exact,
+with and without gradient accumulation."""
 import json
 import os
 import subprocess
@@ -12,7 +13,9 @@ import mdc
 from mdc.data.scenes import vocabulary, write_shards
 from conftest import CAPTIONS, SMALL
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
+# The checkout under test comes first on the scripts' path (not whichever mdc is installed).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
 
 TRAIN_SCRIPT = textwrap.dedent('''
     """Train under torchrun; every rank also dumps its in-memory weights at each checkpoint."""
@@ -34,13 +37,45 @@ TRAIN_SCRIPT = textwrap.dedent('''
         json.dump(results, f)
 ''')
 
+EPOCH_SCRIPT = textwrap.dedent('''
+    """Several runs in one process group; each rank records (data epoch, sample keys) of every micro-batch."""
+    import json, os, sys
+    import torch.distributed as dist
+    import mdc.train
+
+    out, runs = sys.argv[1], json.loads(sys.argv[2])
+    dist.init_process_group("gloo")
+    current, log = {}, []
+    iterate, take = mdc.train.iterate_batches, mdc.train.DataStream.next
+
+    def tapped(loader, *args, **kw):  # remember the keys of the loader batch handed on last
+        def tap():
+            for batch in loader:
+                current["keys"] = batch[2]["keys"]
+                yield batch
+        return iterate(tap(), *args, **kw)
+
+    def recording(self):
+        batch = take(self)
+        log.append([self.epoch, current["keys"]])
+        return batch
+
+    mdc.train.iterate_batches, mdc.train.DataStream.next = tapped, recording
+    for name, kwargs in runs.items():
+        log.clear()
+        mdc.train.train(**kwargs)
+        with open(os.path.join(out, f"{name}{dist.get_rank()}.json"), "w") as f:
+            json.dump(log, f)
+    dist.destroy_process_group()
+''')
+
 CLIP_SCRIPT = textwrap.dedent('''
     """Each of 2 ranks takes half of a batch of 8; DDP-wrapped CLIP loss, then backward."""
     import json, os, sys
     import torch
     import torch.distributed as dist
     import mdc
-    from mdc.train import LossModule
+    from mdc.train import LossModule, accumulate
 
     out, overrides, captions = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
     dist.init_process_group("gloo")
@@ -53,8 +88,14 @@ CLIP_SCRIPT = textwrap.dedent('''
     net = torch.nn.parallel.DistributedDataParallel(LossModule(model))
     loss = net(images[half], tokens[half])
     loss.backward()
-    grads = {n: p.grad for n, p in model.named_parameters()}
-    torch.save({"loss": loss.detach(), "grads": grads}, os.path.join(out, f"clip{rank}.pt"))
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    # the same global batch of 8 as 2 ranks x 2 micro-batches of 2, accumulated
+    model.zero_grad(set_to_none=True)
+    micro = [(images[half][i : i + 2], tokens[half][i : i + 2]) for i in (0, 2)]
+    accum_loss = accumulate(net, model, micro, ddp=net)
+    accum_grads = {n: p.grad for n, p in model.named_parameters()}
+    torch.save({"loss": loss.detach(), "grads": grads, "accum_loss": accum_loss, "accum_grads": accum_grads},
+               os.path.join(out, f"clip{rank}.pt"))
     dist.destroy_process_group()
 ''')
 
@@ -102,6 +143,42 @@ def test_clip_loss_on_two_ranks_equals_single_process_on_the_whole_batch(tmp_pat
     loss.backward()
     for rank in (0, 1):
         got = torch.load(tmp_path / f"clip{rank}.pt", weights_only=True)
-        torch.testing.assert_close(got["loss"], loss.detach(), rtol=1e-6, atol=1e-6)
-        for name, p in model.named_parameters():  # DDP's average of the ranks' gradients
-            torch.testing.assert_close(got["grads"][name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+        for suffix in ("", "accum_"):  # one micro-batch per rank; two accumulated micro-batches per rank
+            torch.testing.assert_close(got[suffix + "loss"], loss.detach(), rtol=1e-6, atol=1e-6)
+            for name, p in model.named_parameters():  # DDP's average of the ranks' gradients
+                torch.testing.assert_close(got[suffix + "grads"][name], p.grad, rtol=1e-4, atol=1e-6,
+                                           msg=suffix + name)
+
+
+def test_ddp_ranks_start_each_data_epoch_together_and_split_it(tmp_path):
+    """(a) 3 shards on 2 ranks: one rank's pass ends first, both start the next epoch at the same step.
+    (b) 1 shard for 2 ranks x 2 workers: split by sample, every sample exactly once per epoch."""
+    write_shards(str(tmp_path / "three"), 24, "alt", seed=0, image_size=32, shard_size=8)
+    write_shards(str(tmp_path / "one"), 24, "alt", seed=0, image_size=32, shard_size=24)
+    common = dict(model_overrides=SMALL | {"vocab": list(vocabulary()), "context_length": 32}, shuffle_buffer=4,
+                  save_every=100, lr=1e-3)
+    runs = {
+        "three": dict(common, train_data=str(tmp_path / "three" / "{000000..000002}.tar"), workers=1, batch_size=4,
+                      steps=6, output_dir=str(tmp_path / "run_three")),
+        "one": dict(common, train_data=str(tmp_path / "one" / "000000.tar"), workers=2, batch_size=3, steps=8,
+                    output_dir=str(tmp_path / "run_one")),
+    }
+    script = tmp_path / "epochs_ddp.py"
+    script.write_text(EPOCH_SCRIPT)
+    _torchrun(script, str(tmp_path), json.dumps(runs))
+
+    every_key = {f"{i:09d}" for i in range(24)}
+    for name in runs:
+        logs = [json.loads((tmp_path / f"{name}{r}.json").read_text()) for r in (0, 1)]
+        assert [e for e, _ in logs[0]] == [e for e, _ in logs[1]], name  # the same epoch at every micro-batch
+        epochs = sorted({e for e, _ in logs[0]})
+        assert epochs == [0, 1, 2] if name == "three" else [0, 1], name
+        for epoch in epochs:
+            keys = [[k for e, batch in log if e == epoch for k in batch] for log in logs]  # per rank
+            assert not set(keys[0]) & set(keys[1]), (name, epoch)  # disjoint
+            assert all(len(set(k)) == len(k) for k in keys), (name, epoch)  # no repeat within the epoch
+            assert set(keys[0]) | set(keys[1]) <= every_key
+            if name == "one":  # split by sample: the two ranks together cover the epoch
+                assert sorted(keys[0] + keys[1]) == sorted(every_key), epoch
+    rows = [json.loads(line) for line in open(tmp_path / "run_one" / "metrics.jsonl")]
+    assert [r["epoch"] for r in rows] == [0, 0, 0, 0, 1, 1, 1, 1]

@@ -12,6 +12,7 @@ from mdc.data.pipeline import (
     CLIP_MEAN, SkipStats, StreamPosition, image_transform, iterate_batches, make_dataset, make_loader,
 )
 from mdc.data.scenes import write_tar
+from mdc.tokenizer import TextStats, compact_vocab
 
 SIZE = 16
 
@@ -101,6 +102,16 @@ def test_truncated_and_missing_shards(tmp_path, tok, caplog):
     assert any("000002.tar" in r.getMessage() and "missing_shard" in r.getMessage() for r in caplog.records)
 
 
+def test_split_by_sample_counts_shard_errors_once(tmp_path, tok):
+    full = open(write_shard(tmp_path / "full.tar", good_members(0, 6)), "rb").read()
+    cut = tmp_path / "000000.tar"
+    cut.write_bytes(full[:7000])  # one truncated shard, read by both workers
+    one = collect(make_loader(str(cut), tok, SIZE, 2, num_workers=0, shuffle_buffer=4))
+    two = collect(make_loader(str(cut), tok, SIZE, 2, num_workers=2, shuffle_buffer=4))
+    assert one[2].as_dict()["unreadable_shard"] == 1
+    assert two[2].as_dict() == one[2].as_dict() and len(two[1]) == len(one[1])
+
+
 def test_brace_patterns_and_worker_split_cover_everything_once(tmp_path, tok):
     for s in range(5):
         write_shard(tmp_path / f"{s:06d}.tar", good_members(10 * s, 3))
@@ -112,6 +123,52 @@ def test_brace_patterns_and_worker_split_cover_everything_once(tmp_path, tok):
     assert len(tokens) == 15 and len(rows) == 15  # every sample exactly once
     expected = {tuple(r.tolist()) for r in tok([f"caption number {10 * s + i}" for s in range(5) for i in range(3)])}
     assert rows == expected
+
+
+def _keys_by_rank(pattern, tok, world, num_workers, monkeypatch, epoch=0):
+    """{rank: [sample keys]} of one pass, each rank's loader run in turn (the rank comes from RANK/WORLD_SIZE)."""
+    out = {}
+    for rank in range(world):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        loader = make_loader(pattern, tok, SIZE, 2, num_workers=num_workers, shuffle_buffer=4, epoch=epoch)
+        out[rank] = [(meta["worker"], key) for *_, meta in loader for key in meta["keys"]]
+    return out
+
+
+@pytest.mark.parametrize("sizes, world, num_workers", [
+    ([10], 2, 2),        # one shard for 4 (rank, worker) slots: split by sample
+    ([4, 5, 3], 2, 2),   # 3 shards for 4 slots: split by sample
+    ([10], 1, 2),        # one shard, two workers
+    ([3, 4, 5, 6], 2, 1),  # enough shards: split by shard
+])
+def test_every_rank_and_worker_gets_a_disjoint_share(tmp_path, tok, monkeypatch, sizes, world, num_workers):
+    start = 0
+    for s, n in enumerate(sizes):
+        write_shard(tmp_path / f"{s:06d}.tar", good_members(start, n))
+        start += n
+    pattern = str(tmp_path / f"{{000000..{len(sizes) - 1:06d}}}.tar")
+    for epoch in (0, 1):
+        seen = _keys_by_rank(pattern, tok, world, num_workers, monkeypatch, epoch)
+        keys = [k for rank in seen.values() for _, k in rank]
+        assert sorted(keys) == [f"{i:06d}" for i in range(start)]  # every sample once: disjoint and covering
+        for rank in seen.values():  # no idle slot
+            assert {w for w, _ in rank} == set(range(num_workers))
+        if len(sizes) < world * num_workers:  # by sample: shares differ by at most one sample
+            shares = [sum(1 for w, _ in seen[r] if w == worker) for r in seen for worker in range(num_workers)]
+            assert max(shares) - min(shares) <= 1
+
+
+def test_batches_carry_their_text_stats_out_of_the_workers(tmp_path):
+    """A compact vocabulary without digits: "caption number 3" has one unknown token of 3; context 4 truncates."""
+    small = get_tokenizer(context_length=4, vocab=compact_vocab(["caption number"]))
+    shard = write_shard(tmp_path / "000000.tar", good_members(0, 6))
+    text, stats = TextStats(), SkipStats()
+    batches = list(iterate_batches(make_loader(shard, small, SIZE, 3, num_workers=2), stats, text_stats=text))
+    assert len(batches) == 2
+    assert text.as_dict() == {"captions": 6, "tokens": 18, "unknown": 6, "truncated": 6}
+    assert small.stats.captions == 0  # nothing counted on the tokenizer copy of this process
+    assert len(list(iterate_batches(make_loader(shard, small, SIZE, 3, num_workers=0), SkipStats()))) == 2
 
 
 def test_same_seed_same_batches_different_seed_differs(tmp_path, tok):
@@ -127,18 +184,19 @@ def test_same_seed_same_batches_different_seed_differs(tmp_path, tok):
     assert not torch.equal(a[1], c[1])
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_exact_resume(tmp_path, tok, num_workers):
+@pytest.mark.parametrize("num_workers, sizes", [(0, [7, 3, 9, 2, 5]), (2, [7, 3, 9, 2, 5]),
+                                                (2, [11])])  # 1 shard for 2 workers: split by sample
+def test_exact_resume(tmp_path, tok, num_workers, sizes):
     # shards of unequal length so workers run out at different times; bad samples on the way
-    for s, n in enumerate([7, 3, 9, 2, 5]):
+    for s, n in enumerate(sizes):
         write_shard(tmp_path / f"{s:06d}.tar", good_members(10 * s, n) + [(f"x{s}.png", b"junk"), (f"x{s}.txt", b"j")])
-    pattern = str(tmp_path / "{000000..000004}.tar")
+    pattern = str(tmp_path / f"{{000000..{len(sizes) - 1:06d}}}.tar")
     kw = dict(num_workers=num_workers, seed=3, shuffle_buffer=6)
     reference = list(make_loader(pattern, tok, SIZE, 4, **kw))
     total = SkipStats()
     for *_, meta in reference:
         total.merge(meta["skipped"])
-    assert total.as_dict() == {"corrupt_image": 5}
+    assert total.as_dict() == {"corrupt_image": len(sizes)}
     for cut in range(len(reference) + 1):
         position = StreamPosition(num_workers)
         for batch in reference[:cut]:

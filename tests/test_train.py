@@ -138,7 +138,7 @@ def test_paper_presets_and_global_batch():
     c = cfg.resolved(world_size=8)
     assert (c.model, c.lr, c.weight_decay, c.accum_steps, c.warmup_steps) == ("vit-l-14", 4e-4, 0.2, 4, 10_000)
     assert c.grad_clip_norm == 1.0 and c.steps == 32 * (12_000_000 // 1024)
-    b16 = TrainConfig("x", "y", preset="vit-b-16", batch_size=128, steps=10).resolved(world_size=8)
+    b16 = TrainConfig("x", "y", preset="vit-b-16", batch_size=128, steps=10, warmup_steps=2).resolved(world_size=8)
     assert (b16.lr, b16.weight_decay, b16.accum_steps, b16.grad_clip_norm) == (5e-4, 0.2, 1, None)
     with pytest.raises(ValueError, match="not divisible"):
         TrainConfig("x", "y", preset="vit-b-32", batch_size=48, steps=10).resolved(world_size=8)
@@ -146,6 +146,15 @@ def test_paper_presets_and_global_batch():
         TrainConfig("x", "y", preset="vit-b-32", batch_size=64, accum_steps=1, steps=10).resolved(world_size=8)
     with pytest.raises(ValueError, match="exactly one of steps or epochs"):
         TrainConfig("x", "y", steps=10, epochs=2).resolved(world_size=1)
+
+
+def test_warmup_longer_than_the_run_is_refused():
+    """vit-b-16's 10,000 warm-up steps in a 5,000-step run: the LR would never peak nor decay."""
+    with pytest.raises(ValueError, match=r"warmup_steps 10000 >= steps 5000.*--warmup-steps"):
+        TrainConfig("x", "y", preset="vit-b-16", batch_size=128, steps=5000).resolved(world_size=8)
+    with pytest.raises(ValueError, match=r"warmup_steps 10 >= steps 10"):
+        TrainConfig("x", "y", steps=10, warmup_steps=10).resolved(world_size=1)
+    assert TrainConfig("x", "y", steps=10, warmup_steps=9).resolved(world_size=1).warmup_steps == 9
 
 
 def test_no_weight_decay_on_norms_biases_embeddings_and_temperature():

@@ -6,17 +6,29 @@ several joined with ``::``), a list of paths, or ``pipe:`` commands.
 
 Stream, per (node, DataLoader worker)::
 
-    shard list (shuffled by (seed, epoch) when training; or seeded resampling)
+    shard list (shuffled by (seed, epoch) when training, the same order on every rank; or seeded resampling)
       -> split by node -> split by worker -> tar members -> samples (grouped per shard)
       -> seeded shuffle buffer -> validate + decode (PIL) -> transform -> tokenize -> batch
+
+Splitting. With at least world_size x num_workers shards, each (rank, worker) slot reads
+its own shards (shard i goes to rank i mod world_size, then round-robin to its workers).
+With fewer shards, some slots would get nothing (and under DDP, a rank with no data cannot
+follow the others), so the split falls back to samples: every slot reads all shards in the
+same seeded order and keeps the samples whose index in that stream, modulo
+world_size x num_workers, equals its slot number ``rank * num_workers + worker``, before
+shuffling. Each sample then belongs to exactly one slot: none is seen twice in a pass and
+none is lost, at the cost of every slot reading (not decoding) every shard. Shard-level
+errors are then counted and logged by slot 0 only.
 
 Bad input never crashes the stream: it is skipped, logged (logger ``mdc.data.pipeline``,
 naming the shard URL and sample key) and counted in a :class:`SkipStats` under one of
 ``SKIP_REASONS``. Loader batches are ``(images, tokens, meta)`` with
-``meta = {"worker", "position", "last", "skipped"}``: ``skipped`` holds the counts incurred while
-that batch was assembled, so counts made in worker processes reach the main process with
-the data. :func:`iterate_batches` folds them into one :class:`SkipStats` and yields plain
-``(images, tokens)``.
+``meta = {"worker", "position", "last", "skipped", "keys", "text"}`` (``keys``: the batch's sample
+keys, in row order): ``skipped`` holds the counts incurred while that batch was assembled
+and ``text`` the :class:`~mdc.tokenizer.TextStats` of its captions (tokens, unknown tokens
+under a compact vocabulary, truncated captions), so counts made in worker processes reach
+the main process with the data. :func:`iterate_batches` folds them into one
+:class:`SkipStats` (and a ``TextStats``) and yields plain ``(images, tokens)``.
 
 Exact resume. All randomness (shard order, shuffle buffer, crops) is a function of
 (seed, epoch, rank, worker, sample index), so a worker's stream is fixed. ``position``
@@ -31,6 +43,7 @@ saves its own state.
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import random
 from dataclasses import dataclass, field
@@ -43,6 +56,8 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset
 from webdataset.tariterators import base_plus_ext, tar_file_iterator, url_opener
 from webdataset.utils import make_seed, pytorch_worker_info
+
+from mdc.tokenizer import TextStats
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +112,13 @@ class SkipStats:
         return {reason: self.counts[reason] for reason in SKIP_REASONS if reason in self.counts}
 
 
+class _Uncounted(SkipStats):
+    """A sink for skips that another (rank, worker) slot counts and logs."""
+
+    def record(self, reason: str, url: str, key: str | None = None, detail: object = "") -> None:
+        pass
+
+
 @dataclass
 class StreamPosition:
     """Per-worker stream positions of a loader: what exact resume needs.
@@ -135,16 +157,19 @@ class StreamPosition:
                    state["next_worker"], state["batches"])
 
 
-def iterate_batches(loader: Iterable, stats: SkipStats,
-                    position: StreamPosition | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def iterate_batches(loader: Iterable, stats: SkipStats, position: StreamPosition | None = None,
+                    text_stats: TextStats | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield ``(images, tokens)`` from a :func:`make_loader` loader.
 
-    Each batch's skip counts are merged into ``stats`` and, if given, ``position`` is
-    advanced. Empty batches (a worker's leftover skip counts at the end of a finite
-    stream) only carry counts and are not yielded.
+    Each batch's skip counts are merged into ``stats``, its caption counts (unknown tokens,
+    truncations) into ``text_stats`` if given, and ``position``, if given, is advanced.
+    Empty batches (a worker's leftover skip counts at the end of a finite stream) only
+    carry counts and are not yielded.
     """
     for images, tokens, meta in loader:
         stats.merge(meta["skipped"])
+        if text_stats is not None:
+            text_stats.merge(meta["text"])
         if position is not None:
             position.update(meta)
         if len(images):
@@ -295,11 +320,17 @@ def _decode(sample: dict, stats: SkipStats) -> tuple[Image.Image, str] | None:
     return image, caption.strip()
 
 
-def _collate(samples: list, tokenizer, image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _collate(samples: list, tokenizer, image_size: int) -> tuple[torch.Tensor, torch.Tensor, TextStats]:
+    """(images [B, 3, H, W], tokens [B, L], the captions' TextStats); a plain callable tokenizer gives no counts."""
     if not samples:
-        return torch.zeros(0, 3, image_size, image_size), torch.zeros(0, tokenizer.context_length, dtype=torch.long)
+        return (torch.zeros(0, 3, image_size, image_size),
+                torch.zeros(0, tokenizer.context_length, dtype=torch.long), TextStats())
     images, captions = zip(*samples)
-    return torch.stack(images), tokenizer(list(captions))
+    if hasattr(tokenizer, "tokenize"):
+        tokens, text = tokenizer.tokenize(list(captions))
+    else:
+        tokens, text = tokenizer(list(captions)), TextStats()
+    return torch.stack(images), tokens, text
 
 
 class ImageCaptionDataset(IterableDataset):
@@ -320,17 +351,29 @@ class ImageCaptionDataset(IterableDataset):
         self.stats = stats if stats is not None else SkipStats()
         self.batch_size, self.partial, self.resume = batch_size, partial, resume
 
-    def _shards(self, rank: int, worker: int, num_workers: int) -> Iterable[dict]:
+    def split_by_sample(self, world: int, num_workers: int) -> bool:
+        """Too few shards for every (rank, worker) slot to own one: split the samples instead."""
+        return not self.resampled and len(self.urls) < world * num_workers
+
+    def _samples(self, rank: int, world: int, worker: int, num_workers: int, stats: SkipStats) -> Iterator[dict]:
+        """This (rank, logical worker) slot's raw samples, before shuffling (see the module docstring)."""
         if self.resampled:  # independent seeded draws per (rank, worker): nothing to split
             seed_fn = lambda: make_seed(self.seed, self.epoch, rank, worker)  # noqa: E731
-            return wds.ResampledShards(self.urls, seed=self.seed, worker_seed=seed_fn, deterministic=True)
+            shards = wds.ResampledShards(self.urls, seed=self.seed, worker_seed=seed_fn, deterministic=True)
+            return _shard_samples(shards, stats)
         shard_seed = make_seed(self.seed, self.epoch) if self.train else None  # same order on every rank
-        shards = wds.split_by_node(iter(wds.SimpleShardList(self.urls, seed=shard_seed)))
-        # split by the logical worker id (not wds.split_by_worker's physical one) so resume can rotate it
-        return (s for i, s in enumerate(shards) if i % num_workers == worker)
+        shards = iter(wds.SimpleShardList(self.urls, seed=shard_seed))
+        if self.split_by_sample(world, num_workers):
+            slots, slot = world * num_workers, rank * num_workers + worker
+            # every slot reads every shard; shard-level errors are counted (and logged) by slot 0 only
+            samples = _shard_samples(shards, stats if slot == 0 else _Uncounted())
+            return (sample for i, sample in enumerate(samples) if i % slots == slot)
+        # by rank, then by the logical worker id (not wds.split_by_worker's physical one) so resume can rotate it
+        shards = itertools.islice(shards, rank, None, world)
+        return _shard_samples((s for i, s in enumerate(shards) if i % num_workers == worker), stats)
 
     def __iter__(self):
-        rank, _, physical, num_workers = pytorch_worker_info()
+        rank, world, physical, num_workers = pytorch_worker_info()
         offset, start = 0, 0
         if self.resume is not None:
             if self.resume.num_workers != num_workers:
@@ -342,11 +385,11 @@ class ImageCaptionDataset(IterableDataset):
                 return
             start = self.resume.consumed[worker]
         stats = SkipStats() if self.batch_size else self.stats
-        samples = _shard_samples(self._shards(rank, worker, num_workers), stats)
+        samples = self._samples(rank, world, worker, num_workers, stats)
         if self.train:
             rng = random.Random(make_seed(self.seed, self.epoch, rank, worker))
             samples = wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)(samples)
-        good, position = [], 0
+        good, keys, position = [], [], 0
         for index, sample in enumerate(samples):
             position = index + 1
             if index < start:  # consumed before the resume point: its counts were reported then
@@ -362,18 +405,21 @@ class ImageCaptionDataset(IterableDataset):
                 yield item[0], self.tokenizer([caption])[0]
                 continue
             good.append(item)
+            keys.append(sample["__key__"])
             if len(good) == self.batch_size:
-                yield (*_collate(good, self.tokenizer, self.transform.size), self._meta(worker, position, stats, False))
-                good = []
+                yield self._batch(good, worker, position, stats, False, keys)
+                good, keys = [], []
         if self.batch_size and ((good and self.partial) or stats.total):
             kept = good if self.partial else []
-            yield (*_collate(kept, self.tokenizer, self.transform.size), self._meta(worker, position, stats, True))
+            yield self._batch(kept, worker, position, stats, True, keys[: len(kept)])
 
-    @staticmethod
-    def _meta(worker: int, position: int, stats: SkipStats, last: bool) -> dict:
-        meta = {"worker": worker, "position": position, "last": last, "skipped": stats.as_dict()}
+    def _batch(self, samples: list, worker: int, position: int, stats: SkipStats, last: bool, keys: list[str]):
+        """(images, tokens, meta) of a loader batch; the skip counts in ``stats`` move into ``meta``."""
+        images, tokens, text = _collate(samples, self.tokenizer, self.transform.size)
+        meta = {"worker": worker, "position": position, "last": last, "skipped": stats.as_dict(), "keys": keys,
+                "text": text.as_dict()}
         stats.clear()
-        return meta
+        return images, tokens, meta
 
 
 # --------------------------------------------------------------------------- public API
@@ -416,7 +462,8 @@ def make_loader(urls: str | Sequence[str], tokenizer: Callable, image_size: int,
     (urls, seed, epoch, num_workers, world size). A finite stream ends with each worker's
     partial batch (``partial=True``; ``False`` drops it, like ``drop_last``) and, if skips
     remain unreported, an empty batch carrying them. One pass splits shards over nodes and
-    workers (use at least world_size x num_workers shards, or some workers idle); with
+    workers, or samples when there are fewer shards than world_size x num_workers (see the
+    module docstring); with
     ``resampled=True`` every (rank, worker) draws its own seeded infinite shard sequence,
     the usual choice for DDP since all ranks then see the same number of batches. ``resume``: a :class:`StreamPosition` (or its ``state_dict()``) saved
     after the last consumed batch; the loader continues with exactly the next batch.

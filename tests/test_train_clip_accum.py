@@ -1,0 +1,59 @@
+"""CLIP with gradient accumulation contrasts the whole (global) batch, as one big batch would."""
+import json
+import os
+
+import pytest
+import torch
+
+from mdc.data.scenes import vocabulary, write_shards
+from mdc.train import LossModule, accumulate, train
+from conftest import CAPTIONS, SMALL, small_model
+
+BATCH_CAPTIONS = CAPTIONS + ["a green square", "the red star above a circle"] + CAPTIONS[:2]  # 8
+
+
+def test_clip_accumulation_equals_one_big_batch():
+    model = small_model("clip")
+    images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    tokens = model.tokenizer(BATCH_CAPTIONS)
+    with torch.no_grad():
+        model.logit_scale.fill_(2.0)  # away from the clamp, so that the temperature has a gradient
+    loss = model.loss(images, tokens)
+    loss.backward()
+    big = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+
+    micro = [(images[i : i + 2], tokens[i : i + 2]) for i in range(0, 8, 2)]  # 4 micro-batches of 2
+    got = accumulate(LossModule(model), model, micro)
+    torch.testing.assert_close(got, loss.detach())
+    assert big["logit_scale"].abs() > 0
+    for name, p in model.named_parameters():  # every parameter, the temperature counted once
+        torch.testing.assert_close(p.grad, big[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_captioner_accumulation_averages_the_micro_batch_losses():
+    model = small_model("arc")
+    images, tokens = torch.randn(4, 3, 32, 32), model.tokenizer(CAPTIONS)
+    parts = [model.loss(images[i : i + 2], tokens[i : i + 2]).detach() for i in (0, 2)]
+    got = accumulate(LossModule(model), model, [(images[:2], tokens[:2]), (images[2:], tokens[2:])])
+    torch.testing.assert_close(got, (parts[0] + parts[1]) / 2)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_train_loop_clip_accumulation_logs_the_big_batch_loss(tmp_path):
+    """batch 4 x accum 2 trains like batch 8 (one worker: the same samples in the same order)."""
+    write_shards(str(tmp_path / "data"), 32, "alt", seed=0, image_size=32, shard_size=32)
+    common = dict(train_data=str(tmp_path / "data" / "000000.tar"), objective="clip", steps=2, lr=1e-3, workers=1,
+                  shuffle_buffer=8, model_overrides=SMALL | {"vocab": list(vocabulary()), "context_length": 32})
+    big = train(**common, output_dir=str(tmp_path / "big"), batch_size=8)
+    accum = train(**common, output_dir=str(tmp_path / "accum"), batch_size=4, accum_steps=2)
+    assert accum["global_batch"] == big["global_batch"] == 8
+    rows = [[json.loads(line)["loss"] for line in open(os.path.join(r["metrics"]))] for r in (big, accum)]
+    assert rows[1] == pytest.approx(rows[0], rel=1e-5)

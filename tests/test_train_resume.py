@@ -1,0 +1,98 @@
+"""Resume continues only the same run: the checkpoint's resolved configuration must match this call's."""
+import json
+import logging
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import mdc
+from mdc.data.scenes import vocabulary, write_shards
+from mdc.train import train
+from conftest import SMALL
+
+MODEL = SMALL | {"vocab": list(vocabulary()), "context_length": 32}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Two shards of 16 synthetic 32 px scenes; returns (pattern, another pattern over the first shard only)."""
+    out = str(tmp_path_factory.mktemp("shards"))
+    write_shards(out, 32, "alt", seed=0, image_size=32, shard_size=16)
+    return os.path.join(out, "{000000..000001}.tar"), os.path.join(out, "000000.tar")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def args(data, out, **kw):
+    return dict(train_data=data[0], output_dir=str(out), model_overrides=MODEL, batch_size=8, lr=1e-3,
+                workers=1, shuffle_buffer=8, steps=2, save_every=1) | kw
+
+
+@pytest.fixture(scope="module")
+def mdc_run(data, tmp_path_factory):
+    """A finished 2-step MDC run."""
+    out = tmp_path_factory.mktemp("run")
+    train(**args(data, out))
+    return out
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(objective="arc"), "objective: checkpoint 'mdc', now 'arc'"),
+    (dict(model_overrides=MODEL | {"text_layers": 1}), "model_overrides.text_layers: checkpoint 2, now 1"),
+    ("other data", "train_data: checkpoint '.*000001}.tar', now '.*000000.tar'"),
+    (dict(lr=2e-3, t_interval=(0.2, 0.9)), r"lr: checkpoint 0.001, now 0.002.*\n.*t_interval: checkpoint None"),
+])
+def test_resume_refuses_a_different_run(data, mdc_run, change, message):
+    change = dict(train_data=data[1]) if change == "other data" else change
+    before = os.listdir(mdc_run / "checkpoints")
+    with pytest.raises(ValueError, match=message) as info:
+        train(**args(data, mdc_run, resume=True, **change))
+    assert "force_resume" in str(info.value)
+    assert os.listdir(mdc_run / "checkpoints") == before
+
+
+def test_checkpoints_hold_the_resolved_run_config(mdc_run):
+    saved = json.loads((mdc_run / "checkpoints" / "step_000002" / "train_config.json").read_text())
+    assert saved["objective"] == "mdc" and saved["steps"] == 2 and saved["world_size"] == 1
+    assert saved["warmup_steps"] == 0 and saved["model"] == "tiny"  # resolved defaults, not None
+
+
+def test_same_run_resumes_with_free_fields_changed(data, tmp_path):
+    full = train(**args(data, tmp_path / "full", steps=3))
+    run = tmp_path / "run"
+    train(**args(data, run, steps=3))
+    # as if killed after step 2: latest.json names step 2; resume with only bookkeeping fields changed
+    (run / "checkpoints" / "latest.json").write_text(json.dumps({"step": 2, "path": "step_000002"}))
+    resumed = train(**args(data, run, steps=3, resume=True, save_every=5, log_every=2, keep_last=1,
+                           tensorboard=False))
+    assert resumed["steps"] == 3 and resumed["final_loss"] == full["final_loss"]
+    a, b = (load_file(os.path.join(r["checkpoint"], "model.safetensors")) for r in (full, resumed))
+    assert all(torch.equal(a[n], b[n]) for n in a)
+    assert sorted(os.listdir(run / "checkpoints")) == ["latest.json", "step_000003"]  # keep_last=1
+
+
+def test_force_resume_continues_and_warns(data, tmp_path, caplog):
+    run = tmp_path / "run"
+    train(**args(data, run))
+    with caplog.at_level(logging.WARNING, logger="mdc.train"):
+        results = train(**args(data, run, objective="arc", steps=3, resume=True, force_resume=True))
+    assert results["steps"] == 3 and mdc.load(results["checkpoint"]).config.objective == "arc"
+    warned = [r.getMessage() for r in caplog.records if "force_resume" in r.getMessage()]
+    assert len(warned) == 1
+    assert "objective: checkpoint 'mdc', now 'arc'" in warned[0] and "steps: checkpoint 2, now 3" in warned[0]
+
+
+def test_checkpoint_without_run_config_is_refused(data, tmp_path):
+    run = tmp_path / "run"
+    train(**args(data, run, steps=1))
+    os.remove(run / "checkpoints" / "step_000001" / "train_config.json")
+    with pytest.raises(ValueError, match="step_000001.*no train_config.json.*force_resume"):
+        train(**args(data, run, steps=2, resume=True))
