@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -10,6 +12,11 @@ CAPTIONS = [
     "two blue squares below a striped cross",
     "a large purple circle right of a star",
 ]
+# Subprocesses (notebook kernels, torchrun workers) import the checkout under test, not whatever
+# `mdc` the environment has installed (a worktree beside the editable install, say).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+
 VOCAB = compact_vocab(CAPTIONS + ["a green square", "the red star above a circle"])
 SMALL = dict(vocab=VOCAB, image_size=32, patch_size=8, vision_width=64, vision_layers=2, vision_heads=2,
              text_width=64, text_layers=2, text_heads=2, embed_dim=64, context_length=24)

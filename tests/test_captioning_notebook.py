@@ -17,7 +17,6 @@ OVERRIDES = {k: v for k, v in SMALL.items() if k != "vocab"} | {"context_length"
 @pytest.fixture(autouse=True)
 def _kernel_env(monkeypatch):  # the kernel inherits them
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))  # this checkout's mdc
 
 
 def _run(tmp_path, **parameters):

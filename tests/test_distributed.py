@@ -14,8 +14,7 @@ from mdc.data.scenes import vocabulary, write_shards
 from conftest import CAPTIONS, SMALL
 
 # The checkout under test comes first on the scripts' path (not whichever mdc is installed).
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+ENV = dict(os.environ, OMP_NUM_THREADS="1")  # conftest puts this checkout on PYTHONPATH
 
 TRAIN_SCRIPT = textwrap.dedent('''
     """Train under torchrun; every rank also dumps its in-memory weights at each checkpoint."""
