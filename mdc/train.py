@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import glob
 import json
 import logging
 import os
@@ -61,7 +62,7 @@ class TrainConfig:
     ``force_resume`` continues anyway and logs the differences.
     """
 
-    train_data: str  # webdataset shard pattern, e.g. "DIR/{000000..000009}.tar" ("::" joins several)
+    train_data: str  # shard pattern "DIR/{000000..000009}.tar" ("::" joins several), or a folder of .tar shards
     output_dir: str  # checkpoints/, metrics.jsonl, train_config.json
     model: str | None = None  # registry name; default: the preset's backbone, else "tiny"
     objective: str = "mdc"  # "mdc" | "arc" | "clip"
@@ -104,6 +105,11 @@ class TrainConfig:
         c = dataclasses.replace(self)
         if not c.train_data:
             raise ValueError("train_data is empty: give a shard pattern such as 'DIR/{000000..000009}.tar'")
+        if os.path.isdir(c.train_data):  # a folder of shards: every .tar in it, in name order
+            tars = sorted(glob.glob(os.path.join(c.train_data, "*.tar")))
+            if not tars:
+                raise ValueError(f"train_data {c.train_data!r} is a folder without .tar shards")
+            c.train_data = "::".join(tars)
         if c.vocab_from_data:
             if "vocab" in (c.model_overrides or {}):
                 raise ValueError("vocab_from_data builds the vocabulary from the training captions; "
@@ -563,7 +569,8 @@ def parse_args(argv: list[str] | None = None) -> dict:
     """CLI flags (open_clip style) -> keyword arguments of :func:`train`."""
     p = argparse.ArgumentParser(prog="python -m mdc.train", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--train-data", required=True, help="shard pattern, e.g. 'DIR/{000000..000009}.tar'")
+    p.add_argument("--train-data", required=True,
+                   help="shard pattern, e.g. 'DIR/{000000..000009}.tar', or a folder of .tar shards")
     p.add_argument("--output-dir", required=True, help="run folder: checkpoints/, metrics.jsonl")
     p.add_argument("--model", help="registry name (default: the preset's backbone, else tiny)")
     p.add_argument("--objective", default="mdc", choices=["mdc", "arc", "clip"])

@@ -178,3 +178,11 @@ def test_warmup_then_cosine_to_zero():
     assert f(60) == pytest.approx(0.5) and f(110) == pytest.approx(0.0, abs=1e-12)
     assert all(f(s) >= f(s + 1) for s in range(10, 110))
     assert math.isclose(optim.warmup_cosine(0, 10)(0), 1.0)
+
+
+def test_train_data_may_be_a_folder_of_shards(shards, tmp_path):
+    folder = os.path.dirname(shards)
+    c = TrainConfig(folder, str(tmp_path), steps=4, warmup_steps=1).resolved(world_size=1)
+    assert c.train_data.split("::") == [os.path.join(folder, f"{i:06d}.tar") for i in range(4)]
+    with pytest.raises(ValueError, match="without .tar shards"):
+        TrainConfig(str(tmp_path), str(tmp_path), steps=4).resolved(world_size=1)
