@@ -64,3 +64,18 @@ def plot_captions(images: Sequence, captions_by_model: Mapping[str, Sequence[str
             y -= 0.14 * len(wrapped) + 0.04
     _save(fig, path)
     return fig
+
+
+def plot_loss_curve(metrics_path: str, path: str | None = None, title: str = "") -> Figure:
+    """Training loss per step from a run's ``metrics.jsonl``."""
+    import json
+
+    with open(metrics_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    fig = PaperFigure(figsize=(5, 3))
+    ax = fig.add_subplot()
+    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows])
+    ax.set(xlabel="step", ylabel="loss", title=title)
+    fig.tight_layout()
+    _save(fig, path)
+    return fig

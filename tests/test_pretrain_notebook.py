@@ -1,11 +1,11 @@
 """notebooks/pretrain.ipynb runs under papermill with smoke settings and writes results.json."""
-import json
 import os
 
 import nbformat
 import papermill
 
 import mdc
+from mdc.eval.results import read_results
 from conftest import SMALL
 
 NOTEBOOK = os.path.join(os.path.dirname(__file__), "..", "notebooks", "pretrain.ipynb")
@@ -27,7 +27,8 @@ def test_pretrain_notebook_smoke(tmp_path, monkeypatch):
         parameters=dict(objective="mdc", model_overrides=overrides, train_data="", data_samples=48, steps=3,
                         batch_size=8, workers=1, save_every=2, output_dir=str(out)),
     )
-    results = json.loads((out / "results.json").read_text())
-    assert results["steps"] == 3 and results["objective"] == "mdc"
-    assert os.path.isfile(results["loss_curve"])
+    record = read_results(out / "results.json", kind="pretrain")
+    results = record["results"]
+    assert results["steps"] == 3 and results["objective"] == "mdc" and record["model"]["image_size"] == 32
+    assert os.path.isfile(results["loss_curve"]) and record["checkpoint_id"]
     assert mdc.load(results["checkpoint"]).config.image_size == 32
