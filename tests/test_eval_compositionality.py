@@ -1,4 +1,5 @@
 """Compositionality evaluation: the aggregation by hand, intervals, and end-to-end on tiny synthetic sets."""
+import json
 import warnings
 
 import numpy as np
@@ -161,6 +162,26 @@ def test_load_suites_and_clear_errors(evalsets, tmp_path):
     real = C.load_suites(None, ["aro_coco_order"], coco_order_json=f"{evalsets}/aro/coco_order_test.json",
                          coco_image_dir=f"{evalsets}/aro", tagger="builtin")
     assert real["aro_coco_order"].data == "real"
+    real = C.load_suites(None, aro_dir=f"{evalsets}/aro", vg_image_dir=f"{evalsets}/aro",
+                         sugarcrepe_dir=f"{evalsets}/sugarcrepe", coco_val2017_dir=f"{evalsets}/sugarcrepe/images")
+    assert set(real) == {"aro_relation", "aro_attribute", *C.SUGARCREPE}
+
+
+def test_suites_count_missing_and_excluded_items(tmp_path):
+    Image.new("RGB", (8, 8)).save(tmp_path / "1.jpg")
+    box = dict(bbox_x=0, bbox_y=0, bbox_w=8, bbox_h=8, true_caption="the cat is on the mat",
+               false_caption="the mat is on the cat")
+    relation = [dict(box, image_path="1.jpg", relation_name="on"), dict(box, image_path="1.jpg", relation_name="next to"),
+                dict(box, image_path="2.jpg", relation_name="on")]  # next to: symmetric; 2.jpg: absent
+    attribution = [dict(box, image_path="1.jpg", attributes=a) for a in (["red", "blue"], ["red", "blue"], ["big", "small"])]
+    for name, data in (("visual_genome_relation.json", relation), ("visual_genome_attribution.json", attribution)):
+        (tmp_path / name).write_text(json.dumps(data))
+    suites = C.load_suites(None, aro_dir=str(tmp_path), vg_image_dir=str(tmp_path), on_missing="skip",
+                           attribute_min_count=2)
+    rel, att = suites["aro_relation"], suites["aro_attribute"]
+    assert (len(rel.items), rel.total, rel.missing, rel.excluded) == (1, 3, 1, 1)
+    assert (len(att.items), att.total, att.missing, att.excluded) == (2, 3, 0, 1) and att.groups == ["red_blue"] * 2
+    assert rel.items[0]["bbox"] == (0, 0, 8, 8) and rel.candidates == [["the cat is on the mat", "the mat is on the cat"]]
 
 
 @pytest.mark.parametrize("objective", ["mdc", "arc", "clip"])

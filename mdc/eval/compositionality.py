@@ -45,6 +45,7 @@ import json
 import os
 import time
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -114,7 +115,7 @@ def _suite(name: str, data: str, path: str, image_dir: str | None, on_missing: s
     if name == "aro_attribute":
         items = comp.load_vg_attribution(path, image_dir, on_missing)
         pair = [f"{it['attributes'][0]}_{it['attributes'][1]}" for it in items]
-        counts = {g: pair.count(g) for g in set(pair)}
+        counts = Counter(pair)
         keep = [i for i, g in enumerate(pair) if counts[g] >= attribute_min_count]
         kept = comp.Items([items[i] for i in keep], items.source, items.total, items.missing)
         return _pairs(name, data, kept, "true_caption", "false_caption", [pair[i] for i in keep],
