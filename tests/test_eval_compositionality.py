@@ -182,6 +182,11 @@ def test_suites_count_missing_and_excluded_items(tmp_path):
     assert (len(rel.items), rel.total, rel.missing, rel.excluded) == (1, 3, 1, 1)
     assert (len(att.items), att.total, att.missing, att.excluded) == (2, 3, 0, 1) and att.groups == ["red_blue"] * 2
     assert rel.items[0]["bbox"] == (0, 0, 8, 8) and rel.candidates == [["the cat is on the mat", "the mat is on the cat"]]
+    order = [{"image": name, "caption": ["a red cat on a mat", "a mat under a cat"]} for name in ("1.jpg", "2.jpg")]
+    (tmp_path / "test.json").write_text(json.dumps(order))
+    suite = C.load_suites(None, coco_order_json=str(tmp_path / "test.json"), coco_image_dir=str(tmp_path),
+                          on_missing="skip", tagger="builtin")["aro_coco_order"]
+    assert (len(suite.items), suite.total, suite.missing) == (2, 4, 2)  # an absent image drops its captions
 
 
 @pytest.mark.parametrize("objective", ["mdc", "arc", "clip"])

@@ -87,8 +87,8 @@ class Suite:
     groups: list  # [N] aggregation group: relation, attribute pair, or "" (micro average)
     sources: list
     total: int
-    missing: int = 0
-    excluded: int = 0
+    missing: int = 0  # items skipped: image absent (order suites: the captions of absent images)
+    excluded: int = 0  # items the suite's rule leaves out
     chance: float = 0.5
     identical: np.ndarray | None = None  # [N, K] order suites: candidate == true caption
     tagger: str | None = None
@@ -98,9 +98,10 @@ class Suite:
         return [f"{self.name}/{item['id']}" for item in self.items]
 
 
-def _pairs(name, data, items, true, false, groups, excluded=0) -> Suite:
-    return Suite(name, data, list(items), [[it[true], it[false]] for it in items], groups, [items.source],
-                 items.total, len(items.missing), excluded)
+def _pairs(name, data, loaded, kept, true, false, groups) -> Suite:
+    """A two-caption suite of the ``kept`` items out of the ``loaded`` ones (:class:`Items`)."""
+    return Suite(name, data, list(kept), [[it[true], it[false]] for it in kept], groups, [loaded.source],
+                 loaded.total, loaded.total - len(loaded), len(loaded) - len(kept))
 
 
 def _suite(name: str, data: str, path: str, image_dir: str | None, on_missing: str, attribute_min_count: int,
@@ -108,26 +109,23 @@ def _suite(name: str, data: str, path: str, image_dir: str | None, on_missing: s
     """Read one suite's file; ``path`` is the JSON file (a SugarCrepe folder for sugarcrepe/*)."""
     if name == "aro_relation":
         items = comp.load_vg_relation(path, image_dir, on_missing)
-        kept = comp.Items([it for it in items if it["relation_name"] not in comp.ARO_SYMMETRIC_RELATIONS],
-                          items.source, items.total, items.missing)
-        return _pairs(name, data, kept, "true_caption", "false_caption", [it["relation_name"] for it in kept],
-                      len(items) - len(kept))
+        kept = [it for it in items if it["relation_name"] not in comp.ARO_SYMMETRIC_RELATIONS]
+        return _pairs(name, data, items, kept, "true_caption", "false_caption", [it["relation_name"] for it in kept])
     if name == "aro_attribute":
         items = comp.load_vg_attribution(path, image_dir, on_missing)
         pair = [f"{it['attributes'][0]}_{it['attributes'][1]}" for it in items]
         counts = Counter(pair)
         keep = [i for i, g in enumerate(pair) if counts[g] >= attribute_min_count]
-        kept = comp.Items([items[i] for i in keep], items.source, items.total, items.missing)
-        return _pairs(name, data, kept, "true_caption", "false_caption", [pair[i] for i in keep],
-                      len(items) - len(kept))
+        return _pairs(name, data, items, [items[i] for i in keep], "true_caption", "false_caption",
+                      [pair[i] for i in keep])
     if name in ("aro_coco_order", "aro_flickr30k_order"):
         items = comp.load_order_suite(path, image_dir, order_seed, on_missing=on_missing, tagger=tagger)
         identical = np.array([[False, *it["identical"]] for it in items], dtype=bool).reshape(len(items), 5)
         return Suite(name, data, list(items), [[it["caption"], *it["perturbed"]] for it in items], [""] * len(items),
-                     [path], items.total, len(items.missing), 0, 0.2, identical, items.tagger)
+                     [path], items.total, items.total - len(items), 0, 0.2, identical, items.tagger)
     subset = name.split("/")[1]
     items = comp.load_sugarcrepe(path, image_dir, [subset], on_missing)[subset]
-    return _pairs(name, data, items, "caption", "negative_caption", [""] * len(items))
+    return _pairs(name, data, items, items, "caption", "negative_caption", [""] * len(items))
 
 
 def _expand(suites) -> list[str]:
