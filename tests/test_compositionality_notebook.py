@@ -41,6 +41,7 @@ def test_compositionality_notebook_smoke(tmp_path, monkeypatch):
     record = read_results(out / "results.json", kind="compositionality")
     results = record["results"]
     assert record["parameters"]["num_samples"] == 2 and record["model"]["objective"] == "mdc"
+    assert set(record["parameters"]) == set(papermill.inspect_notebook(NOTEBOOK))  # every parameter, as run
     assert record["checkpoint_id"] and record["runtime_s"] > 0
     assert set(results) >= {"rules", "settings", "columns", "sugarcrepe_subsets", "table2", "item_scores"}
     assert set(results["columns"]) == set(COLUMNS) - {"aro_flickr30k_order"}  # no Flickr30k in the synthetic world

@@ -32,7 +32,7 @@ Results schema (the ``results`` part of a ``kind="compositionality"`` results fi
       "candidates": int,            # captions per item, the true one included
       "aggregation": str, "tagger": "spacy" | "builtin" (order suites only), "seconds": float,
       "scores": {variant: {         # variant: a method, or "elbo_trained_t"
-          "accuracy": float, "ci": [lo, hi], "ties": int,           # ties: items lost by a tie
+          "accuracy": float, "ci": [lo, hi], "ties": int,   # ties: items lost by a tie (correct if ties won)
           "accuracy_lengthnorm": float, "ci_lengthnorm": [lo, hi], "ties_lengthnorm": int,
           "per_group": {relation | attribute pair: accuracy}}}}     # macro suites only
     }
@@ -245,9 +245,10 @@ class _Images(torch.utils.data.Dataset):
 def score_suite(model, transform, suite: Suite, methods: Sequence[str], *, num_samples=1024, paired=True, seed=0,
                 batch_size=32, device="cpu", elbo_trained_t=True, stratified=True, max_rows=256,
                 workers=0) -> SuiteScores:
-    """Score every candidate of every item (all candidates of an item together, each image
-    encoded once per method); ELBO noise is keyed by the item's id (:meth:`Suite.keys`), shared by
-    its candidates when ``paired`` (common random numbers)."""
+    """Score every candidate of every item: the candidates of ``batch_size`` items in one call per
+    variant (each image encoded once per call). ELBO noise is keyed by the item's id
+    (:meth:`Suite.keys`) and shared by its candidates when ``paired`` (common random numbers);
+    ``max_rows`` bounds the masked copies in one forward pass."""
     methods = resolve_methods(model.config.objective, methods)
     start, model = time.time(), model.to(device)
     keys, tok = suite.keys(), model.tokenizer
@@ -278,12 +279,13 @@ def score_suite(model, transform, suite: Suite, methods: Sequence[str], *, num_s
 
 
 def correct_and_ties(scores: np.ndarray, identical: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Per item [N]: the true caption (column 0) scores strictly above every competitor, and
-    whether a tie with a competitor occurred (a tie is an error). ``identical`` [N, K] columns
-    (a candidate that is the true caption's very string) are not competitors."""
+    """Per item [N]: whether the true caption (column 0) scores strictly above every competitor,
+    and whether the item is lost by a tie (it would be correct if ties counted as wins).
+    ``identical`` [N, K] marks candidates that are the true caption's very string: not competitors."""
     true, others = scores[:, :1], scores[:, 1:]
     same = np.zeros_like(others, dtype=bool) if identical is None else identical[:, 1:]
-    return ((true > others) | same).all(1), ((true == others) & ~same).any(1)
+    correct = ((true > others) | same).all(1)
+    return correct, ~correct & ((true >= others) | same).all(1)
 
 
 def bootstrap_ci(correct, groups=None, min_count: int = 1, resamples: int = 1000, seed: int = 0,
