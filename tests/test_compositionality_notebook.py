@@ -36,8 +36,8 @@ def test_compositionality_notebook_smoke(tmp_path, monkeypatch):
     checkpoint = tmp_path / "ckpt"
     small_model("mdc").save(str(checkpoint))
     out = tmp_path / "run"
-    _run(tmp_path, monkeypatch, checkpoint=str(checkpoint), num_samples=2, n_items=4, attribute_min_count=1, tagger="builtin",
-         batch_size=4, resamples=20, output_dir=str(out))
+    _run(tmp_path, monkeypatch, checkpoint=str(checkpoint), num_samples=2, n_items=4, attribute_min_count=1,
+         tagger="builtin", batch_size=4, resamples=20, output_dir=str(out))
     record = read_results(out / "results.json", kind="compositionality")
     results = record["results"]
     assert record["parameters"]["num_samples"] == 2 and record["model"]["objective"] == "mdc"

@@ -74,7 +74,8 @@ def test_aggregation_matches_a_hand_computation():
     assert h["aro_relation"]["per_group"] == {"left of": 1.0, "on": 0.5}
     assert h["aro_attribute"]["accuracy"] == pytest.approx(0.75)  # (1/2 + 3/3) / 2, not 4/5
     assert h["aro_coco_order"]["accuracy"] == 1.0  # the tie with an identical string is ignored
-    assert sub["add_att"]["scores"]["heuristic"]["accuracy"] == 0.5 and sub["add_att"]["scores"]["heuristic"]["ties"] == 1
+    add_att = sub["add_att"]["scores"]["heuristic"]
+    assert add_att["accuracy"] == 0.5 and add_att["ties"] == 1
     assert h["sugarcrepe_add"]["accuracy"] == pytest.approx(5 / 6)  # item-weighted, not (1/2 + 1) / 2
     assert h["sugarcrepe_add"]["accuracy_lengthnorm"] == 0.0  # -2 vs -1.5 per token: all wrong
     assert col["sugarcrepe_add"]["scores"]["exact"]["accuracy_lengthnorm"] == pytest.approx(4 / 6)  # -3/3 > -6/5
@@ -89,7 +90,8 @@ def test_aggregation_matches_a_hand_computation():
         for s in entry["scores"].values():
             lo, hi = s["ci"]
             assert lo <= s["accuracy"] + 1e-12 and s["accuracy"] <= hi + 1e-12
-    assert "| paper: ARC |" in C.markdown_table(res) and "add_obj" in C.markdown_table(res, section="sugarcrepe_subsets")
+    assert "| paper: ARC |" in C.markdown_table(res)
+    assert "add_obj" in C.markdown_table(res, section="sugarcrepe_subsets")
 
 
 def test_bootstrap_interval_contains_the_estimate_and_shrinks():
@@ -172,9 +174,11 @@ def test_suites_count_missing_and_excluded_items(tmp_path):
     Image.new("RGB", (8, 8)).save(tmp_path / "1.jpg")
     box = dict(bbox_x=0, bbox_y=0, bbox_w=8, bbox_h=8, true_caption="the cat is on the mat",
                false_caption="the mat is on the cat")
-    relation = [dict(box, image_path="1.jpg", relation_name="on"), dict(box, image_path="1.jpg", relation_name="next to"),
-                dict(box, image_path="2.jpg", relation_name="on")]  # next to: symmetric; 2.jpg: absent
-    attribution = [dict(box, image_path="1.jpg", attributes=a) for a in (["red", "blue"], ["red", "blue"], ["big", "small"])]
+    relation = [dict(box, image_path="1.jpg", relation_name="on"),
+                dict(box, image_path="1.jpg", relation_name="next to"),  # symmetric
+                dict(box, image_path="2.jpg", relation_name="on")]  # absent
+    pairs = (["red", "blue"], ["red", "blue"], ["big", "small"])
+    attribution = [dict(box, image_path="1.jpg", attributes=a) for a in pairs]
     for name, data in (("visual_genome_relation.json", relation), ("visual_genome_attribution.json", attribution)):
         (tmp_path / name).write_text(json.dumps(data))
     suites = C.load_suites(None, aro_dir=str(tmp_path), vg_image_dir=str(tmp_path), on_missing="skip",
@@ -182,7 +186,8 @@ def test_suites_count_missing_and_excluded_items(tmp_path):
     rel, att = suites["aro_relation"], suites["aro_attribute"]
     assert (len(rel.items), rel.total, rel.missing, rel.excluded) == (1, 3, 1, 1)
     assert (len(att.items), att.total, att.missing, att.excluded) == (2, 3, 0, 1) and att.groups == ["red_blue"] * 2
-    assert rel.items[0]["bbox"] == (0, 0, 8, 8) and rel.candidates == [["the cat is on the mat", "the mat is on the cat"]]
+    assert rel.items[0]["bbox"] == (0, 0, 8, 8)
+    assert rel.candidates == [["the cat is on the mat", "the mat is on the cat"]]
     order = [{"image": name, "caption": ["a red cat on a mat", "a mat under a cat"]} for name in ("1.jpg", "2.jpg")]
     (tmp_path / "test.json").write_text(json.dumps(order))
     suite = C.load_suites(None, coco_order_json=str(tmp_path / "test.json"), coco_image_dir=str(tmp_path),
@@ -198,7 +203,8 @@ def test_end_to_end_on_synthetic_sets(evalsets, objective, tmp_path):
     methods = C.resolve_methods(objective)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # long synthetic captions exceed the tiny model's context
-        scored = {n: C.score_suite(model, transform, s, methods, num_samples=2, batch_size=4) for n, s in suites.items()}
+        scored = {n: C.score_suite(model, transform, s, methods, num_samples=2, batch_size=4)
+                  for n, s in suites.items()}
     variants = C.variants(methods)
     for name, s in scored.items():
         N, K = len(suites[name].items), len(suites[name].candidates[0])

@@ -20,7 +20,7 @@ Results schema (the ``results`` part of a ``kind="compositionality"`` results fi
         "sugarcrepe_add" | "sugarcrepe_replace" | "sugarcrepe_swap": ENTRY},
       "sugarcrepe_subsets": {"add_att" | ... | "swap_obj": ENTRY},
       "table2": {variant: {column: accuracy}},  # variant and variant + "_lengthnorm", for figures
-      "item_scores": "item_scores.npz",         # per-item scores (save_item_scores), beside the file
+      "item_scores": "item_scores.npz",  # written by the notebook: per-item scores (save_item_scores)
     }
     ENTRY = {
       "data": "synthetic" | "real", "sources": [benchmark files],
@@ -37,7 +37,8 @@ Results schema (the ``results`` part of a ``kind="compositionality"`` results fi
           "per_group": {relation | attribute pair: accuracy}}}}     # macro suites only
     }
 
-Accuracies are fractions in [0, 1]; a macro average with no group left is null.
+Accuracies are fractions in [0, 1]; a macro average with no group left is null. ``PAPER_ROWS``
+names the paper's Table 2 row of each method, ``PAPER_TABLE2`` holds its numbers.
 """
 from __future__ import annotations
 
@@ -156,8 +157,8 @@ def load_suites(data_dir: str | None = None, suites="all", *, sugarcrepe_dir="",
         if not os.path.isdir(data_dir):
             raise ValueError(f"data_dir: {data_dir} is not a folder of synthetic evaluation sets")
         aro, sugar = os.path.join(data_dir, "aro"), os.path.join(data_dir, "sugarcrepe")
-        for name, file in (("aro_relation", "visual_genome_relation.json"),
-                           ("aro_attribute", "visual_genome_attribution.json"), ("aro_coco_order", "coco_order_test.json")):
+        for name, file in (("aro_relation", "visual_genome_relation.json"), ("aro_coco_order", "coco_order_test.json"),
+                           ("aro_attribute", "visual_genome_attribution.json")):
             sources.setdefault(name, []).append(("synthetic", os.path.join(aro, file), aro))
         for name in SUGARCREPE:
             sources.setdefault(name, []).append(("synthetic", sugar, os.path.join(sugar, "images")))
