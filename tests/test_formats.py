@@ -129,7 +129,8 @@ def test_order_suite(tmp_path):
     assert order_accuracy(items, true, perturbed) == pytest.approx(4 / 5)
 
     with pytest.raises(ValueError, match=r"coco_karpathy_test\.json.*item 0.*'caption'"):
-        load_order_suite(_json(tmp_path / "coco_karpathy_test.json", [{"image": "val2014/a.jpg"}]), str(tmp_path))
+        load_order_suite(_json(tmp_path / "coco_karpathy_test.json", [{"image": "val2014/a.jpg"}]), str(tmp_path),
+                         tagger="builtin")
 
 
 def _classes(caption):
