@@ -90,6 +90,9 @@ def test_aggregation_matches_a_hand_computation():
         for s in entry["scores"].values():
             lo, hi = s["ci"]
             assert lo <= s["accuracy"] + 1e-12 and s["accuracy"] <= hi + 1e-12
+    empty = _suite("aro_coco_order", [], K=5, identical=np.zeros((0, 5), bool))  # every image absent
+    res_empty = C.summarise({"aro_coco_order": _scored(empty, np.zeros((0, 5)), np.zeros((0, 5), int))}, resamples=10)
+    assert np.isnan(res_empty["columns"]["aro_coco_order"]["scores"]["heuristic"]["accuracy"])
     assert "| paper: ARC |" in C.markdown_table(res)
     assert "add_obj" in C.markdown_table(res, section="sugarcrepe_subsets")
 

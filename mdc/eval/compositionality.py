@@ -315,14 +315,16 @@ def bootstrap_ci(correct, groups=None, min_count: int = 1, resamples: int = 1000
 
 
 def _accuracy(suite: Suite, items: list, correct: np.ndarray, scores: np.ndarray, min_count: int):
-    """The suite's official number (and per-group accuracies for macro suites)."""
+    """The suite's official number (and per-group accuracies for macro suites); NaN without items."""
+    if not items:
+        return float("nan"), ({} if suite.name in ("aro_relation", "aro_attribute") else None)
     if suite.name == "aro_relation":
         return comp.vg_relation_accuracy(items, correct)
     if suite.name == "aro_attribute":
         return comp.vg_attribution_accuracy(items, correct, min_count)
     if suite.identical is not None:
         return comp.order_accuracy(items, scores[:, 0], scores[:, 1:]), None
-    return (float(np.mean(correct)) if len(correct) else float("nan")), None
+    return float(np.mean(correct)), None
 
 
 def _entry(parts: list[SuiteScores], variant_names, min_count, resamples, level, seed, name) -> dict:
