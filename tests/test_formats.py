@@ -1,15 +1,17 @@
 """Readers of the real benchmark formats, on tiny fixtures written in the published layouts."""
 import io
 import json
+import sys
+import types
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from mdc.data.compositionality import (
-    ARO_SYMMETRIC_RELATIONS, load_order_suite, load_sugarcrepe, load_vg_attribution, load_vg_relation,
-    normalise_caption, order_accuracy, pairwise_correct, sugarcrepe_columns, vg_attribution_accuracy,
-    vg_relation_accuracy,
+    ARO_SYMMETRIC_RELATIONS, _spacy_nlp, builtin_word_classes, load_order_suite, load_sugarcrepe,
+    load_vg_attribution, load_vg_relation, normalise_caption, order_accuracy, pairwise_correct, perturb_caption,
+    resolve_tagger, sugarcrepe_columns, vg_attribution_accuracy, vg_relation_accuracy, word_classes,
 )
 from mdc.data.formats import (
     build_probe_dataset, load_coco_captions, load_image, load_image_folder, load_karpathy,
@@ -107,15 +109,17 @@ def test_order_suite(tmp_path):
     caps = ["A man riding a red bike down the busy street.", "Two small dogs play in the green grass",
             "a cat", "A woman holding an umbrella next to a tall building", "People walk."]
     path = _json(tmp_path / "coco_karpathy_test.json", [{"image": "val2014/a.jpg", "caption": caps}])
-    items = load_order_suite(path, str(tmp_path), seed=0)
-    assert len(items) == 5 and items[0]["caption"] == "a man riding a red bike down the busy street"
+    items = load_order_suite(path, str(tmp_path), seed=0, tagger="builtin")
+    assert items.tagger == "builtin" and len(items) == 5
+    assert items[0]["caption"] == "a man riding a red bike down the busy street"
     for item, cap in zip(items, caps):
         words = sorted(normalise_caption(cap))
         assert len(item["perturbed"]) == 4
         assert all(sorted(p.split()) == words for p in item["perturbed"])
         assert item["identical"] == [p == item["caption"] for p in item["perturbed"]]
-    assert items == load_order_suite(path, str(tmp_path), seed=0)
-    assert any(a["perturbed"] != b["perturbed"] for a, b in zip(items, load_order_suite(path, str(tmp_path), seed=1)))
+    assert items == load_order_suite(path, str(tmp_path), seed=0, tagger="builtin")
+    reseeded = load_order_suite(path, str(tmp_path), seed=1, tagger="builtin")
+    assert any(a["perturbed"] != b["perturbed"] for a, b in zip(items, reseeded))
     assert any(p != items[0]["caption"] for p in items[0]["perturbed"])
 
     true = np.zeros(5)
@@ -125,7 +129,100 @@ def test_order_suite(tmp_path):
     assert order_accuracy(items, true, perturbed) == pytest.approx(4 / 5)
 
     with pytest.raises(ValueError, match=r"coco_karpathy_test\.json.*item 0.*'caption'"):
-        load_order_suite(_json(tmp_path / "coco_karpathy_test.json", [{"image": "val2014/a.jpg"}]), str(tmp_path))
+        load_order_suite(_json(tmp_path / "coco_karpathy_test.json", [{"image": "val2014/a.jpg"}]), str(tmp_path),
+                         tagger="builtin")
+
+
+def _classes(caption):
+    words = normalise_caption(caption)
+    return dict(zip(words, builtin_word_classes(words)))
+
+
+@pytest.mark.parametrize("caption, expected", [
+    # closed-class words and irregular participles are not nouns
+    ("a table made of wood set for two people sitting together", dict(
+        made="other", set="other", two="other", sitting="other", together="other", table="noun", wood="noun")),
+    ("a picture taken from a bridge built over the river", dict(taken="other", built="other", picture="noun")),
+    # -y adjectives; -y nouns stay nouns
+    ("a baby and a puppy on a sunny grassy hill under a cloudy sky", dict(
+        baby="noun", puppy="noun", sunny="adj", grassy="adj", cloudy="adj", sky="noun", hill="noun")),
+    ("a snowy road in a busy city next to a family", dict(snowy="adj", busy="adj", city="noun", family="noun")),
+    # unlisted -s verbs vs plural nouns
+    ("a man leans on a bench while a bird perches on a branch", dict(
+        leans="other", perches="other", man="noun", bench="noun", bird="noun", branch="noun")),
+    ("two boys sit on a bus with their bags", dict(boys="noun", sit="other", bus="noun", bags="noun")),
+    # homographs decided by their neighbours
+    ("a surfer rides the waves as a boy waves", dict(rides="other")),
+    ("a cat on top of a stop sign in front of a parking lot", dict(
+        top="noun", stop="noun", sign="noun", front="noun", parking="noun", lot="noun")),
+    ("a man standing in the living room is dressed in white", dict(
+        standing="other", living="noun", white="noun", dressed="other")),
+    ("the sky is blue and a red bus is parked", dict(blue="adj", red="adj", parked="other")),
+    ("a bus that is red and white", dict(red="adj", white="adj")),
+])
+def test_builtin_tagger_fixed_words(caption, expected):
+    got = _classes(caption)
+    assert {w: got[w] for w in expected} == expected
+    words = normalise_caption("a surfer rides the waves as a boy waves")
+    assert builtin_word_classes(words)[4] == "noun" and builtin_word_classes(words)[-1] == "other"
+
+
+class _FakeToken:
+    def __init__(self, text):
+        self.text, self.tag_ = text, {"dog": "NN", "red": "JJ", "runs": "NN"}.get(text, "DT")
+
+
+def _fake_spacy(monkeypatch, installed=True):
+    """A stand-in spaCy whose tagger calls 'runs' a noun (the built-in tagger would not)."""
+    spacy, tokens = types.ModuleType("spacy"), types.ModuleType("spacy.tokens")
+    nlp = lambda doc: [_FakeToken(w) for w in doc.words]  # noqa: E731
+    nlp.vocab = object()
+
+    def load(name):
+        if not installed:
+            raise OSError(f"[E050] Can't find model '{name}'")
+        assert name == "en_core_web_sm"
+        return nlp
+
+    spacy.load, spacy.tokens = load, tokens
+    tokens.Doc = lambda vocab, words: types.SimpleNamespace(words=words)
+    monkeypatch.setitem(sys.modules, "spacy", spacy)
+    monkeypatch.setitem(sys.modules, "spacy.tokens", tokens)
+    _spacy_nlp.cache_clear()
+    return nlp
+
+
+@pytest.fixture
+def clear_spacy_cache():
+    _spacy_nlp.cache_clear()
+    yield
+    _spacy_nlp.cache_clear()
+
+
+def test_spacy_tags_are_used_when_importable(monkeypatch, clear_spacy_cache, tmp_path):
+    _fake_spacy(monkeypatch)
+    words = ["a", "red", "dog", "runs"]
+    assert resolve_tagger("auto") == "spacy" and word_classes(words) == ["other", "adj", "noun", "noun"]
+    assert builtin_word_classes(words)[3] == "other"
+    # the noun shuffle moves 'runs' only because spaCy calls it a noun
+    shuffled = {tuple(perturb_caption(words, np.random.default_rng(s))[0]) for s in range(20)}
+    assert ("a", "red", "runs", "dog") in shuffled
+    path = _json(tmp_path / "test.json", [{"image": "a.jpg", "caption": ["A red dog runs."]}])
+    assert load_order_suite(path, None).tagger == "spacy"
+
+
+def test_without_spacy_auto_falls_back_with_a_warning(monkeypatch, clear_spacy_cache, tmp_path):
+    _fake_spacy(monkeypatch, installed=False)  # spaCy without the model
+    assert resolve_tagger("auto") == "builtin"
+    with pytest.raises(ValueError, match="en_core_web_sm"):
+        resolve_tagger("spacy")
+    with pytest.raises(ValueError, match="tagger must be one of"):
+        resolve_tagger("nltk")
+    monkeypatch.setitem(sys.modules, "spacy", None)  # spaCy itself absent
+    _spacy_nlp.cache_clear()
+    path = _json(tmp_path / "test.json", [{"image": "a.jpg", "caption": ["A red dog runs."]}])
+    with pytest.warns(UserWarning, match="built-in tagger"):
+        assert load_order_suite(path, None).tagger == "builtin"
 
 
 # ------------------------------------------------------------------ captioning

@@ -1,0 +1,437 @@
+"""Compositionality evaluation (paper Sec. 4.2, Table 2): score every candidate caption of an
+item with the model's likelihood (or CLIP's cosine) and count the items whose true caption wins.
+
+Suites (``SUITES``): ARO VG-Relation, VG-Attribution, COCO-Order, Flickr30k-Order and the seven
+SugarCrepe sub-files, read as published (:mod:`mdc.data.compositionality`) or from the synthetic
+sets of :mod:`mdc.data.evalsets` (same formats). Scorers (:data:`mdc.scoring.METHODS`): "exact"
+(ARC), "elbo" and "heuristic" (MDC), "cosine" (CLIP). Each scored method is reported raw and
+length-normalised; "elbo" also as ``elbo_trained_t``, the ELBO summed only over the mask ratios
+the model was trained on (``model.config.t_interval``, or ``mask_ratio`` when fixed).
+
+Results schema (the ``results`` part of a ``kind="compositionality"`` results file)::
+
+    {
+      "rules": {"tie": str, "length_normalisation": str, "interval": str, "sugarcrepe_columns": str},
+      "settings": {"methods": [...], "variants": [...], "num_samples": int, "paired": bool,
+                   "stratified": bool, "seed": int, "t_interval_trained": [w_l, w_u],
+                   "resamples": int, "level": 0.95, "attribute_min_count": 25},
+      "columns": {                  # Table 2 columns that were evaluated, keys from COLUMNS:
+        "aro_relation" | "aro_attribute" | "aro_coco_order" | "aro_flickr30k_order" |
+        "sugarcrepe_add" | "sugarcrepe_replace" | "sugarcrepe_swap": ENTRY},
+      "sugarcrepe_subsets": {"add_att" | ... | "swap_obj": ENTRY},
+      "table2": {variant: {column: accuracy}},  # variant and variant + "_lengthnorm", for figures
+      "item_scores": "item_scores.npz",  # written by the notebook: per-item scores (save_item_scores)
+    }
+    ENTRY = {
+      "data": "synthetic" | "real", "sources": [benchmark files],
+      "items": int,                 # items evaluated (counted in the accuracy)
+      "total": int,                 # items in the file(s)
+      "missing": int,               # skipped: image absent (on_missing="skip")
+      "excluded": int,              # left out by the suite's rule (symmetric relations, rare pairs)
+      "chance": float,              # random-guess floor: 0.5 for pairs, 0.2 for order tasks
+      "candidates": int,            # captions per item, the true one included
+      "aggregation": str, "tagger": "spacy" | "builtin" (order suites only), "seconds": float,
+      "scores": {variant: {         # variant: a method, or "elbo_trained_t"
+          "accuracy": float, "ci": [lo, hi], "ties": int,   # ties: items lost by a tie (correct if ties won)
+          "accuracy_lengthnorm": float, "ci_lengthnorm": [lo, hi], "ties_lengthnorm": int,
+          "per_group": {relation | attribute pair: accuracy}}}}     # macro suites only
+    }
+
+Accuracies are fractions in [0, 1]; a macro average with no group left is null. ``PAPER_ROWS``
+names the paper's Table 2 row of each method, ``PAPER_TABLE2`` holds its numbers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from mdc.data import compositionality as comp
+from mdc.data.formats import load_image
+from mdc.scoring import METHODS, score_candidates
+from mdc.tokenizer import caption_mask
+
+SUGARCREPE = tuple(f"sugarcrepe/{s}" for s in comp.SUGARCREPE_SUBSETS)
+SUITES = ("aro_relation", "aro_attribute", "aro_coco_order", "aro_flickr30k_order", *SUGARCREPE)
+COLUMNS = ("aro_relation", "aro_attribute", "aro_coco_order", "aro_flickr30k_order",
+           "sugarcrepe_add", "sugarcrepe_replace", "sugarcrepe_swap")
+PAPER_ROWS = {"cosine": "CLIP", "exact": "ARC", "elbo": "MDC (Monte Carlo)", "heuristic": "MDC (Heuristic)"}
+PAPER_TABLE2 = {  # the paper's Table 2 (%), ViT-B/32 pretrained on CC12M
+    "CLIP": (53.6, 59.7, 27.2, 29.5, 66.5, 72.8, 61.3), "ARC": (82.7, 76.0, 97.7, 98.4, 97.6, 77.4, 76.9),
+    "MDC (Monte Carlo)": (85.1, 84.3, 89.0, 89.0, 85.6, 75.8, 75.2),
+    "MDC (Heuristic)": (84.6, 81.2, 98.4, 98.8, 97.8, 77.9, 78.5)}
+RULES = {
+    "tie": "an item is correct only if its true caption scores strictly above every other candidate; "
+           "ties count as errors (order tasks: a perturbation identical to the true caption is not a competitor)",
+    "length_normalisation": "score divided by the caption's token count (exact: the caption tokens and [EOT]; "
+                            "elbo, heuristic: the caption tokens); cosine is left unchanged",
+    "interval": "percentile bootstrap: items resampled with replacement, the suite's own aggregation re-run",
+    "sugarcrepe_columns": "add = {add_att, add_obj}, replace = {replace_att, replace_obj, replace_rel}, "
+                          "swap = {swap_att, swap_obj}; item-weighted means (sub-files' items pooled)",
+}
+
+
+@dataclass
+class Suite:
+    """One benchmark file ready to score: items, their candidate captions (true first) and groups."""
+    name: str  # one of SUITES
+    data: str  # "synthetic" | "real"
+    items: list  # [N] dicts with image_path (+ bbox) and id
+    candidates: list  # [N][K] captions, the true caption first
+    groups: list  # [N] aggregation group: relation, attribute pair, or "" (micro average)
+    sources: list
+    total: int
+    missing: int = 0  # items skipped: image absent (order suites: the captions of absent images)
+    excluded: int = 0  # items the suite's rule leaves out
+    chance: float = 0.5
+    identical: np.ndarray | None = None  # [N, K] order suites: candidate == true caption
+    tagger: str | None = None
+
+    def keys(self) -> list[str]:
+        """Stable per-item ids, the ELBO noise keys."""
+        return [f"{self.name}/{item['id']}" for item in self.items]
+
+
+def _pairs(name, data, loaded, kept, true, false, groups) -> Suite:
+    """A two-caption suite of the ``kept`` items out of the ``loaded`` ones (:class:`Items`)."""
+    return Suite(name, data, list(kept), [[it[true], it[false]] for it in kept], groups, [loaded.source],
+                 loaded.total, loaded.total - len(loaded), len(loaded) - len(kept))
+
+
+def _suite(name: str, data: str, path: str, image_dir: str | None, on_missing: str, attribute_min_count: int,
+           order_seed: int, tagger: str) -> Suite:
+    """Read one suite's file; ``path`` is the JSON file (a SugarCrepe folder for sugarcrepe/*)."""
+    if name == "aro_relation":
+        items = comp.load_vg_relation(path, image_dir, on_missing)
+        kept = [it for it in items if it["relation_name"] not in comp.ARO_SYMMETRIC_RELATIONS]
+        return _pairs(name, data, items, kept, "true_caption", "false_caption", [it["relation_name"] for it in kept])
+    if name == "aro_attribute":
+        items = comp.load_vg_attribution(path, image_dir, on_missing)
+        pair = [f"{it['attributes'][0]}_{it['attributes'][1]}" for it in items]
+        counts = Counter(pair)
+        keep = [i for i, g in enumerate(pair) if counts[g] >= attribute_min_count]
+        return _pairs(name, data, items, [items[i] for i in keep], "true_caption", "false_caption",
+                      [pair[i] for i in keep])
+    if name in ("aro_coco_order", "aro_flickr30k_order"):
+        items = comp.load_order_suite(path, image_dir, order_seed, on_missing=on_missing, tagger=tagger)
+        identical = np.array([[False, *it["identical"]] for it in items], dtype=bool).reshape(len(items), 5)
+        return Suite(name, data, list(items), [[it["caption"], *it["perturbed"]] for it in items], [""] * len(items),
+                     [path], items.total, items.total - len(items), 0, 0.2, identical, items.tagger)
+    subset = name.split("/")[1]
+    items = comp.load_sugarcrepe(path, image_dir, [subset], on_missing)[subset]
+    return _pairs(name, data, items, items, "caption", "negative_caption", [""] * len(items))
+
+
+def _expand(suites) -> list[str]:
+    names = SUITES if suites == "all" else [suites] if isinstance(suites, str) else list(suites)
+    out = [s for n in names for s in (SUGARCREPE if n == "sugarcrepe" else [n])]
+    unknown = [n for n in out if n not in SUITES]
+    if unknown:
+        raise ValueError(f"unknown suite(s) {unknown}; choose from {SUITES + ('sugarcrepe',)} or 'all'")
+    return out
+
+
+def load_suites(data_dir: str | None = None, suites="all", *, sugarcrepe_dir="", coco_val2017_dir="", aro_dir="",
+                vg_image_dir="", coco_order_json="", coco_image_dir="", flickr_order_json="", flickr_image_dir="",
+                on_missing="error", attribute_min_count=25, order_seed=0, tagger="auto") -> dict[str, Suite]:
+    """The suites to evaluate: the synthetic sets under ``data_dir`` (None: none) and the real
+    benchmarks whose paths are given ("" = not evaluated). ``suites``: "all" (every suite with
+    data) or names from ``SUITES`` ("sugarcrepe" = its seven sub-files). A given path that does
+    not exist, a path without its partner, a suite asked for without data, or a suite given
+    both synthetic and real data is a ValueError naming it."""
+    real = {"sugarcrepe_dir": sugarcrepe_dir, "coco_val2017_dir": coco_val2017_dir, "aro_dir": aro_dir,
+            "vg_image_dir": vg_image_dir, "coco_order_json": coco_order_json, "coco_image_dir": coco_image_dir,
+            "flickr_order_json": flickr_order_json, "flickr_image_dir": flickr_image_dir}
+    for param, path in real.items():
+        if path and not os.path.exists(path):
+            raise ValueError(f"{param}: {path} does not exist")
+    sources: dict[str, list[tuple]] = {}  # suite -> [(data, path, image_dir)]
+    if data_dir is not None:
+        if not os.path.isdir(data_dir):
+            raise ValueError(f"data_dir: {data_dir} is not a folder of synthetic evaluation sets")
+        aro, sugar = os.path.join(data_dir, "aro"), os.path.join(data_dir, "sugarcrepe")
+        for name, file in (("aro_relation", "visual_genome_relation.json"), ("aro_coco_order", "coco_order_test.json"),
+                           ("aro_attribute", "visual_genome_attribution.json")):
+            sources.setdefault(name, []).append(("synthetic", os.path.join(aro, file), aro))
+        for name in SUGARCREPE:
+            sources.setdefault(name, []).append(("synthetic", sugar, os.path.join(sugar, "images")))
+    pairs = [(("aro_relation", "aro_attribute"), "aro_dir", "vg_image_dir"),
+             (("aro_coco_order",), "coco_order_json", "coco_image_dir"),
+             (("aro_flickr30k_order",), "flickr_order_json", "flickr_image_dir"),
+             (SUGARCREPE, "sugarcrepe_dir", "coco_val2017_dir")]
+    files = {"aro_relation": "visual_genome_relation.json", "aro_attribute": "visual_genome_attribution.json"}
+    for names, data_param, image_param in pairs:
+        if bool(real[data_param]) != bool(real[image_param]):
+            given, needed = (data_param, image_param) if real[data_param] else (image_param, data_param)
+            raise ValueError(f"{given} is set but {needed} is empty; both are needed")
+        for name in names if real[data_param] else ():
+            path = os.path.join(real[data_param], files[name]) if name in files else real[data_param]
+            sources.setdefault(name, []).append(("real", path, real[image_param]))
+    wanted = _expand(suites)
+    out = {}
+    for name in wanted:
+        found = sources.get(name, [])
+        if len(found) > 1:
+            raise ValueError(f"suite {name!r} has both synthetic (data_dir) and real data; "
+                             f"set data_dir=None to evaluate the real benchmark")
+        if not found:
+            if suites == "all":
+                continue
+            raise ValueError(f"suite {name!r} was asked for but has no data: set data_dir or its real-data paths")
+        data, path, image_dir = found[0]
+        out[name] = _suite(name, data, path, image_dir, on_missing, attribute_min_count, order_seed, tagger)
+    return out
+
+
+def resolve_methods(objective: str, methods="auto") -> list[str]:
+    """"auto": every scorer of the objective (ARC: exact; MDC: elbo, heuristic; CLIP: cosine);
+    else the given method(s), each of which must fit the objective."""
+    if methods == "auto":
+        return list(METHODS[objective])
+    methods = [methods] if isinstance(methods, str) else list(methods)
+    known = sorted({m for ms in METHODS.values() for m in ms})
+    for m in methods:
+        if m not in known:
+            raise ValueError(f"unknown method {m!r}; choose from {known} or 'auto'")
+        if m not in METHODS[objective]:
+            raise ValueError(f"method {m!r} does not fit a {objective!r} checkpoint; "
+                             f"{objective!r} models are scored with {list(METHODS[objective])}")
+    return methods
+
+
+def trained_t_interval(config) -> tuple[float, float]:
+    """The mask ratios a model was trained on: ``(r, r)`` for a fixed ``mask_ratio``, else ``t_interval``."""
+    return (config.mask_ratio,) * 2 if config.mask_ratio is not None else tuple(config.t_interval)
+
+
+def variants(methods: Sequence[str], elbo_trained_t: bool = True) -> list[str]:
+    """Score variants reported: each method, plus ``elbo_trained_t`` after ``elbo`` if asked."""
+    return [v for m in methods for v in ([m, "elbo_trained_t"] if m == "elbo" and elbo_trained_t else [m])]
+
+
+@dataclass
+class SuiteScores:
+    """Per-item scores of one suite: ``scores[variant]`` [N, K] and caption token counts ``tokens`` [N, K]."""
+    suite: Suite
+    scores: dict = field(default_factory=dict)
+    tokens: np.ndarray | None = None
+    seconds: float = 0.0
+
+    def normalised(self, variant: str) -> np.ndarray:
+        """Length-normalised scores [N, K]: divided by the tokens scored (+1 for exact's [EOT]); cosine as is."""
+        if variant == "cosine":
+            return self.scores[variant]
+        return self.scores[variant] / (self.tokens + (variant == "exact"))
+
+
+class _Images(torch.utils.data.Dataset):
+    def __init__(self, items, transform):
+        self.items, self.transform = items, transform
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.transform(load_image(self.items[i]))  # [3, S, S]; VG items cropped to their bbox
+
+
+@torch.no_grad()
+def score_suite(model, transform, suite: Suite, methods: Sequence[str], *, num_samples=1024, paired=True, seed=0,
+                batch_size=32, device="cpu", elbo_trained_t=True, stratified=True, max_rows=256,
+                workers=0) -> SuiteScores:
+    """Score every candidate of every item: the candidates of ``batch_size`` items in one call per
+    variant (each image encoded once per call). ELBO noise is keyed by the item's id
+    (:meth:`Suite.keys`) and shared by its candidates when ``paired`` (common random numbers);
+    ``max_rows`` bounds the masked copies in one forward pass."""
+    methods = resolve_methods(model.config.objective, methods)
+    start, model = time.time(), model.to(device)
+    keys, tok = suite.keys(), model.tokenizer
+    t_trained = trained_t_interval(model.config)
+    intervals = {"elbo": (0.0, 1.0), "elbo_trained_t": t_trained}
+    out, tokens = SuiteScores(suite, {v: [] for v in variants(methods, elbo_trained_t)}), []
+    loader = torch.utils.data.DataLoader(_Images(suite.items, transform), batch_size=batch_size, num_workers=workers)
+    first = 0
+    for images in loader:  # [B, 3, S, S]
+        images, rows = images.to(device), slice(first, first + len(images))
+        cands, first = suite.candidates[rows], first + len(images)
+        ids = tok.tokenize([c for cs in cands for c in cs])[0]  # [B*K, L]
+        tokens.append(caption_mask(ids, tok.sot_id, tok.eot_id).sum(1).view(len(cands), -1).numpy())
+        for v in out.scores:
+            if v == "elbo_trained_t" and t_trained == (0.0, 1.0):
+                out.scores[v].append(out.scores["elbo"][-1])  # the same bound: no need to score twice
+                continue
+            kw = dict(num_samples=num_samples, seed=seed, max_rows=max_rows, stratified=stratified,
+                      t_interval=intervals[v]) if v in intervals else {}
+            s = score_candidates(model, images, cands, "elbo" if v in intervals else v, paired=paired,
+                                 item_keys=keys[rows], **kw)  # [B, K]
+            out.scores[v].append(s.double().cpu().numpy())
+    K = len(suite.candidates[0]) if suite.candidates else 0
+    out.scores = {v: np.concatenate(s) if s else np.zeros((0, K)) for v, s in out.scores.items()}
+    out.tokens = np.concatenate(tokens) if tokens else np.zeros((0, K), dtype=np.int64)
+    out.seconds = time.time() - start
+    return out
+
+
+def correct_and_ties(scores: np.ndarray, identical: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per item [N]: whether the true caption (column 0) scores strictly above every competitor,
+    and whether the item is lost by a tie (it would be correct if ties counted as wins).
+    ``identical`` [N, K] marks candidates that are the true caption's very string: not competitors."""
+    true, others = scores[:, :1], scores[:, 1:]
+    same = np.zeros_like(others, dtype=bool) if identical is None else identical[:, 1:]
+    correct = ((true > others) | same).all(1)
+    return correct, ~correct & ((true >= others) | same).all(1)
+
+
+def bootstrap_ci(correct, groups=None, min_count: int = 1, resamples: int = 1000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of the accuracy: items resampled with replacement ``resamples`` times;
+    each resample re-runs the aggregation, the mean over ``groups`` of per-group accuracy (groups
+    with fewer than ``min_count`` resampled items dropped), or the item mean without groups."""
+    correct = np.asarray(correct, dtype=np.float64)
+    N = len(correct)
+    if N == 0:
+        return float("nan"), float("nan")
+    codes = np.unique(np.asarray(groups if groups is not None else [""] * N), return_inverse=True)[1]
+    onehot = np.eye(codes.max() + 1)[codes]  # [N, G]
+    rng, stats = np.random.default_rng(seed), []
+    for start in range(0, resamples, 100):
+        weights = rng.multinomial(N, np.full(N, 1.0 / N), size=min(100, resamples - start))  # [R, N]
+        counts, hits = weights @ onehot, weights @ (onehot * correct[:, None])  # [R, G]
+        kept = counts >= min_count  # [R, G] groups counted in each resample
+        acc = np.where(kept, hits / np.maximum(counts, 1), 0.0)
+        stats.append(np.where(kept.any(1), acc.sum(1) / np.maximum(kept.sum(1), 1), np.nan))  # [R]
+    stats = np.concatenate(stats)
+    if not np.isfinite(stats).any():
+        return float("nan"), float("nan")
+    lo, hi = np.nanpercentile(stats, [50 * (1 - level), 50 * (1 + level)])
+    return float(lo), float(hi)
+
+
+def _accuracy(suite: Suite, items: list, correct: np.ndarray, scores: np.ndarray, min_count: int):
+    """The suite's official number (and per-group accuracies for macro suites); NaN without items."""
+    if not items:
+        return float("nan"), ({} if suite.name in ("aro_relation", "aro_attribute") else None)
+    if suite.name == "aro_relation":
+        return comp.vg_relation_accuracy(items, correct)
+    if suite.name == "aro_attribute":
+        return comp.vg_attribution_accuracy(items, correct, min_count)
+    if suite.identical is not None:
+        return comp.order_accuracy(items, scores[:, 0], scores[:, 1:]), None
+    return float(np.mean(correct)), None
+
+
+def _entry(parts: list[SuiteScores], variant_names, min_count, resamples, level, seed, name) -> dict:
+    """The ENTRY of one column or sub-file (``parts``: one suite, or the SugarCrepe sub-files pooled)."""
+    suites = [p.suite for p in parts]
+    s0 = suites[0]
+    macro = s0.name in ("aro_relation", "aro_attribute")
+    entry = {"data": s0.data, "sources": [src for s in suites for src in s.sources],
+             "items": sum(len(s.items) for s in suites), "total": sum(s.total for s in suites),
+             "missing": sum(s.missing for s in suites), "excluded": sum(s.excluded for s in suites),
+             "chance": s0.chance, "candidates": len(s0.candidates[0]) if s0.candidates else 0,
+             "aggregation": {"aro_relation": "macro over relations (symmetric relations excluded)",
+                             "aro_attribute": f"macro over attribute pairs with >= {min_count} items"}.get(
+                 s0.name, "micro (item-weighted) average"),
+             "seconds": sum(p.seconds for p in parts), "scores": {}}
+    if s0.tagger is not None:
+        entry["tagger"] = s0.tagger
+    items = [it for s in suites for it in s.items]
+    groups = [g for s in suites for g in s.groups]
+    identical = s0.identical
+    boot_seed = [seed, zlib.crc32(name.encode())]
+    for v in variant_names:
+        result = {}
+        for suffix, get in (("", lambda p: p.scores[v]), ("_lengthnorm", lambda p: p.normalised(v))):
+            scores = np.concatenate([get(p) for p in parts])
+            correct, ties = correct_and_ties(scores, identical)
+            acc, per_group = _accuracy(s0, items, correct, scores, min_count)
+            ci = bootstrap_ci(correct, groups if macro else None, min_count if s0.name == "aro_attribute" else 1,
+                              resamples, boot_seed, level)
+            result |= {f"accuracy{suffix}": acc, f"ci{suffix}": list(ci), f"ties{suffix}": int(ties.sum())}
+            if per_group is not None and not suffix:
+                result["per_group"] = per_group
+        entry["scores"][v] = result
+    return entry
+
+
+def summarise(scored: dict[str, SuiteScores], *, settings: dict | None = None, attribute_min_count=25,
+              resamples=1000, level=0.95, seed=0) -> dict:
+    """The ``results`` part of the results file (module docstring) from the scored suites."""
+    if not scored:
+        raise ValueError("no suite was scored")
+    names = list(next(iter(scored.values())).scores)
+    args = (names, attribute_min_count, resamples, level, seed)
+    columns = {name: _entry([scored[name]], *args, name) for name in COLUMNS[:4] if name in scored}
+    for column, subsets in comp.SUGARCREPE_COLUMNS.items():
+        parts = [scored[f"sugarcrepe/{s}"] for s in subsets if f"sugarcrepe/{s}" in scored]
+        if parts:
+            columns[f"sugarcrepe_{column}"] = _entry(parts, *args, f"sugarcrepe_{column}")
+    subsets = {s.split("/")[1]: _entry([scored[s]], *args, s) for s in SUGARCREPE if s in scored}
+    table = {f"{v}{suffix}": {c: e["scores"][v][f"accuracy{suffix}"] for c, e in columns.items()}
+             for v in names for suffix in ("", "_lengthnorm")}
+    return {"rules": RULES, "settings": {**(settings or {}), "variants": names, "resamples": resamples,
+                                         "level": level, "attribute_min_count": attribute_min_count},
+            "columns": columns, "sugarcrepe_subsets": subsets, "table2": table}
+
+
+def markdown_table(results: dict, variants: Sequence[str] | None = None, section: str = "columns") -> str:
+    """Accuracies (%) [95% interval] as Markdown: a row per variant (default: all, raw and
+    length-normalised), a column per entry of ``results[section]``, the chance row and, for
+    the Table 2 ``columns``, the paper's rows."""
+    entries = results[section]
+    cols = [c for c in COLUMNS if c in entries] if section == "columns" else list(entries)
+    names = variants or [f"{v}{s}" for v in results["settings"]["variants"] for s in ("", "_lengthnorm")]
+    lines = ["| | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+    for name in names:
+        v, s = (name[:-11], "_lengthnorm") if name.endswith("_lengthnorm") else (name, "")
+        cells = [entries[c]["scores"][v] for c in cols]
+        lines.append(f"| {name} | " + " | ".join(
+            "n/a" if x[f"accuracy{s}"] is None or np.isnan(x[f"accuracy{s}"]) else
+            "{:.1f} [{:.1f}, {:.1f}]".format(*(100 * np.array([x[f"accuracy{s}"], *x[f"ci{s}"]], dtype=float)))
+            for x in cells) + " |")
+    lines.append("| chance | " + " | ".join(f"{100 * entries[c]['chance']:.0f}" for c in cols) + " |")
+    if section == "columns":
+        lines += [f"| paper: {row} | " + " | ".join(f"{vals[COLUMNS.index(c)]:.1f}" for c in cols) + " |"
+                  for row, vals in PAPER_TABLE2.items()]
+    return "\n".join(lines)
+
+
+def describe(suites: dict[str, Suite]) -> str:
+    """One line per suite: data, items evaluated out of the file's, skipped and excluded items."""
+    return "\n".join(f"{n}: {s.data}, {len(s.items)} of {s.total} items evaluated ({s.missing} missing images, "
+                     f"{s.excluded} excluded by the suite's rule), {len(s.candidates[0]) if s.candidates else 0} "
+                     f"captions each" + (f", {s.tagger} tagger" if s.tagger else "") for n, s in suites.items())
+
+
+def synthetic_data(out_dir: str, seed: int, image_size: int, n_items: int) -> str:
+    """The synthetic ARO/SugarCrepe sets (:func:`mdc.data.evalsets.write_evalsets`, ``n_items``
+    per file; its probe and captioning sets kept tiny) under ``out_dir``, written unless there."""
+    from mdc.data.evalsets import write_evalsets
+
+    summary = os.path.join(out_dir, "summary.json")
+    if os.path.isfile(summary):
+        with open(summary) as f:
+            s = json.load(f)
+        if (s["seed"], s["image_size"], s["aro"]["vg_relation"]) == (seed, image_size, n_items):
+            return out_dir
+    write_evalsets(out_dir, seed, image_size, n_probe_train=1, n_probe_test=1, n_items=n_items, n_caption_train=1)
+    return out_dir
+
+
+def save_item_scores(path: str, scored: dict[str, SuiteScores]) -> str:
+    """Per-item scores as ``.npz``: ``<suite>/ids`` [N], ``<suite>/tokens`` [N, K] and
+    ``<suite>/<variant>`` [N, K] (column 0 = the true caption)."""
+    arrays = {}
+    for name, s in scored.items():
+        arrays[f"{name}/ids"] = np.array([str(it["id"]) for it in s.suite.items])
+        arrays[f"{name}/tokens"] = s.tokens
+        arrays |= {f"{name}/{v}": a for v, a in s.scores.items()}
+    np.savez_compressed(path, **arrays)
+    return path

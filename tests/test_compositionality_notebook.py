@@ -1,0 +1,65 @@
+"""notebooks/compositionality.ipynb runs under papermill with smoke settings and writes its results file."""
+import os
+
+import nbformat
+import numpy as np
+import papermill
+import pytest
+
+from conftest import small_model
+from mdc.eval.compositionality import COLUMNS
+from mdc.eval.results import read_results
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+NOTEBOOK = os.path.join(ROOT, "notebooks", "compositionality.ipynb")
+
+
+def test_notebook_is_committed_clean_with_one_parameters_cell():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and nb.metadata.kernelspec.name == "python3"
+    assert all(not c.get("outputs") and not c.get("execution_count") for c in nb.cells if c.cell_type == "code")
+    assert "Table 2" in nb.cells[0].source
+    lines = [line for line in tagged[0].source.splitlines() if line.strip()]
+    assert all(line.count("=") == 1 and "  # " in line for line in lines)  # one literal and a comment per line
+    assert len(papermill.inspect_notebook(NOTEBOOK)) == len(lines)  # papermill reads every one
+
+
+def _run(tmp_path, monkeypatch, **parameters):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the kernel inherits the environment
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))  # this checkout's mdc
+    papermill.execute_notebook(NOTEBOOK, str(tmp_path / "out.ipynb"), kernel_name="python3", cwd=str(tmp_path),
+                               progress_bar=False, parameters=parameters)
+
+
+def test_compositionality_notebook_smoke(tmp_path, monkeypatch):
+    checkpoint = tmp_path / "ckpt"
+    small_model("mdc").save(str(checkpoint))
+    out = tmp_path / "run"
+    _run(tmp_path, monkeypatch, checkpoint=str(checkpoint), num_samples=2, n_items=4, attribute_min_count=1,
+         tagger="builtin", batch_size=4, resamples=20, output_dir=str(out))
+    record = read_results(out / "results.json", kind="compositionality")
+    results = record["results"]
+    assert record["parameters"]["num_samples"] == 2 and record["model"]["objective"] == "mdc"
+    assert set(record["parameters"]) == set(papermill.inspect_notebook(NOTEBOOK))  # every parameter, as run
+    assert record["checkpoint_id"] and record["runtime_s"] > 0
+    assert set(results) >= {"rules", "settings", "columns", "sugarcrepe_subsets", "table2", "item_scores"}
+    assert set(results["columns"]) == set(COLUMNS) - {"aro_flickr30k_order"}  # no Flickr30k in the synthetic world
+    assert results["settings"]["variants"] == ["elbo", "elbo_trained_t", "heuristic"]
+    assert set(results["table2"]) == {"elbo", "elbo_lengthnorm", "elbo_trained_t", "elbo_trained_t_lengthnorm",
+                                      "heuristic", "heuristic_lengthnorm"}
+    entry = results["columns"]["aro_relation"]
+    assert entry["items"] == entry["total"] == 4 and entry["chance"] == 0.5 and entry["data"] == "synthetic"
+    assert results["columns"]["aro_coco_order"]["chance"] == 0.2
+    assert set(entry["scores"]["heuristic"]) >= {"accuracy", "ci", "ties", "accuracy_lengthnorm", "ci_lengthnorm"}
+    with np.load(out / results["item_scores"]) as scores:
+        assert scores["aro_coco_order/elbo"].shape == (20, 5)
+    assert (out / "table2.md").read_text().count("| paper:") == 4
+
+
+def test_notebook_names_a_missing_dataset_path(tmp_path, monkeypatch):
+    checkpoint = tmp_path / "ckpt"
+    small_model("clip").save(str(checkpoint))
+    with pytest.raises(papermill.PapermillExecutionError, match=r"aro_dir: .*no_aro does not exist"):
+        _run(tmp_path, monkeypatch, checkpoint=str(checkpoint), data_dir=None, aro_dir=str(tmp_path / "no_aro"),
+             vg_image_dir=str(tmp_path), output_dir=str(tmp_path / "run"))

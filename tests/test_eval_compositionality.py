@@ -1,0 +1,238 @@
+"""Compositionality evaluation: the aggregation by hand, intervals, and end-to-end on tiny synthetic sets."""
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import mdc.eval.compositionality as C
+from conftest import small_model
+from mdc.data.evalsets import write_evalsets
+from mdc.data.pipeline import image_transform
+
+
+def _suite(name, groups, K=2, identical=None, data="synthetic", **item_fields):
+    items = [{"id": i, "image_path": None, **{k: v[i] for k, v in item_fields.items()}} for i in range(len(groups))]
+    cands = [[f"true {i}"] + [f"false {i} {k}" for k in range(1, K)] for i in range(len(groups))]
+    return C.Suite(name, data, items, cands, list(groups), [f"{name}.json"], total=len(groups) + 1, missing=1,
+                   chance=0.2 if K == 5 else 0.5, identical=identical)
+
+
+def _scored(suite, heuristic, tokens, exact=None):
+    scores = {"heuristic": np.array(heuristic, dtype=float)}
+    if exact is not None:
+        scores["exact"] = np.array(exact, dtype=float)
+    return C.SuiteScores(suite, scores, np.array(tokens))
+
+
+def test_correct_ties_and_length_normalisation():
+    scores = np.array([[-3.0, -5.0, -5.0], [-4.0, -4.0, -5.0], [-6.0, -2.0, -5.0], [-4.0, -4.0, -1.0]])
+    correct, ties = C.correct_and_ties(scores)
+    assert correct.tolist() == [True, False, False, False]
+    assert ties.tolist() == [False, True, False, False]  # the last is beaten anyway: not lost by its tie
+    # order task: a perturbation that is the true caption's very string is not a competitor
+    scores = np.array([[-1.0, -2.0, -1.0, -3.0, -3.0], [-1.0, -2.0, -1.0, -3.0, -3.0]])
+    identical = np.zeros((2, 5), bool)
+    identical[0, 2] = True
+    correct, ties = C.correct_and_ties(scores, identical)
+    assert correct.tolist() == [True, False] and ties.tolist() == [False, True]
+    # heuristic/elbo divide by the caption tokens, exact also counts [EOT], cosine is unchanged
+    s = C.SuiteScores(None, {"heuristic": np.array([[-6.0, -8.0]]), "exact": np.array([[-6.0, -8.0]]),
+                             "cosine": np.array([[0.3, 0.2]])}, np.array([[3, 4]]))
+    assert s.normalised("heuristic").tolist() == [[-2.0, -2.0]]  # a tie: an error
+    assert s.normalised("exact").tolist() == [[-1.5, -1.6]]
+    assert s.normalised("cosine").tolist() == [[0.3, 0.2]]
+
+
+def test_aggregation_matches_a_hand_computation():
+    relation = _suite("aro_relation", ["on", "on", "left of"], relation_name=["on", "on", "left of"])
+    attribute = _suite("aro_attribute", ["red_blue"] * 2 + ["wet_dry"] * 3,
+                       attributes=[("red", "blue")] * 2 + [("wet", "dry")] * 3)
+    identical = np.zeros((2, 5), bool)
+    identical[1, 3] = True
+    order = _suite("aro_coco_order", ["", ""], K=5, identical=identical)
+    for item, row in zip(order.items, identical):
+        item["identical"] = row[1:].tolist()
+    add_att, add_obj = _suite("sugarcrepe/add_att", [""] * 2), _suite("sugarcrepe/add_obj", [""] * 4)
+    scored = {
+        "aro_relation": _scored(relation, [[-1, -2], [-2, -1], [-1, -2]], [[2, 2]] * 3),  # on: 1/2, left of: 1/1
+        "aro_attribute": _scored(attribute, [[-1, -2], [-2, -1], [-1, -2], [-1, -2], [-1, -2]], [[2, 2]] * 5),
+        "aro_coco_order": _scored(order, [[0, -1, -1, -1, -1], [0, -1, -1, 0, -1]], [[5] * 5] * 2),
+        # the negatives are longer: raw log-likelihood favours the true caption, per token it does not
+        "sugarcrepe/add_att": _scored(add_att, [[-4, -4], [-4, -6]], [[2, 2], [2, 4]], exact=[[-4, -4], [-4, -6]]),
+        "sugarcrepe/add_obj": _scored(add_obj, [[-4, -6]] * 4, [[2, 4]] * 4, exact=[[-3, -6]] * 4),
+    }
+    scored["aro_relation"].scores["exact"] = scored["aro_relation"].scores["heuristic"]
+    for name in ("aro_attribute", "aro_coco_order"):
+        scored[name].scores["exact"] = scored[name].scores["heuristic"]
+    res = C.summarise(scored, attribute_min_count=2, resamples=200)
+    col, sub = res["columns"], res["sugarcrepe_subsets"]
+    h = {c: e["scores"]["heuristic"] for c, e in col.items()}
+    assert h["aro_relation"]["accuracy"] == pytest.approx(0.75)  # macro (1/2 + 1) / 2, not 2/3
+    assert h["aro_relation"]["per_group"] == {"left of": 1.0, "on": 0.5}
+    assert h["aro_attribute"]["accuracy"] == pytest.approx(0.75)  # (1/2 + 3/3) / 2, not 4/5
+    assert h["aro_coco_order"]["accuracy"] == 1.0  # the tie with an identical string is ignored
+    add_att = sub["add_att"]["scores"]["heuristic"]
+    assert add_att["accuracy"] == 0.5 and add_att["ties"] == 1
+    assert h["sugarcrepe_add"]["accuracy"] == pytest.approx(5 / 6)  # item-weighted, not (1/2 + 1) / 2
+    assert h["sugarcrepe_add"]["accuracy_lengthnorm"] == 0.0  # -2 vs -1.5 per token: all wrong
+    assert col["sugarcrepe_add"]["scores"]["exact"]["accuracy_lengthnorm"] == pytest.approx(4 / 6)  # -3/3 > -6/5
+    assert h["sugarcrepe_add"]["ties_lengthnorm"] == 1
+    assert set(col) == {"aro_relation", "aro_attribute", "aro_coco_order", "sugarcrepe_add"}
+    assert col["sugarcrepe_add"]["items"] == 6 and col["sugarcrepe_add"]["total"] == 8
+    assert col["sugarcrepe_add"]["missing"] == 2 and col["aro_coco_order"]["chance"] == 0.2
+    assert col["aro_relation"]["chance"] == 0.5 and col["aro_relation"]["candidates"] == 2
+    assert res["table2"]["heuristic"]["aro_relation"] == pytest.approx(0.75)
+    assert res["table2"]["exact_lengthnorm"]["sugarcrepe_add"] == pytest.approx(4 / 6)
+    for entry in col.values():
+        for s in entry["scores"].values():
+            lo, hi = s["ci"]
+            assert lo <= s["accuracy"] + 1e-12 and s["accuracy"] <= hi + 1e-12
+    empty = _suite("aro_coco_order", [], K=5, identical=np.zeros((0, 5), bool))  # every image absent
+    res_empty = C.summarise({"aro_coco_order": _scored(empty, np.zeros((0, 5)), np.zeros((0, 5), int))}, resamples=10)
+    assert np.isnan(res_empty["columns"]["aro_coco_order"]["scores"]["heuristic"]["accuracy"])
+    assert "| paper: ARC |" in C.markdown_table(res)
+    assert "add_obj" in C.markdown_table(res, section="sugarcrepe_subsets")
+
+
+def test_bootstrap_interval_contains_the_estimate_and_shrinks():
+    rng = np.random.default_rng(0)
+    widths = []
+    for n in (40, 4000):
+        correct = rng.random(n) < 0.7
+        lo, hi = C.bootstrap_ci(correct, resamples=300, seed=1)
+        assert lo <= correct.mean() <= hi
+        widths.append(hi - lo)
+    assert widths[1] < widths[0] / 4  # ~ 1/sqrt(n): 10x narrower
+    assert C.bootstrap_ci(correct, resamples=300, seed=1) == C.bootstrap_ci(correct, resamples=300, seed=1)
+    # macro: the point estimate is the mean of group accuracies; the interval re-runs that mean
+    groups = ["a"] * 10 + ["b"] * 90
+    correct = np.array([True] * 10 + [False] * 90)
+    lo, hi = C.bootstrap_ci(correct, groups, resamples=300)
+    assert lo == hi == 0.5  # every resample: (1 + 0) / 2
+    assert np.isnan(C.bootstrap_ci([], resamples=10)[0])
+    assert np.isnan(C.bootstrap_ci([True], ["a"], min_count=2, resamples=10)[0])  # no group left
+
+
+def test_methods_must_fit_the_objective():
+    assert C.resolve_methods("mdc") == ["elbo", "heuristic"] and C.resolve_methods("clip") == ["cosine"]
+    assert C.resolve_methods("arc", "exact") == ["exact"]
+    with pytest.raises(ValueError, match=r"'elbo'.*'arc'"):
+        C.resolve_methods("arc", ["elbo"])
+    with pytest.raises(ValueError, match=r"'cosine'.*'mdc'"):
+        C.resolve_methods("mdc", "cosine")
+    with pytest.raises(ValueError, match="unknown method 'bleu'"):
+        C.resolve_methods("mdc", ["bleu"])
+    assert C.variants(["elbo", "heuristic"]) == ["elbo", "elbo_trained_t", "heuristic"]
+    assert C.variants(["elbo"], elbo_trained_t=False) == ["elbo"]
+    assert C.trained_t_interval(small_model("mdc", mask_ratio=0.75).config) == (0.75, 0.75)
+
+
+def test_items_are_cropped_to_their_box(tmp_path):
+    image = np.zeros((20, 40, 3), np.uint8)
+    image[:, 20:] = 255  # right half white
+    Image.fromarray(image).save(tmp_path / "a.png")
+    items = [{"image_path": str(tmp_path / "a.png"), "bbox": (20, 0, 20, 20)}, {"image_path": str(tmp_path / "a.png")}]
+    crops = C._Images(items, lambda im: torch.from_numpy(np.array(im)))
+    assert crops[0].shape == (20, 20, 3) and crops[0].min() == 255 and crops[1].shape == (20, 40, 3)
+
+
+@pytest.fixture(scope="module")
+def evalsets(tmp_path_factory):
+    out = tmp_path_factory.mktemp("evalsets")
+    write_evalsets(str(out), seed=0, image_size=32, n_probe_train=1, n_probe_test=1, n_items=6, n_caption_train=1)
+    return str(out)
+
+
+def test_load_suites_and_clear_errors(evalsets, tmp_path):
+    suites = C.load_suites(evalsets, tagger="builtin", attribute_min_count=1)
+    assert set(suites) == set(C.SUITES) - {"aro_flickr30k_order"}  # the synthetic world has no Flickr30k
+    assert len(suites["aro_coco_order"].items) == 30 and len(suites["aro_coco_order"].candidates[0]) == 5
+    assert suites["aro_coco_order"].tagger == "builtin" and suites["aro_relation"].data == "synthetic"
+    assert list(C.load_suites(evalsets, ["sugarcrepe"], tagger="builtin")) == list(C.SUGARCREPE)
+    with pytest.raises(ValueError, match=r"sugarcrepe_dir: .*nowhere does not exist"):
+        C.load_suites(None, sugarcrepe_dir=str(tmp_path / "nowhere"), coco_val2017_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="aro_dir is set but vg_image_dir is empty"):
+        C.load_suites(None, aro_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"visual_genome_relation\.json: file not found"):
+        C.load_suites(None, aro_dir=str(tmp_path), vg_image_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="'aro_flickr30k_order' was asked for but has no data"):
+        C.load_suites(evalsets, ["aro_flickr30k_order"])
+    with pytest.raises(ValueError, match="both synthetic .* and real"):
+        C.load_suites(evalsets, ["aro_coco_order"], coco_order_json=f"{evalsets}/aro/coco_order_test.json",
+                      coco_image_dir=f"{evalsets}/aro", tagger="builtin")
+    with pytest.raises(ValueError, match="unknown suite"):
+        C.load_suites(evalsets, ["winoground"])
+    real = C.load_suites(None, ["aro_coco_order"], coco_order_json=f"{evalsets}/aro/coco_order_test.json",
+                         coco_image_dir=f"{evalsets}/aro", tagger="builtin")
+    assert real["aro_coco_order"].data == "real"
+    real = C.load_suites(None, aro_dir=f"{evalsets}/aro", vg_image_dir=f"{evalsets}/aro",
+                         sugarcrepe_dir=f"{evalsets}/sugarcrepe", coco_val2017_dir=f"{evalsets}/sugarcrepe/images")
+    assert set(real) == {"aro_relation", "aro_attribute", *C.SUGARCREPE}
+
+
+def test_suites_count_missing_and_excluded_items(tmp_path):
+    Image.new("RGB", (8, 8)).save(tmp_path / "1.jpg")
+    box = dict(bbox_x=0, bbox_y=0, bbox_w=8, bbox_h=8, true_caption="the cat is on the mat",
+               false_caption="the mat is on the cat")
+    relation = [dict(box, image_path="1.jpg", relation_name="on"),
+                dict(box, image_path="1.jpg", relation_name="next to"),  # symmetric
+                dict(box, image_path="2.jpg", relation_name="on")]  # absent
+    pairs = (["red", "blue"], ["red", "blue"], ["big", "small"])
+    attribution = [dict(box, image_path="1.jpg", attributes=a) for a in pairs]
+    for name, data in (("visual_genome_relation.json", relation), ("visual_genome_attribution.json", attribution)):
+        (tmp_path / name).write_text(json.dumps(data))
+    suites = C.load_suites(None, aro_dir=str(tmp_path), vg_image_dir=str(tmp_path), on_missing="skip",
+                           attribute_min_count=2)
+    rel, att = suites["aro_relation"], suites["aro_attribute"]
+    assert (len(rel.items), rel.total, rel.missing, rel.excluded) == (1, 3, 1, 1)
+    assert (len(att.items), att.total, att.missing, att.excluded) == (2, 3, 0, 1) and att.groups == ["red_blue"] * 2
+    assert rel.items[0]["bbox"] == (0, 0, 8, 8)
+    assert rel.candidates == [["the cat is on the mat", "the mat is on the cat"]]
+    order = [{"image": name, "caption": ["a red cat on a mat", "a mat under a cat"]} for name in ("1.jpg", "2.jpg")]
+    (tmp_path / "test.json").write_text(json.dumps(order))
+    suite = C.load_suites(None, coco_order_json=str(tmp_path / "test.json"), coco_image_dir=str(tmp_path),
+                          on_missing="skip", tagger="builtin")["aro_coco_order"]
+    assert (len(suite.items), suite.total, suite.missing) == (2, 4, 2)  # an absent image drops its captions
+
+
+@pytest.mark.parametrize("objective", ["mdc", "arc", "clip"])
+def test_end_to_end_on_synthetic_sets(evalsets, objective, tmp_path):
+    suites = C.load_suites(evalsets, ["aro_relation", "aro_attribute", "aro_coco_order", "sugarcrepe"],
+                           tagger="builtin", attribute_min_count=1)
+    model, transform = small_model(objective), image_transform(32, train=False)
+    methods = C.resolve_methods(objective)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # long synthetic captions exceed the tiny model's context
+        scored = {n: C.score_suite(model, transform, s, methods, num_samples=2, batch_size=4)
+                  for n, s in suites.items()}
+    variants = C.variants(methods)
+    for name, s in scored.items():
+        N, K = len(suites[name].items), len(suites[name].candidates[0])
+        assert set(s.scores) == set(variants) and s.tokens.shape == (N, K) and (s.tokens > 0).all()
+        assert all(a.shape == (N, K) and np.isfinite(a).all() for a in s.scores.values())
+    res = C.summarise(scored, settings={"methods": methods}, attribute_min_count=1, resamples=50)
+    assert set(res["columns"]) == {"aro_relation", "aro_attribute", "aro_coco_order", "sugarcrepe_add",
+                                   "sugarcrepe_replace", "sugarcrepe_swap"}
+    assert set(res["table2"]) == {f"{v}{s}" for v in variants for s in ("", "_lengthnorm")}
+    assert res["columns"]["aro_coco_order"]["tagger"] == "builtin"
+    for entry in [*res["columns"].values(), *res["sugarcrepe_subsets"].values()]:
+        for s in entry["scores"].values():
+            assert 0.0 <= s["accuracy"] <= 1.0 and 0.0 <= s["accuracy_lengthnorm"] <= 1.0
+    if objective == "mdc":  # keyed ELBO noise: an item's scores do not depend on the batch it is in
+        rel = suites["aro_relation"]
+        again = C.score_suite(model, transform, rel, ["elbo"], num_samples=2, batch_size=5, elbo_trained_t=False)
+        np.testing.assert_allclose(again.scores["elbo"], scored["aro_relation"].scores["elbo"], rtol=1e-5, atol=1e-5)
+        assert not np.allclose(scored["aro_relation"].scores["elbo"], scored["aro_relation"].scores["elbo_trained_t"])
+    path = C.save_item_scores(str(tmp_path / "item_scores.npz"), scored)
+    with np.load(path) as saved:
+        assert saved["aro_relation/ids"].tolist() == [str(i["id"]) for i in suites["aro_relation"].items]
+        np.testing.assert_array_equal(saved[f"aro_relation/{methods[0]}"], scored["aro_relation"].scores[methods[0]])
+
+
+def test_a_method_that_does_not_fit_the_checkpoint_is_an_error(evalsets):
+    suite = C.load_suites(evalsets, ["aro_relation"])["aro_relation"]
+    with pytest.raises(ValueError, match=r"'exact'.*'clip'"):
+        C.score_suite(small_model("clip"), image_transform(32, train=False), suite, ["exact"])
