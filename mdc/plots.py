@@ -79,3 +79,58 @@ def plot_loss_curve(metrics_path: str, path: str | None = None, title: str = "")
     fig.tight_layout()
     _save(fig, path)
     return fig
+
+
+def _mean_std(values) -> tuple[float, float]:
+    v = [100 * x for x in values if x is not None and np.isfinite(x)]
+    return (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0) if v else (np.nan, 0.0)
+
+
+def plot_caption_lengths(distributions: Mapping[str, Mapping], path: str | None = None) -> Figure:
+    """Fig. 3: tokenized caption lengths per dataset; ``{label: {"fraction": [...], "edges": [...], "mean"}}``."""
+    fig = PaperFigure(figsize=(5.5, 3.2))
+    ax = fig.add_subplot()
+    for label, d in distributions.items():
+        edges = np.asarray(d["edges"], dtype=float)
+        ax.step(edges[:-1], 100 * np.asarray(d["fraction"]), where="post", label=f"{label} (mean {d['mean']:.1f})")
+    ax.set(xlabel="caption length (CLIP BPE tokens)", ylabel="captions (%)")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    _save(fig, path)
+    return fig
+
+
+def plot_mask_ratios(bert: Mapping[float, Mapping[str, Sequence]], mdc: Mapping[str, Sequence] | None,
+                     path: str | None = None, metric: str = "object") -> Figure:
+    """Fig. 4: probe top-1 (%) of image-conditioned BERT per fixed masking ratio; MDC as a band."""
+    fig = PaperFigure(figsize=(5, 3.2))
+    ax = fig.add_subplot()
+    ratios = sorted(bert)
+    stats = [_mean_std(bert[r][metric]) for r in ratios]
+    ax.errorbar([100 * r for r in ratios], [m for m, _ in stats], yerr=[s for _, s in stats], marker="o",
+                capsize=3, label="BERT (fixed ratio)")
+    if mdc:
+        m, s = _mean_std(mdc[metric])
+        ax.axhline(m, color="C1", label="MDC, t ~ U[0.5, 1]")
+        ax.axhspan(m - s, m + s, color="C1", alpha=0.2)
+    ax.set(xlabel="masking ratio (%)", ylabel=f"linear probe top-1 (%), {metric}")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    _save(fig, path)
+    return fig
+
+
+def plot_data_scaling(points: Mapping[int, Mapping[str, Sequence]], path: str | None = None,
+                      metric: str = "object") -> Figure:
+    """Fig. 5: probe top-1 (%) against the number of pretraining pairs; ``{pairs: {metric: [per seed]}}``."""
+    fig = PaperFigure(figsize=(5, 3.2))
+    ax = fig.add_subplot()
+    xs = sorted(points)
+    stats = [_mean_std(points[x][metric]) for x in xs]
+    ax.errorbar(xs, [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=3)
+    ax.set(xlabel="pretraining image-caption pairs", ylabel=f"linear probe top-1 (%), {metric}")
+    if xs and min(xs) > 0:
+        ax.set_xscale("log")
+    fig.tight_layout()
+    _save(fig, path)
+    return fig

@@ -73,7 +73,8 @@ class TrainConfig:
     epochs: int | None = None  # passes of samples_per_epoch samples (preset default: 32)
     samples_per_epoch: int | None = None  # default: counted in the (local) shards
     resampled: bool = False  # draw shards with replacement (an infinite stream)
-    batch_size: int = 32  # per process and micro-batch
+    batch_size: int | None = None  # per process and micro-batch (default: the preset's, else 32)
+    global_batch: int | None = None  # batch x world x accumulation (default: the preset's); e.g. CLIP-LB = 2x
     accum_steps: int | None = None  # micro-batches per step; preset: global batch 1024 / (batch x world)
     lr: float | None = None  # peak learning rate (default: preset, else 5e-4)
     weight_decay: float | None = None  # AdamW decay of weight matrices (default: preset, else 0.1)
@@ -121,19 +122,22 @@ class TrainConfig:
         c.weight_decay = c.weight_decay if c.weight_decay is not None else paper.get("weight_decay", 0.1)
         if c.grad_clip_norm is None:
             c.grad_clip_norm = paper.get("grad_clip_norm")
+        c.batch_size = c.batch_size or paper.get("batch_size", 32)
         per_step = c.batch_size * world_size
-        if c.preset:
-            if paper["global_batch"] % per_step:
-                raise ValueError(f"preset {c.preset} needs a global batch of {paper['global_batch']}, which is not "
+        target = c.global_batch or paper.get("global_batch")
+        if target:
+            what = f"preset {c.preset}" if c.preset and not c.global_batch else "global_batch"
+            if target % per_step:
+                raise ValueError(f"{what} needs a global batch of {target}, which is not "
                                  f"divisible by batch_size {c.batch_size} x world_size {world_size}")
-            accum = paper["global_batch"] // per_step
+            accum = target // per_step
             if c.accum_steps not in (None, accum):
-                raise ValueError(f"preset {c.preset}: batch_size {c.batch_size} x world_size {world_size} x "
-                                 f"accum_steps {c.accum_steps} != global batch {paper['global_batch']}; "
+                raise ValueError(f"{what}: batch_size {c.batch_size} x world_size {world_size} x "
+                                 f"accum_steps {c.accum_steps} != global batch {target}; "
                                  f"use --accum-steps {accum} or leave it out")
             c.accum_steps = accum
-            if c.steps is None and c.epochs is None:
-                c.epochs = paper["epochs"]
+        if c.preset and c.steps is None and c.epochs is None:  # the preset's length: steps or epochs
+            c.steps, c.epochs = paper.get("steps"), paper.get("epochs") if "steps" not in paper else None
         c.accum_steps = c.accum_steps or 1
         if (c.steps is None) == (c.epochs is None):
             raise ValueError("give exactly one of steps or epochs")
@@ -583,7 +587,8 @@ def parse_args(argv: list[str] | None = None) -> dict:
     length.add_argument("--epochs", type=int, help="epochs of --samples-per-epoch samples")
     p.add_argument("--samples-per-epoch", type=int, help="epoch size (default: counted in local shards)")
     p.add_argument("--resampled", action="store_true", help="draw shards with replacement (infinite stream)")
-    p.add_argument("--batch-size", type=int, default=32, help="per process and micro-batch")
+    p.add_argument("--batch-size", type=int, help="per process and micro-batch (default: the preset's, else 32)")
+    p.add_argument("--global-batch", type=int, help="batch x processes x accumulation (default: the preset's)")
     p.add_argument("--accum-steps", type=int, help="micro-batches per step (preset: from global batch 1024)")
     p.add_argument("--lr", type=float, help="peak learning rate (default: preset, else 5e-4)")
     p.add_argument("--weight-decay", type=float, help="default: preset, else 0.1")

@@ -259,5 +259,6 @@ def test_table3_rows_and_figure(tmp_path):
     items = _items(tmp_path, 3)
     picked = cap.pick_examples(items, {"mdc-10": {i: "a caption " * 9 for i in range(3)},
                                        "arc-beam6": {i: "x" for i in range(3)}}, k=2)
+    assert [set(it) for it in picked.pop("items")] == [{"image_id", "image_path", "references"}] * 2
     fig = plot_captions(**picked, path=str(tmp_path / "fig6.png"))
     assert len(fig.axes) == 4 and (tmp_path / "fig6.png").is_file() and (tmp_path / "fig6.pdf").is_file()

@@ -186,3 +186,15 @@ def test_train_data_may_be_a_folder_of_shards(shards, tmp_path):
     assert c.train_data.split("::") == [os.path.join(folder, f"{i:06d}.tar") for i in range(4)]
     with pytest.raises(ValueError, match="without .tar shards"):
         TrainConfig(str(tmp_path), str(tmp_path), steps=4).resolved(world_size=1)
+
+
+def test_global_batch_override_and_step_presets(monkeypatch):
+    lb = TrainConfig("x", "y", preset="vit-b-32", batch_size=128, global_batch=2048, steps=100,
+                     warmup_steps=10).resolved(world_size=8)
+    assert lb.accum_steps == 2  # CLIP-LB: twice the paper's global batch
+    with pytest.raises(ValueError, match="global_batch needs a global batch of 100"):
+        TrainConfig("x", "y", batch_size=32, global_batch=100, steps=10).resolved(world_size=1)
+    monkeypatch.setitem(optim.PRESETS, "toy", dict(lr=1e-3, weight_decay=0.05, global_batch=64, batch_size=64,
+                                                   warmup_steps=5, steps=40))
+    c = TrainConfig("x", "y", preset="toy", model="tiny").resolved(world_size=1)
+    assert (c.batch_size, c.accum_steps, c.steps, c.epochs, c.warmup_steps, c.lr) == (64, 1, 40, None, 5, 1e-3)

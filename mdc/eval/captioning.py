@@ -21,7 +21,8 @@ Results (``results`` of the ``captioning`` results file, :mod:`mdc.eval.results`
       "unavailable": {"spice" | "meteor" | ... | "judge" | "mdc" | "arc": why it is missing},
       "checkpoints": {"mdc" | "arc": {"path", "checkpoint_id", "finetuned": folder | null, "model": config}},
       "finetune": {"mdc" | "arc": {"steps", "batch_size", "lr", "images", "unknown_rate", "loss": [per step]}},
-      "files": {"predictions", "table", "figure", "judge_answers"?}   # beside the results file
+      "files": {"predictions", "table", "figure", "judge_answers"?},  # beside the results file
+      "examples": [{"image_id", "image_path", "references"}]  # the images of the figure (Fig. 6)
     }
 
 The results file's top-level ``checkpoint`` / ``model`` are the MDC checkpoint's (ARC's without one).
@@ -406,11 +407,13 @@ def table3_rows(results: Mapping, dataset: str | None = None) -> list[dict]:
 
 def pick_examples(items: Sequence[Mapping], captions_by_model: Mapping[str, Mapping], k: int = 3,
                   seed: int = 0) -> dict:
-    """``k`` seeded random images with every model's caption: the arguments of :func:`mdc.plots.plot_captions`."""
+    """``k`` seeded random images with every model's caption: the arguments of :func:`mdc.plots.plot_captions`,
+    plus ``items`` (the picked items: image_id, image_path, references)."""
     chosen = sorted(np.random.default_rng(seed).choice(len(items), min(k, len(items)), replace=False).tolist())
     picked = [items[i] for i in chosen]
     return {"images": [load_image(it) for it in picked], "references": [it["references"] for it in picked],
-            "captions_by_model": {n: [c[it["image_id"]] for it in picked] for n, c in captions_by_model.items()}}
+            "captions_by_model": {n: [c[it["image_id"]] for it in picked] for n, c in captions_by_model.items()},
+            "items": [{k: it[k] for k in ("image_id", "image_path", "references")} for it in picked]}
 
 
 def captioning_results(*, dataset: str, items: Items, metrics: Mapping[str, dict], judge: Mapping | None,

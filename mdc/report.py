@@ -1,0 +1,348 @@
+"""Every paper artifact rebuilt from results files: tables (Markdown, CSV, LaTeX) with the
+paper's number in the column beside ours, figures (PNG, PDF). Nothing here trains or scores.
+
+Input: the run index of the reproduction (``index.json``: run name -> notebook, labels, the
+artifacts it feeds and its results file; written by ``python -m reproduce``) and the paper's
+numbers (``reproduce/paper/*.csv``). Over seeds, a cell is "mean ± std" (sample std; "mean"
+alone for one seed). Synthetic probe tasks stand in for the paper's datasets as
+``mdc.data.evalsets.PROBE_TASKS`` says (object -> ImageNet-1k, texture -> Food101, shape ->
+CIFAR-10, shape_texture -> CIFAR-100, colour -> Pets); a real-data run reports the real ones.
+
+One function per artifact (``table1`` ... ``fig6``, ``tables6_8``), each returning the files it
+wrote; :func:`build` runs the ones asked for.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections import defaultdict
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from mdc.eval.results import read_results
+
+# synthetic probe task -> the paper's Table 1 column it stands in for (mdc.data.evalsets.PROBE_TASKS)
+PROBE_COLUMNS = {"object": "imagenet1k", "texture": "food101", "shape": "cifar10", "shape_texture": "cifar100",
+                 "colour": "pets"}
+REAL_COLUMNS = {"imagenet1k": "imagenet1k", "food101": "food101", "cifar10": "cifar10", "cifar100": "cifar100",
+                "pets": "pets", "wds/imagenet1k": "imagenet1k"}
+EXTRA_TASKS = ("count", "relation", "background")  # synthetic tasks without a paper column
+STYLE_DATA = {"alt": "CC12M", "descriptive": "Recap-DataComp-10M"}  # the paper's data of each caption style
+PAPER_BACKBONE = "ViT-B/32"  # the paper row a synthetic run is printed beside (the smallest backbone)
+
+
+# ----------------------------------------------------------------------------- inputs
+def load_index(index_path: str) -> list[dict]:
+    """Runs of the index whose results file exists, each ``{name, notebook, labels, artifacts, record}``."""
+    with open(index_path) as f:
+        index = json.load(f)
+    runs = []
+    for name, run in index.items():
+        if os.path.isfile(run["results"]):
+            runs.append({"name": name, **run, "record": read_results(run["results"])})
+    return runs
+
+
+def paper_table(paper_dir: str, name: str) -> list[dict]:
+    """Rows of ``paper_dir/<name>.csv`` (numbers as floats where they parse)."""
+    def num(v):
+        try:
+            return float(v)
+        except ValueError:
+            return v or None
+
+    with open(os.path.join(paper_dir, f"{name}.csv")) as f:
+        return [{k: num(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def cell(values: Sequence[float], scale: float = 100.0) -> str:
+    """"mean ± std" over seeds (percent by default), "mean" for one value, "-" for none."""
+    values = [scale * v for v in values if v is not None and np.isfinite(v)]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{np.mean(values):.1f} ± {np.std(values, ddof=1):.1f}"
+
+
+def paper_cell(value) -> str:
+    return "-" if value is None or value == "" else f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def write_table(rows: list[dict], path: str, caption: str = "") -> list[str]:
+    """Write rows (dicts of strings) as ``path``.md / .csv / .tex; returns the files."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    files = [f"{path}.md", f"{path}.csv", f"{path}.tex"]
+    with open(files[0], "w") as f:
+        f.write((f"{caption}\n\n" if caption else "") + "| " + " | ".join(columns) + " |\n|"
+                + "---|" * len(columns) + "\n")
+        f.writelines("| " + " | ".join(str(r.get(c, "")) for c in columns) + " |\n" for r in rows)
+    with open(files[1], "w", newline="") as f:
+        w = csv.DictWriter(f, columns)
+        w.writeheader()
+        w.writerows(rows)
+
+    def tex(s):
+        return str(s).replace("±", r"$\pm$").replace("%", r"\%").replace("_", r"\_").replace("&", r"\&")
+
+    with open(files[2], "w") as f:
+        f.write("\\begin{table}[t]\n\\centering\n" + (f"\\caption{{{tex(caption)}}}\n" if caption else "")
+                + "\\begin{tabular}{" + "l" * len(columns) + "}\n\\toprule\n"
+                + " & ".join(tex(c) for c in columns) + " \\\\\n\\midrule\n"
+                + "".join(" & ".join(tex(r.get(c, "")) for c in columns) + " \\\\\n" for r in rows)
+                + "\\bottomrule\n\\end{tabular}\n\\end{table}\n")
+    return files
+
+
+def _group(runs: Iterable[dict], notebook: str, artifact: str, key: Callable[[dict], tuple]) -> dict:
+    """Results records of ``notebook`` runs feeding ``artifact``, grouped by ``key(labels)``."""
+    out = defaultdict(list)
+    for r in runs:
+        if r["notebook"] == notebook and artifact in r["artifacts"]:
+            out[key(r["labels"])].append(r["record"])
+    return out
+
+
+def _probe_top1(record: dict, floor: bool = False) -> dict[str, float]:
+    """{column or task: top-1} of a linear_probe record (its random-init floor with ``floor``)."""
+    res = record["results"]["random_init"] if floor else record["results"]
+    out = {}
+    for name, r in res["datasets"].items():
+        task = name.split("/", 1)[1] if name.startswith("wds/") else name
+        out[PROBE_COLUMNS.get(task, REAL_COLUMNS.get(name, task))] = r["top1"]
+    return out
+
+
+def _informative_mean(top1: Mapping[str, float]) -> float | None:
+    """Mean of the synthetic tasks the learnability study found informative (object, shape, texture, count)."""
+    keys = ("imagenet1k", "cifar10", "food101", "count")
+    return float(np.mean([top1[k] for k in keys])) if all(k in top1 for k in keys) else None
+
+
+# ----------------------------------------------------------------------------- tables
+def table1(runs: list[dict], paper_dir: str, out: str) -> list[str]:
+    """Table 1: linear probe per method and caption style (+ CLIP-LB), random-init floor, paper rows."""
+    groups = _group(runs, "linear_probe", "table1", lambda l: (l.get("style"), l.get("method")))
+    paper = paper_table(paper_dir, "table1_linear_probe")
+    columns = ["imagenet1k", "food101", "cifar10", "cifar100", "pets"]
+    rows = []
+    for (style, method), records in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "CLIP-LB")):
+        top1 = [_probe_top1(r) for r in records]
+        extra = [c for c in (*EXTRA_TASKS,) if c in top1[0]]
+        row = {"data": style, "method": method, "seeds": str(len(records))}
+        for c in columns + extra:
+            row[c] = cell([t.get(c) for t in top1])
+        row["average"] = cell([np.mean([t[c] for c in columns if c in t]) for t in top1])
+        row["mean4"] = cell([_informative_mean(t) for t in top1])
+        ref = next((p for p in paper if p["backbone"] == PAPER_BACKBONE and p["pretrain_data"] == STYLE_DATA.get(style)
+                    and p["method"] == method), None)
+        row["paper average"] = paper_cell(ref["average"]) if ref else "-"
+        row["paper"] = f"{PAPER_BACKBONE} {STYLE_DATA.get(style, '')} " + " / ".join(
+            paper_cell(ref[c]) for c in columns) if ref else "-"
+        rows.append(row)
+        if method in ("CLIP", "ARC", "MDC"):  # each method's own random-initialised encoder
+            floor = [_probe_top1(r, floor=True) for r in records]
+            rows.append({"data": style, "method": f"{method} random init", "seeds": str(len(records)),
+                         **{c: cell([t.get(c) for t in floor]) for c in columns + extra},
+                         "average": cell([np.mean([t[c] for c in columns if c in t]) for t in floor]),
+                         "mean4": cell([_informative_mean(t) for t in floor]), "paper average": "-", "paper": "-"})
+    return write_table(rows, os.path.join(out, "table1_linear_probe"),
+                       "Table 1: linear probe top-1 (%), mean ± std over seeds; synthetic tasks stand in for the "
+                       "paper's datasets; 'paper' lists the paper's five numbers in the same column order")
+
+
+def table2(runs: list[dict], paper_dir: str, out: str) -> list[str]:
+    """Table 2: compositionality per scorer (CLIP cosine, ARC exact, MDC Monte Carlo and heuristic)."""
+    from mdc.eval.compositionality import COLUMNS, PAPER_ROWS
+
+    paper = {p["method"]: p for p in paper_table(paper_dir, "table2_compositionality")}
+    by_variant = defaultdict(list)
+    for r in runs:
+        if r["notebook"] == "compositionality" and "table2" in r["artifacts"]:
+            for variant, accs in r["record"]["results"]["table2"].items():
+                by_variant[variant].append(accs)
+    rows = []
+    order = ["cosine", "exact", "elbo", "heuristic", "elbo_trained_t"]
+    for variant in sorted(by_variant, key=lambda v: (order.index(v.removesuffix("_lengthnorm"))
+                                                     if v.removesuffix("_lengthnorm") in order else 9,
+                                                     v.endswith("_lengthnorm"))):
+        base = variant.removesuffix("_lengthnorm")
+        label = PAPER_ROWS.get(base, base) + (" per token" if variant.endswith("_lengthnorm") else "")
+        if base == "elbo_trained_t":
+            label = "MDC (Monte Carlo, trained t only)" + (" per token" if variant.endswith("_lengthnorm") else "")
+        row = {"method": label, "seeds": str(len(by_variant[variant]))}
+        for c in COLUMNS:
+            row[c] = cell([a.get(c) for a in by_variant[variant]])
+            ref = paper.get(PAPER_ROWS.get(base)) if not variant.endswith("_lengthnorm") else None
+            row[f"{c} (paper)"] = paper_cell(ref[c]) if ref else "-"
+        rows.append(row)
+    return write_table(rows, os.path.join(out, "table2_compositionality"),
+                       "Table 2: compositionality accuracy (%), ties count as errors; chance 50 (pairs), 20 (order)")
+
+
+def table3(runs: list[dict], paper_dir: str, out: str) -> list[str]:
+    """Table 3: captioning metrics per caption set (ARC beam 6, MDC-10/15/20) with the paper's COCO rows."""
+    from mdc.eval.captioning import table3_rows
+
+    paper = {p["method"]: p for p in paper_table(paper_dir, "table3_captioning")}
+    per_method = defaultdict(list)
+    for r in runs:
+        if r["notebook"] == "captioning" and "table3" in r["artifacts"]:
+            for row in table3_rows(r["record"]["results"], "coco"):
+                per_method[row.pop("method")].append(row)
+    rows = []
+    for method, vals in per_method.items():
+        row = {"method": method, "seeds": str(len(vals))}
+        for c in ("coco_bleu4", "coco_meteor", "coco_cider", "coco_spice", "coco_rougeL", "coco_llm_judge"):
+            row[c.removeprefix("coco_")] = cell([v.get(c) for v in vals], scale=1.0)
+            ref = paper.get(method)
+            row[f"{c.removeprefix('coco_')} (paper COCO)"] = paper_cell(ref[c]) if ref else "-"
+        rows.append(row)
+    return write_table(rows, os.path.join(out, "table3_captioning"),
+                       "Table 3: captioning on the held-out references (pycocoevalcap, x100); paper: MSCOCO")
+
+
+def _probe_rows(runs, artifact: str, key, columns: dict[str, Callable[[dict], float | None]]) -> dict:
+    """{key(labels): {column: [values over seeds]}} from the probe runs feeding ``artifact``."""
+    out = {}
+    for k, records in _group(runs, "linear_probe", artifact, key).items():
+        tops = [_probe_top1(r) for r in records]
+        out[k] = {c: [f(t) for t in tops] for c, f in columns.items()}
+    return out
+
+
+def table4(runs: list[dict], paper_dir: str, out: str) -> list[str]:
+    """Table 4: MDC with and without the 1/t weight, per caption style (ImageNet analogue, and mean4)."""
+    paper = {p["method"]: p for p in paper_table(paper_dir, "table4_time_weighting")}
+    data = _probe_rows(runs, "table4", lambda l: (l.get("method"), l.get("style")),
+                       {"object": lambda t: t.get("imagenet1k"), "mean4": _informative_mean})
+    rows = []
+    for method in ("MDC (w/o t)", "MDC"):
+        row = {"method": method}
+        for style, paper_col in (("alt", "cc12m_imagenet1k"), ("descriptive", "recap_datacomp_10m_imagenet1k")):
+            v = data.get((method, style), {})
+            row[f"{style}: object"] = cell(v.get("object", []))
+            row[f"{style}: mean4"] = cell(v.get("mean4", []))
+            row[f"{style} (paper {paper_col})"] = paper_cell(paper.get(method, {}).get(paper_col))
+        rows.append(row)
+    return write_table(rows, os.path.join(out, "table4_time_weighting"),
+                       "Table 4: linear probe top-1 (%) with and without the 1/t loss weight")
+
+
+def table5(runs: list[dict], paper_dir: str, out: str) -> list[str]:
+    """Table 5: noise schedules t ~ U[w_l, w_u] on alt captions."""
+    paper = {p["t_interval"]: p["cc3m_imagenet1k"] for p in paper_table(paper_dir, "table5_noise_schedule")}
+    data = _probe_rows(runs, "table5", lambda l: tuple(l.get("t_interval") or (0.5, 1.0)),
+                       {"object": lambda t: t.get("imagenet1k"), "mean4": _informative_mean})
+    rows = []
+    for interval in sorted(data):
+        name = f"[{interval[0]:.1f}, {interval[1]:.1f}]"
+        rows.append({"t_interval": name, "object": cell(data[interval]["object"]),
+                     "mean4": cell(data[interval]["mean4"]), "paper (CC3M, IN-1k)": paper_cell(paper.get(name))})
+    return write_table(rows, os.path.join(out, "table5_noise_schedule"),
+                       "Table 5: linear probe top-1 (%) per noise schedule (alt captions)")
+
+
+def tables6_8(runs: list[dict], paper_dir: str, out: str) -> list[str]:
+    """Tables 6-8: the pretraining presets of this package beside the paper's hyperparameters."""
+    from mdc.optim import preset_values
+
+    rows = []
+    for p in paper_table(paper_dir, "hyperparameters"):
+        preset = p["backbone"].lower().replace("/", "-").replace("vit-", "vit-")
+        ours = preset_values(preset, "arc")
+        rows.append({"backbone": p["backbone"], "base lr": f"{ours['lr']:g}", "paper base lr": f"{p['base_lr']:g}",
+                     "weight decay": f"{ours['weight_decay']:g}", "paper weight decay": f"{p['weight_decay']:g}",
+                     "warmup": str(ours["warmup_steps"]), "paper warmup": f"{p['warmup_steps']:.0f}",
+                     "betas": "/".join(map(str, ours["betas"])), "paper betas": f"{p['beta1']}/{p['beta2']}",
+                     "batch": str(ours["global_batch"]), "paper batch": f"{p['batch_size']:.0f}",
+                     "epochs": str(ours["epochs"]), "paper epochs": f"{p['epochs']:.0f}",
+                     "grad clip (ARC)": str(ours["grad_clip_norm"] or "-"),
+                     "paper grad clip": str(p["grad_clip_norm"] or "-")})
+    return write_table(rows, os.path.join(out, "tables6-8_hyperparameters"),
+                       "Tables 6-8: pretraining hyperparameters (presets of mdc.optim) beside the paper's")
+
+
+# ----------------------------------------------------------------------------- figures
+def fig3(runs: list[dict], paper_dir: str, out: str) -> list[str]:
+    """Fig. 3: caption length distributions of the pretraining sets (data runs)."""
+    from mdc.plots import plot_caption_lengths
+
+    dists = {}
+    for r in runs:
+        res = r["record"]["results"]
+        if r["notebook"] == "data" and "fig3" in r["artifacts"] and res.get("lengths"):
+            label = r["labels"].get("data") or r["labels"].get("style")
+            dists[label] = res["lengths"]
+    base = os.path.join(out, "fig3_caption_lengths")
+    plot_caption_lengths(dists, base)
+    return [base + ".png", base + ".pdf"]
+
+
+def fig4(runs: list[dict], paper_dir: str, out: str) -> list[str]:
+    """Fig. 4: probe top-1 of image-conditioned BERT per fixed masking ratio, against MDC."""
+    from mdc.plots import plot_mask_ratios
+
+    data = _probe_rows(runs, "fig4", lambda l: (l.get("method"), l.get("mask_ratio")),
+                       {"object": lambda t: t.get("imagenet1k"), "mean4": _informative_mean})
+    bert = {k[1]: v for k, v in data.items() if k[0] == "BERT"}
+    mdc_ = next((v for k, v in data.items() if k[0] == "MDC"), None)
+    base = os.path.join(out, "fig4_mask_ratios")
+    plot_mask_ratios(bert, mdc_, base)
+    return [base + ".png", base + ".pdf"]
+
+
+def fig5(runs: list[dict], paper_dir: str, out: str) -> list[str]:
+    """Fig. 5: probe top-1 against the number of pretraining pairs (MDC, descriptive captions)."""
+    from mdc.plots import plot_data_scaling
+
+    points = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        if r["notebook"] == "linear_probe" and "fig5" in r["artifacts"] and r["labels"].get("method") == "MDC":
+            pairs = r["labels"].get("pairs")
+            top = _probe_top1(r["record"])
+            points[pairs]["object"].append(top.get("imagenet1k"))
+            points[pairs]["mean4"].append(_informative_mean(top))
+    base = os.path.join(out, "fig5_data_scaling")
+    plot_data_scaling({k: dict(v) for k, v in points.items()}, base)
+    return [base + ".png", base + ".pdf"]
+
+
+def fig6(runs: list[dict], paper_dir: str, out: str, k: int = 3) -> list[str]:
+    """Fig. 6: qualitative captions (MDC-10/15/20, ARC) of the first captioning run's examples."""
+    from mdc.plots import plot_captions
+
+    run = next((r for r in runs if r["notebook"] == "captioning" and "fig6" in r["artifacts"]), None)
+    if run is None:
+        return []
+    res = run["record"]["results"]
+    folder = os.path.dirname(run["results"])
+    with open(os.path.join(folder, os.path.basename(res["files"]["predictions"]))) as f:
+        captions = json.load(f)
+    examples = res.get("examples") or []
+    if not examples:
+        return []
+    examples = examples[:k]
+    base = os.path.join(out, "fig6_captions")
+    plot_captions([e["image_path"] for e in examples],
+                  {name: [captions[name][str(e["image_id"])] for e in examples] for name in captions},
+                  [e.get("references") for e in examples], base)
+    return [base + ".png", base + ".pdf"]
+
+
+ARTIFACTS: dict[str, Callable] = {"table1": table1, "table2": table2, "table3": table3, "table4": table4,
+                                  "table5": table5, "tables6-8": tables6_8, "fig3": fig3, "fig4": fig4,
+                                  "fig5": fig5, "fig6": fig6}
+
+
+def build(index_path: str, out: str, paper_dir: str, only: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """Rebuild the artifacts (all, or ``only``) into ``out``; returns {artifact: files written}."""
+    unknown = set(only or ()) - set(ARTIFACTS)
+    if unknown:
+        raise ValueError(f"unknown artifact(s) {sorted(unknown)}; choose from {sorted(ARTIFACTS)}")
+    runs = load_index(index_path)
+    os.makedirs(out, exist_ok=True)
+    return {name: fn(runs, paper_dir, out) for name, fn in ARTIFACTS.items() if not only or name in only}

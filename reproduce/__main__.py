@@ -1,0 +1,71 @@
+"""python -m reproduce: run the paper's experiments and rebuild every table and figure.
+
+    python -m reproduce --list                              # the artifacts and what feeds them
+    python -m reproduce --profile smoke                     # everything, a handful of steps (minutes)
+    python -m reproduce --profile mini [--seeds 3]          # the synthetic world at the frozen mini setup
+    python -m reproduce --profile mini --only table2 fig4   # just these artifacts (and their runs)
+    python -m reproduce --profile mini --dry-run            # what would run, what is done
+    python -m reproduce --profile paper --gpus-per-node 8   # GPU node; data paths from MDC_* variables
+    python -m reproduce --profile paper --slurm slurm/      # write one sbatch script per run + submit.sh
+
+Completed runs are skipped (keyed by notebook, parameters and dependencies); a failed run is
+reported at the end and the exit status is non-zero.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from reproduce import registry, runner
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m reproduce", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--profile", default="mini", choices=[*registry.PROFILES, "paper"])
+    p.add_argument("--only", nargs="+", metavar="ARTIFACT", help=f"artifacts: {', '.join(registry.ARTIFACTS)}")
+    p.add_argument("--list", action="store_true", help="list the artifacts and their runs, then stop")
+    p.add_argument("--dry-run", action="store_true", help="say what would run and what is done")
+    p.add_argument("--seeds", type=int, default=1, help="seeds per pretraining run (0 .. N-1)")
+    p.add_argument("--jobs", type=int, default=1, help="runs executed at the same time")
+    p.add_argument("--out", default=os.path.join("reproduce", "runs"), help="runs go to OUT/<profile>/")
+    p.add_argument("--figures", help="where tables and figures go (default: figures/ for mini, else OUT/<profile>/figures)")
+    p.add_argument("--run", help="execute this one run only (used by the SLURM scripts)")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="pretraining runs under torchrun with this many GPUs")
+    p.add_argument("--nodes", type=int, default=1, help="nodes per pretraining run (torchrun rendezvous)")
+    p.add_argument("--slurm", metavar="DIR", help="write sbatch scripts and submit.sh to DIR instead of running")
+    args = p.parse_args(argv)
+
+    out = os.path.join(args.out, args.profile)
+    figures = args.figures or ("figures" if args.profile == "mini" else os.path.join(out, "figures"))
+    runs = registry.with_figures(registry.build(args.profile, args.seeds), os.path.abspath(figures), args.profile)
+    runs = registry.select(runs, args.only)
+    if args.list:
+        for name, what in registry.ARTIFACTS.items():
+            feeding = [r.name for r in runs if name in r.artifacts and r.notebook != "figures"]
+            print(f"{name:10s} {what}\n{'':10s} {len(feeding)} runs: {', '.join(feeding[:6])}"
+                  f"{' ...' if len(feeding) > 6 else ''}")
+        return 0
+    if args.slurm:
+        path = runner.slurm_scripts(runs, out, args.slurm, args.profile, gpus=args.gpus_per_node or 8,
+                                    nodes=args.nodes)
+        print(f"wrote {len(runs)} job scripts; submit them with: bash {path}")
+        return 0
+    torchrun = (args.gpus_per_node, args.nodes) if args.gpus_per_node else None
+    outcome = runner.run_all(runs, out, jobs=args.jobs, dry_run=args.dry_run, torchrun=torchrun,
+                             only={args.run} if args.run else None)  # --run: its dependencies ran as earlier jobs
+    failed = {n: o for n, o in outcome.items() if o["status"] not in ("ok", "skipped")}
+    if failed:
+        print(f"\n{len(failed)} run(s) did not complete:", file=sys.stderr)
+        for name, o in failed.items():
+            print(f"- {name}: {o['status']}\n{o['error'][-800:]}", file=sys.stderr)
+        return 1
+    if not args.dry_run:
+        print(f"\nall {len(outcome)} runs complete; tables and figures in {figures}; per-run times in "
+              f"{os.path.join(out, 'runs.csv')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

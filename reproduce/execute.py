@@ -1,0 +1,51 @@
+"""One run of the reproduction, in its own process (used by :mod:`reproduce.runner`).
+
+    python -m reproduce.execute NOTEBOOK OUTPUT_NOTEBOOK PARAMETERS_JSON
+    python -m reproduce.execute --command "torchrun ... -m mdc.train ..." --results RESULTS_JSON PARAMETERS_JSON
+
+The first form executes a notebook with papermill (kernel python3, working directory the
+repository root). The second runs a pretraining command line (torchrun on GPU nodes) and
+writes the results file the pretraining notebook would have written, from the JSON line
+``mdc.train`` prints at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("paths", nargs="+", help="NOTEBOOK OUTPUT PARAMETERS_JSON, or PARAMETERS_JSON with --command")
+    p.add_argument("--command", help="a pretraining command line to run instead of a notebook")
+    p.add_argument("--results", help="with --command: where to write the results file")
+    args = p.parse_args(argv)
+    with open(args.paths[-1]) as f:
+        params = json.load(f)
+    if args.command:
+        done = subprocess.run(shlex.split(args.command), cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        sys.stdout.write(done.stdout)
+        if done.returncode:
+            return done.returncode
+        from mdc.eval.results import write_results
+
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        write_results(args.results, "pretrain", {**result, "objective": params.get("objective")},
+                      parameters=params, checkpoint=result.get("checkpoint"))
+        return 0
+    import papermill
+
+    notebook, output = args.paths[:2]
+    papermill.execute_notebook(notebook, output, parameters=params, kernel_name="python3", cwd=ROOT,
+                               progress_bar=False, log_output=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""The experiment registry: every table and figure of the paper as notebook runs, per profile.
+
+Profiles:
+- ``smoke``: every artifact wired end to end with a handful of steps on tiny data (CI).
+- ``mini``: the synthetic scene world with the model config ``mini`` and ``--preset mini``
+  fixed by the learnability study (``reproduce/studies/learnability.md``); about an hour per
+  seed on 2 CPU cores.
+- ``paper``: the paper's backbones, data and hyperparameters on GPU nodes. Data paths come from
+  environment variables (see :data:`PAPER_ENV`); pretraining runs execute under torchrun when
+  the runner is given ``--gpus-per-node``.
+
+Runs shared between artifacts are registered once: the MDC run on alt captions serves Table 1,
+Tables 4 and 5 (its [0.5, 1] column), Fig. 4 and the captioning of Table 3; every pretraining
+run is probed once.
+"""
+from __future__ import annotations
+
+import os
+
+from reproduce.runner import Run
+
+ARTIFACTS = {
+    "table1": "Linear probe: CLIP, ARC, MDC per caption style (and CLIP-LB on descriptive captions)",
+    "table2": "Compositionality: ARO and SugarCrepe for CLIP, ARC, MDC (Monte Carlo, heuristic)",
+    "table3": "Captioning: ARC beam 6 vs MDC-10/15/20 (BLEU-4, METEOR, CIDEr, SPICE, ROUGE-L, LLM judge)",
+    "table4": "Ablation of the 1/t weight, both caption styles",
+    "table5": "Noise schedules t ~ U[w_l, w_u] on alt captions",
+    "tables6-8": "Pretraining hyperparameters per backbone (the presets)",
+    "fig3": "Caption length distributions of the pretraining sets",
+    "fig4": "Image-conditioned BERT at fixed masking ratios vs MDC",
+    "fig5": "Linear probe vs number of pretraining pairs",
+    "fig6": "Qualitative captions: MDC-10/15/20 and ARC",
+}
+STYLES = ("alt", "descriptive")  # the CC12M and Recap-DataComp analogues
+T_INTERVALS = ((0.0, 1.0), (0.3, 0.8), (0.4, 0.9))  # Table 5 besides the default (0.5, 1.0)
+
+# Environment variables of the paper profile (shard patterns and evaluation data roots).
+PAPER_ENV = {
+    "MDC_CC12M": "CC12M webdataset shards, e.g. /data/cc12m/{00000..01242}.tar",
+    "MDC_CC12M_SAMPLES": "samples in the CC12M shards (epoch size)",
+    "MDC_RECAP10M": "Recap-DataComp-10M shards",
+    "MDC_RECAP10M_SAMPLES": "samples in those shards",
+    "MDC_CC3M": "CC3M shards (Table 5)",
+    "MDC_CC3M_SAMPLES": "samples in the CC3M shards",
+    "MDC_PROBE_ROOTS": "JSON {dataset: root}, e.g. {\"imagenet1k\": \"/data/imagenet\", \"cifar10\": \"/data/cifar10\"}",
+    "MDC_SUGARCREPE": "folder of SugarCrepe's *.json", "MDC_COCO_VAL2017": "COCO val2017 images",
+    "MDC_ARO": "folder of ARO's visual_genome_*.json", "MDC_VG_IMAGES": "Visual Genome images",
+    "MDC_COCO_ORDER": "ARO's coco_karpathy_test.json", "MDC_COCO_IMAGES": "COCO images root (val2014/...)",
+    "MDC_FLICKR_ORDER": "ARO's flickr30k_test.json", "MDC_FLICKR_IMAGES": "Flickr30k images",
+    "MDC_COCO_KARPATHY": "dataset_coco.json (captioning)",
+    "MDC_RECAP_SUBSETS": "Fig. 5: JSON {pairs: shards}, e.g. {\"5000000\": \"/data/recap5m/{00000..00499}.tar\", ...}",
+}
+
+# Per profile: data sizes, the pretraining recipe and the evaluation budgets.
+PROFILES = {
+    "smoke": dict(data=dict(num=192, image_size=32, shard_size=64), evalsets=dict(n_probe_train=48, n_probe_test=24,
+                  n_items=8, n_caption_train=16), model="tiny",
+                  model_overrides=dict(image_size=32, patch_size=8, vision_width=32, vision_layers=1, vision_heads=2,
+                                       text_width=32, text_layers=1, text_heads=2, embed_dim=32, context_length=64),
+                  train=dict(steps=3, batch_size=16, workers=0, save_every=3), probe=dict(epochs=2),
+                  compositionality=dict(num_samples=4, batch_size=16),
+                  captioning=dict(finetune_steps=2, max_images=4, metrics=["bleu", "rouge_l", "cider"]),
+                  bert_ratios=(0.15, 1.0), fig5_fractions=(0.5,), timeout_s=600),
+    "mini": dict(data=dict(num=None, image_size=None, shard_size=1000), evalsets=dict(n_probe_train=3000,
+                 n_probe_test=1000, n_items=300, n_caption_train=1000), model="mini", model_overrides={},
+                 train=dict(preset="mini", workers=1, save_every=1000), probe=dict(epochs=10),
+                 compositionality=dict(num_samples=256, batch_size=64),
+                 captioning=dict(finetune_steps=300, max_images=500, metrics=["bleu", "meteor", "rouge_l", "cider"]),
+                 bert_ratios=(0.15, 0.4, 0.7, 1.0), fig5_fractions=(0.25, 0.5), timeout_s=1800),
+}
+
+
+def _mini_data() -> dict:
+    """Data size and resolution of `mini`, from the preset the learnability study froze."""
+    from mdc.factory import model_config
+    from mdc.optim import preset_values
+
+    recipe = preset_values("mini", "mdc")
+    return dict(num=recipe["steps"] * recipe["global_batch"], image_size=model_config("mini").image_size)
+
+
+def pretrain_runs(p: dict, seed: int) -> list[Run]:
+    """Every pretraining run of one seed: (name, objective, style, extra parameters, artifacts, labels)."""
+    specs = []
+    for style in STYLES:
+        for objective in ("clip", "arc", "mdc"):
+            artifacts = ["table1"] + (["table4"] if objective == "mdc" else [])
+            if style == "alt" and objective == "mdc":
+                artifacts += ["table5", "fig4"]
+            if style == "descriptive" and objective == "mdc":
+                artifacts += ["fig5"]
+            specs.append((f"{objective}-{style}", objective, style, {}, artifacts,
+                          dict(method=objective.upper(), style=style)))
+    specs.append(("cliplb-descriptive", "clip", "descriptive", {"batch_scale": 2}, ["table1"],
+                  dict(method="CLIP-LB", style="descriptive")))
+    for style in STYLES:
+        specs.append((f"mdc-wot-{style}", "mdc", style, {"time_weighting": False}, ["table4"],
+                      dict(method="MDC (w/o t)", style=style)))
+    for lo, hi in T_INTERVALS:
+        specs.append((f"mdc-t{lo:.1f}-{hi:.1f}-alt", "mdc", "alt", {"t_interval": [lo, hi]}, ["table5"],
+                      dict(method="MDC", style="alt", t_interval=[lo, hi])))
+    for ratio in p["bert_ratios"]:
+        specs.append((f"bert-r{ratio:.2f}-alt", "mdc", "alt", {"mask_ratio": ratio}, ["fig4"],
+                      dict(method="BERT", style="alt", mask_ratio=ratio)))
+    for frac in p["fig5_fractions"]:
+        specs.append((f"mdc-descriptive-n{frac:.2f}", "mdc", "descriptive", {"data_fraction": frac}, ["fig5"],
+                      dict(method="MDC", style="descriptive", data_fraction=frac)))
+    runs = []
+    for name, objective, style, extra, artifacts, labels in specs:
+        params = dict(objective=objective, model=p["model"], model_overrides=p["model_overrides"],
+                      train_data=f"{{run:data/{style}}}/shards/" + "{all}", seed=seed,
+                      output_dir=f"{{run:pretrain/{name}-s{seed}}}", **p["train"])
+        frac = extra.pop("data_fraction", None)
+        scale = extra.pop("batch_scale", None)
+        params.update(extra)
+        if frac is not None:
+            params["data_fraction"] = frac
+        if scale is not None:
+            params["batch_scale"] = scale
+        runs.append(Run(f"pretrain/{name}-s{seed}", "pretrain", params, deps=(f"data/{style}",),
+                        artifacts=tuple(artifacts), labels={**labels, "seed": seed}, timeout_s=p["timeout_s"]))
+    return runs
+
+
+def build(profile: str, seeds: int = 1) -> list[Run]:
+    """All runs of a profile for ``seeds`` seeds (0 .. seeds-1)."""
+    if profile == "paper":
+        from reproduce.paper import build_paper
+
+        return build_paper(seeds)
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES) + ['paper']}")
+    p = PROFILES[profile]
+    data = dict(p["data"], **(_mini_data() if profile == "mini" else {}))
+    runs = [Run(f"data/{style}", "data", dict(style=style, seed=0, output_dir=f"{{run:data/{style}}}", **data),
+                artifacts=("fig3",), labels=dict(style=style), timeout_s=p["timeout_s"]) for style in STYLES]
+    runs.append(Run("data/evalsets", "evalsets", dict(seed=1, image_size=data["image_size"],
+                                                       output_dir="{run:data/evalsets}", **p["evalsets"]),
+                    timeout_s=p["timeout_s"]))
+    evalsets = "{run:data/evalsets}"
+    for seed in range(seeds):
+        pre = pretrain_runs(p, seed)
+        runs += pre
+        for r in pre:
+            tag = r.name.split("/", 1)[1]
+            runs.append(Run(f"probe/{tag}", "linear_probe",
+                            dict(checkpoint=f"{{run:{r.name}}}", evalsets_dir=evalsets, seed=seed,
+                                 output_dir=f"{{run:probe/{tag}}}", **p["probe"]),
+                            deps=(r.name, "data/evalsets"), artifacts=r.artifacts, labels=r.labels,
+                            timeout_s=p["timeout_s"]))
+        for objective in ("clip", "arc", "mdc"):
+            tag = f"{objective}-descriptive-s{seed}"
+            runs.append(Run(f"compositionality/{tag}", "compositionality",
+                            dict(checkpoint=f"{{run:pretrain/{tag}}}", data_dir=evalsets, seed=seed,
+                                 output_dir=f"{{run:compositionality/{tag}}}", **p["compositionality"]),
+                            deps=(f"pretrain/{tag}", "data/evalsets"), artifacts=("table2",),
+                            labels=dict(method=objective.upper(), style="descriptive", seed=seed),
+                            timeout_s=p["timeout_s"]))
+        runs.append(Run(f"captioning/alt-s{seed}", "captioning",
+                        dict(mdc_checkpoint=f"{{run:pretrain/mdc-alt-s{seed}}}",
+                             arc_checkpoint=f"{{run:pretrain/arc-alt-s{seed}}}",
+                             captions_json=os.path.join(evalsets, "captions", "dataset_scenes.json"),
+                             image_root=os.path.join(evalsets, "captions"), seed=seed,
+                             output_dir=f"{{run:captioning/alt-s{seed}}}", **p["captioning"]),
+                        deps=(f"pretrain/mdc-alt-s{seed}", f"pretrain/arc-alt-s{seed}", "data/evalsets"),
+                        artifacts=("table3", "fig6"), labels=dict(style="alt", seed=seed),
+                        timeout_s=p["timeout_s"]))
+    return runs
+
+
+def with_figures(runs: list[Run], figures_dir: str, profile: str) -> list[Run]:
+    """The figures run, after every other run: rebuilds all artifacts from the results files."""
+    return runs + [Run("figures", "figures", dict(index="{run:index.json}", figures_dir=figures_dir, profile=profile,
+                                                 output_dir="{run:figures}"),
+                       deps=tuple(r.name for r in runs), artifacts=tuple(ARTIFACTS), timeout_s=1800)]
+
+
+def select(runs: list[Run], only: list[str] | None) -> list[Run]:
+    """The runs feeding the artifacts in ``only`` plus everything they depend on."""
+    if not only:
+        return runs
+    unknown = set(only) - set(ARTIFACTS)
+    if unknown:
+        raise ValueError(f"unknown artifact(s) {sorted(unknown)}; choose from {sorted(ARTIFACTS)}")
+    by_name = {r.name: r for r in runs}
+    keep: set[str] = set()
+
+    def add(name: str):
+        if name not in keep:
+            keep.add(name)
+            for d in by_name[name].deps:
+                add(d)
+
+    for r in runs:
+        if set(r.artifacts) & set(only) and r.notebook != "figures":
+            add(r.name)
+    out = [r for r in runs if r.name in keep]
+    figures = [r for r in runs if r.notebook == "figures"]
+    return out + [Run(f.name, f.notebook, dict(f.params, only=list(only)), deps=tuple(r.name for r in out),
+                      artifacts=tuple(only), timeout_s=f.timeout_s) for f in figures]

@@ -1,0 +1,316 @@
+"""Execute a registry of notebook runs with papermill: skip what is done, survive what fails.
+
+Each run executes in its own subprocess (``python -m reproduce.execute``), so a crash, a
+timeout or a memory blow-up stays inside it; its peak resident memory (the notebook kernel
+included) comes from the operating system's accounting of the finished process tree.
+
+Layout under ``<out>/<profile>/``::
+
+    <run name>/<notebook>.ipynb   the executed notebook (kept, outputs included)
+    <run name>/results.json       what the notebook wrote (mdc.eval.results)
+    <run name>/done.json          {"key": ...} once the run succeeded
+    index.json                    every run: notebook, parameters, labels, artifacts, results path
+    runs.csv                      name, notebook, status, seconds, peak memory (MB), key
+
+A run's *key* hashes its notebook, its parameters and the keys of the runs it depends on, so
+changing a parameter reruns that run and everything downstream of it, and nothing else. A
+failed run is reported and the runs that do not depend on it still execute; the runner ends
+with a non-zero exit status if anything failed.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOKS = os.path.join(ROOT, "notebooks")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One notebook execution of the reproduction."""
+
+    name: str  # unique within a profile, also its folder: "pretrain/mdc-alt-s0"
+    notebook: str  # notebooks/<notebook>.ipynb
+    params: dict  # papermill parameters; "{run:<name>}" in a string is replaced by that run's folder
+    deps: tuple[str, ...] = ()  # runs that must succeed first
+    artifacts: tuple[str, ...] = ()  # the paper artifacts it feeds
+    labels: dict = field(default_factory=dict)  # what the figures need to place it (method, style, seed, ...)
+    timeout_s: int = 3600
+    gpus: int = 0  # > 1: a pretraining run that may execute under torchrun (see torchrun_command)
+
+
+def run_dir(out: str, run: Run) -> str:
+    return os.path.join(out, run.name)
+
+
+def resolve(value, out: str):
+    """Replace ``{run:<name>}`` in strings (recursively) with ``<out>/<name>``."""
+    if isinstance(value, str):
+        while "{run:" in value:
+            start = value.index("{run:")
+            end = value.index("}", start)
+            value = value[:start] + os.path.join(out, value[start + 5 : end]) + value[end + 1 :]
+        return value
+    if isinstance(value, dict):
+        return {k: resolve(v, out) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [resolve(v, out) for v in value]
+    return value
+
+
+def keys(runs: list[Run]) -> dict[str, str]:
+    """Content key of every run: notebook file, parameters and the keys of its dependencies."""
+    by_name, out = {r.name: r for r in runs}, {}
+
+    def key(name: str) -> str:
+        if name not in out:
+            r = by_name[name]
+            with open(os.path.join(NOTEBOOKS, f"{r.notebook}.ipynb"), "rb") as f:
+                nb = hashlib.sha256(f.read()).hexdigest()
+            payload = json.dumps([r.notebook, nb, r.params, [key(d) for d in r.deps]], sort_keys=True)
+            out[name] = hashlib.sha256(payload.encode()).hexdigest()[:16]
+        return out[name]
+
+    for r in runs:
+        key(r.name)
+    return out
+
+
+def order(runs: list[Run]) -> list[Run]:
+    """Topological order (dependencies first); errors on unknown or circular dependencies."""
+    by_name = {r.name: r for r in runs}
+    done, seen, out = set(), set(), []
+
+    def visit(r: Run):
+        if r.name in done:
+            return
+        if r.name in seen:
+            raise ValueError(f"circular dependency at run {r.name!r}")
+        seen.add(r.name)
+        for d in r.deps:
+            if d not in by_name:
+                raise ValueError(f"run {r.name!r} depends on unknown run {d!r}")
+            visit(by_name[d])
+        done.add(r.name)
+        out.append(r)
+
+    for r in runs:
+        visit(r)
+    return out
+
+
+def is_done(out: str, run: Run, key: str) -> bool:
+    try:
+        with open(os.path.join(run_dir(out, run), "done.json")) as f:
+            return json.load(f)["key"] == key and os.path.isfile(os.path.join(run_dir(out, run), "results.json"))
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def execute(out: str, run: Run, key: str, torchrun: tuple[int, int] | None = None) -> dict:
+    """Run one notebook in a subprocess; returns {status, seconds, peak_mb, error}.
+
+    ``torchrun=(gpus_per_node, nodes)``: a pretraining run executes as ``torchrun -m mdc.train``.
+    """
+    folder = run_dir(out, run)
+    os.makedirs(folder, exist_ok=True)
+    params = resolve(run.params, out)
+    params_file = os.path.join(folder, "parameters.json")
+    with open(params_file, "w") as f:
+        json.dump(params, f, indent=1)
+    if torchrun and run.gpus:
+        cmd = [sys.executable, "-m", "reproduce.execute", "--command", torchrun_command(run, out, *torchrun),
+               "--results", os.path.join(folder, "results.json"), params_file]
+    else:
+        cmd = [sys.executable, "-m", "reproduce.execute", os.path.join(NOTEBOOKS, f"{run.notebook}.ipynb"),
+               os.path.join(folder, f"{run.notebook}.ipynb"), params_file]
+    log = open(os.path.join(folder, "log.txt"), "w")
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                            env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    status, rusage = "ok", None
+    while rusage is None:
+        pid, code, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            rusage = usage
+            if code:
+                status = "failed"
+        elif time.perf_counter() - start > run.timeout_s:
+            os.killpg(proc.pid, signal.SIGKILL)  # the notebook process and its kernel
+            _, _, rusage = os.wait4(proc.pid, 0)
+            status = "timeout"
+        else:
+            time.sleep(0.2)
+    proc.returncode = 0  # reaped by wait4 above
+    log.close()
+    seconds = time.perf_counter() - start
+    if status == "ok" and not os.path.isfile(os.path.join(folder, "results.json")):
+        status = "failed"
+    error = ""
+    if status != "ok":
+        with open(os.path.join(folder, "log.txt")) as f:
+            error = f.read()[-2000:]
+    else:
+        with open(os.path.join(folder, "done.json"), "w") as f:
+            json.dump({"key": key, "seconds": seconds}, f)
+    return {"status": status, "seconds": seconds, "peak_mb": rusage.ru_maxrss / 1024, "error": error}
+
+
+def write_index(out: str, runs: list[Run]) -> str:
+    index = {r.name: {"notebook": r.notebook, "params": resolve(r.params, out), "labels": r.labels,
+                      "artifacts": list(r.artifacts), "results": os.path.join(run_dir(out, r), "results.json")}
+             for r in runs}
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "index.json")
+    with open(path, "w") as f:
+        json.dump(index, f, indent=1)
+    return path
+
+
+def run_all(runs: list[Run], out: str, jobs: int = 1, dry_run: bool = False, log=print,
+            torchrun: tuple[int, int] | None = None, only: set[str] | None = None) -> dict[str, dict]:
+    """Execute ``runs`` (dependencies first, ``jobs`` at a time); returns {name: outcome}.
+
+    ``only``: execute just these runs of the graph (a cluster job each), taking the others as done.
+    """
+    runs = order(runs)
+    key = keys(runs)
+    write_index(out, runs)
+    outcome: dict[str, dict] = {}
+    if only is not None:
+        unknown = set(only) - {r.name for r in runs}
+        if unknown:
+            raise ValueError(f"unknown run(s) {sorted(unknown)}")
+        outcome = {r.name: {"status": "skipped", "seconds": 0.0, "peak_mb": 0.0, "error": ""}
+                   for r in runs if r.name not in only}
+    pending = [r for r in runs if r.name not in outcome]
+    total = len(runs)
+    if dry_run:
+        for r in runs:
+            state = "done" if is_done(out, r, key[r.name]) else "would run"
+            log(f"{state:9s} {r.name}  ({r.notebook}; needs {', '.join(r.deps) or 'nothing'})")
+        return {}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        running = {}
+        while pending or running:
+            for r in list(pending):
+                if any(outcome.get(d, {}).get("status") not in (None, "ok", "skipped") for d in r.deps):
+                    failed = [d for d in r.deps if outcome.get(d, {}).get("status") not in ("ok", "skipped")]
+                    outcome[r.name] = {"status": "blocked", "seconds": 0.0, "peak_mb": 0.0,
+                                       "error": f"dependency failed: {', '.join(failed)}"}
+                    pending.remove(r)
+                    log(f"[{len(outcome)}/{total}] blocked  {r.name} (a dependency failed)")
+                elif all(outcome.get(d, {}).get("status") in ("ok", "skipped") for d in r.deps):
+                    pending.remove(r)
+                    if is_done(out, r, key[r.name]):
+                        outcome[r.name] = {"status": "skipped", "seconds": 0.0, "peak_mb": 0.0, "error": ""}
+                        log(f"[{len(outcome)}/{total}] done     {r.name} (completed earlier, same parameters)")
+                    elif len(running) < max(1, jobs):
+                        log(f"[{len(outcome) + len(running) + 1}/{total}] running  {r.name}")
+                        running[pool.submit(execute, out, r, key[r.name], torchrun)] = r
+                    else:
+                        pending.insert(0, r)
+                        break
+            if running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    r = running.pop(fut)
+                    outcome[r.name] = fut.result()
+                    o = outcome[r.name]
+                    log(f"[{len(outcome)}/{total}] {o['status']:8s} {r.name} in {o['seconds']:.0f} s, "
+                        f"peak {o['peak_mb']:.0f} MB")
+    _write_csv(out, runs, outcome, key)
+    return outcome
+
+
+def _write_csv(out: str, runs: list[Run], outcome: dict, key: dict) -> None:
+    path = os.path.join(out, "runs.csv")
+    previous = {}
+    if os.path.isfile(path):
+        with open(path) as f:
+            previous = {row["name"]: row for row in csv.DictReader(f)}
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, ["name", "notebook", "status", "seconds", "peak_mb", "key"])
+        w.writeheader()
+        for r in runs:
+            o = outcome.get(r.name, {})
+            if o.get("status") == "skipped" and r.name in previous:  # keep the measured figures
+                w.writerow({**previous[r.name], "status": "skipped", "key": key[r.name]})
+            else:
+                w.writerow({"name": r.name, "notebook": r.notebook, "status": o.get("status", "not run"),
+                            "seconds": f"{o.get('seconds', 0):.1f}", "peak_mb": f"{o.get('peak_mb', 0):.0f}",
+                            "key": key[r.name]})
+
+
+# ----------------------------------------------------------------------------- clusters
+def torchrun_command(run: Run, out: str, gpus: int, nodes: int = 1) -> str:
+    """The pretraining run as ``torchrun ... -m mdc.train`` flags (paper scale: real shards given)."""
+    p = resolve(run.params, out)
+    flags = {"train-data": p["train_data"], "output-dir": p.get("output_dir") or run_dir(out, run),
+             "objective": p["objective"], "model": p.get("model"), "preset": p.get("preset"),
+             "steps": p.get("steps"), "epochs": p.get("epochs"), "batch-size": p.get("batch_size"),
+             "lr": p.get("lr"), "weight-decay": p.get("weight_decay"), "warmup-steps": p.get("warmup_steps"),
+             "seed": p.get("seed"), "workers": p.get("workers"), "save-every": p.get("save_every"),
+             "samples-per-epoch": p.get("samples_per_epoch"), "mask-ratio": p.get("mask_ratio")}
+    parts = ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={gpus}"]
+    parts += ["--rdzv_backend=c10d", "--rdzv_endpoint=$MASTER_ADDR:29500", f"--rdzv_id={run.name.replace('/', '-')}"] \
+        if nodes > 1 else ["--standalone"]
+    parts += ["-m", "mdc.train", "--resume"]
+    for flag, value in flags.items():
+        if value not in (None, ""):
+            parts += [f"--{flag}", str(value)]
+    if p.get("t_interval") and p.get("mask_ratio") is None:
+        parts += ["--t-interval", *map(str, p["t_interval"])]
+    if p.get("time_weighting") is False:
+        parts.append("--no-time-weighting")
+    return " ".join(shlex.quote(x) if not x.startswith("--rdzv_endpoint") else x for x in parts)
+
+
+def slurm_scripts(runs: list[Run], out: str, folder: str, profile: str, gpus: int = 8, nodes: int = 1,
+                  account: str = "", partition: str = "") -> str:
+    """One sbatch script per run plus ``submit.sh``, which submits them in dependency order with
+    ``--dependency=afterok:<the jobs of its dependencies>``. Returns the path of submit.sh."""
+    runs = order(runs)
+    os.makedirs(folder, exist_ok=True)
+    lines = ["#!/usr/bin/env bash", "# Submit every run of the reproduction; each job starts after its dependencies.",
+             "set -euo pipefail", f'cd "{ROOT}"']
+    ids = {}
+    for i, r in enumerate(runs):
+        var = f"job{i}"
+        ids[r.name] = var
+        script = os.path.join(folder, f"{i:03d}-{r.name.replace('/', '-')}.sbatch")
+        head = ["#!/usr/bin/env bash", f"#SBATCH --job-name=mdc-{r.name.replace('/', '-')}",
+                f"#SBATCH --time={max(1, r.timeout_s // 60)}", f"#SBATCH --output={os.path.join(folder, 'logs', '%x-%j.out')}"]
+        if r.gpus:
+            head += [f"#SBATCH --nodes={nodes}", f"#SBATCH --gres=gpu:{gpus}", "#SBATCH --ntasks-per-node=1",
+                     f"#SBATCH --cpus-per-task={8 * gpus}"]
+        else:
+            head += ["#SBATCH --gres=gpu:1", "#SBATCH --cpus-per-task=8"]
+        head += [f"#SBATCH --account={account}"] if account else []
+        head += [f"#SBATCH --partition={partition}"] if partition else []
+        body = ['export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+                f"python -m reproduce --profile {profile} --out {shlex.quote(os.path.dirname(out))} "
+                f"--run {shlex.quote(r.name)}" + (f" --gpus-per-node {gpus} --nodes {nodes}" if r.gpus else "")]
+        if r.gpus and nodes > 1:
+            body[-1] = "srun " + body[-1]
+        with open(script, "w") as f:
+            f.write("\n".join(head + body) + "\n")
+        dep = ":".join(f"${ids[d]}" for d in r.deps)
+        lines.append(f"{var}=$(sbatch --parsable{' --dependency=afterok:' + dep if dep else ''} {shlex.quote(script)})")
+    lines.append('echo "submitted ' + str(len(runs)) + ' jobs"')
+    os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
+    path = os.path.join(folder, "submit.sh")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.chmod(path, 0o755)
+    return path
