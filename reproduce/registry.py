@@ -132,10 +132,11 @@ def build(profile: str, seeds: int = 1) -> list[Run]:
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES) + ['paper']}")
     p = PROFILES[profile]
     data = dict(p["data"], **(_mini_data() if profile == "mini" else {}))
-    runs = [Run(f"data/{style}", "data", dict(style=style, seed=0, output_dir=f"{{run:data/{style}}}", **data),
-                artifacts=("fig3",), labels=dict(style=style), timeout_s=p["timeout_s"]) for style in STYLES]
-    runs.append(Run("data/evalsets", "evalsets", dict(seed=1, image_size=data["image_size"],
-                                                       output_dir="{run:data/evalsets}", **p["evalsets"]),
+    runs = [Run(f"data/{style}", "data", dict(kind="shards", style=style, seed=0, output_dir=f"{{run:data/{style}}}",
+                                              **data), artifacts=("fig3",), labels=dict(style=style),
+                timeout_s=p["timeout_s"]) for style in STYLES]
+    runs.append(Run("data/evalsets", "data", dict(kind="evalsets", seed=1, image_size=data["image_size"],
+                                                   output_dir="{run:data/evalsets}", **p["evalsets"]),
                     timeout_s=p["timeout_s"]))
     evalsets = "{run:data/evalsets}"
     for seed in range(seeds):

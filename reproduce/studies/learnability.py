@@ -45,6 +45,14 @@ CONFIGS: dict[str, dict] = {
                  warmup=50),
     "s48": dict(model=dict(BASE, image_size=48, patch_size=8), style="descriptive", steps=650, batch=64, lr=1e-3,
                 warmup=30),
+    # the same 16 image tokens as s32, each patch seeing 4x the pixels (textures resolved)
+    "s64p16": dict(model=dict(BASE, image_size=64, patch_size=16), style="descriptive", steps=1000, batch=64,
+                   lr=1e-3, warmup=50),
+    "s64p16a": dict(model=dict(BASE, image_size=64, patch_size=16), style="alt", steps=1000, batch=64, lr=1e-3,
+                    warmup=50),
+    # finer patches at 32 px: 64 tokens
+    "s32p4": dict(model=dict(BASE, image_size=32, patch_size=4), style="descriptive", steps=1000, batch=64, lr=1e-3,
+                  warmup=50),
 }
 
 

@@ -1,0 +1,109 @@
+"""The reproduction runner: skips completed runs, reruns what a changed parameter touches, survives failures,
+and writes cluster scripts; the registry names every artifact."""
+import csv
+import json
+import os
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from reproduce import registry, runner
+from reproduce.__main__ import main
+from reproduce.runner import Run
+
+TOY = '''
+import json, os, time
+os.makedirs(output_dir, exist_ok=True)
+if fail:
+    raise RuntimeError("this run fails on purpose")
+time.sleep(sleep)
+with open(os.path.join(output_dir, "calls.txt"), "a") as f:
+    f.write("x")
+json.dump({"schema": "mdc.results/1", "kind": "toy", "results": {"value": value}},
+          open(os.path.join(output_dir, "results.json"), "w"))
+'''
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    """A notebook folder with one fast toy notebook, in place of notebooks/."""
+    nb = new_notebook(cells=[new_code_cell('output_dir = ""\nvalue = 0\nfail = False\nsleep = 0.0',
+                                           metadata={"tags": ["parameters"]}), new_code_cell(TOY)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    nbformat.write(nb, folder / "toy.ipynb")
+    monkeypatch.setattr(runner, "NOTEBOOKS", str(folder))
+    return tmp_path / "out"
+
+
+def _runs(a=1, b=2, fail_b=False):
+    return [Run("a", "toy", {"output_dir": "{run:a}", "value": a}),
+            Run("b", "toy", {"output_dir": "{run:b}", "value": b, "fail": fail_b}, deps=("a",)),
+            Run("c", "toy", {"output_dir": "{run:c}", "value": 3}, deps=("b",)),
+            Run("d", "toy", {"output_dir": "{run:d}", "value": 4})]
+
+
+def _calls(out, name):
+    path = out / name / "calls.txt"
+    return len(path.read_text()) if path.exists() else 0
+
+
+def test_completed_runs_are_skipped_and_a_change_reruns_its_dependents(toy):
+    out = toy
+    first = runner.run_all(_runs(), str(out), log=lambda *a: None)
+    assert {o["status"] for o in first.values()} == {"ok"}
+    again = runner.run_all(_runs(), str(out), log=lambda *a: None)
+    assert {o["status"] for o in again.values()} == {"skipped"}
+    runner.run_all(_runs(b=5), str(out), log=lambda *a: None)  # b changed: b and c rerun, a and d do not
+    assert [_calls(out, n) for n in "abcd"] == [1, 2, 2, 1]
+    rows = {r["name"]: r for r in csv.DictReader(open(out / "runs.csv"))}
+    assert rows["a"]["status"] == "skipped" and float(rows["a"]["seconds"]) > 0  # measured figures kept
+    assert float(rows["b"]["peak_mb"]) > 10  # the notebook kernel's memory is counted
+    index = json.load(open(out / "index.json"))
+    assert index["b"]["params"]["output_dir"] == str(out / "b") and (out / "b" / "toy.ipynb").is_file()
+
+
+def test_a_failed_run_is_reported_and_the_rest_complete(toy):
+    outcome = runner.run_all(_runs(fail_b=True), str(toy), log=lambda *a: None)
+    assert outcome["b"]["status"] == "failed" and "on purpose" in outcome["b"]["error"]
+    assert outcome["c"]["status"] == "blocked" and "b" in outcome["c"]["error"]
+    assert outcome["a"]["status"] == outcome["d"]["status"] == "ok"
+
+
+def test_a_run_past_its_timeout_is_killed(toy):
+    outcome = runner.run_all([Run("slow", "toy", {"output_dir": "{run:slow}", "sleep": 60.0}, timeout_s=8)],
+                             str(toy), log=lambda *a: None)
+    assert outcome["slow"]["status"] == "timeout" and outcome["slow"]["seconds"] < 30
+
+
+def test_registry_lists_ten_artifacts_and_every_run_is_wired(capsys):
+    assert main(["--list", "--profile", "smoke"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in registry.ARTIFACTS) and len(registry.ARTIFACTS) == 10
+    for profile in ("smoke", "paper"):
+        runs = registry.with_figures(registry.build(profile, seeds=2), "figs", profile)
+        runner.order(runs)  # every dependency exists, no cycle
+        fed = {a for r in runs if r.notebook != "figures" for a in r.artifacts}
+        assert fed | {"tables6-8"} == set(registry.ARTIFACTS), profile
+        assert all(os.path.isfile(os.path.join(runner.NOTEBOOKS, f"{r.notebook}.ipynb")) for r in runs)
+    only = registry.select(registry.with_figures(registry.build("smoke"), "figs", "smoke"), ["table2"])
+    assert {r.notebook for r in only} == {"data", "pretrain", "compositionality", "figures"}
+
+
+def test_slurm_scripts_chain_dependencies(tmp_path):
+    runs = registry.build("paper", seeds=1)
+    submit = runner.slurm_scripts(runs, str(tmp_path / "runs" / "paper"), str(tmp_path / "slurm"), "paper", gpus=8)
+    text = open(submit).read()
+    names = [r.name for r in runner.order(runs)]
+    probe = names.index("probe/vit-b-32-mdc-alt-s0")
+    pre = names.index("pretrain/vit-b-32-mdc-alt-s0")
+    assert f"job{probe}=$(sbatch --parsable --dependency=afterok:$job{pre} " in text
+    script = next(p for p in os.listdir(tmp_path / "slurm") if p.startswith(f"{pre:03d}-"))
+    body = open(tmp_path / "slurm" / script).read()
+    assert "#SBATCH --gres=gpu:8" in body and "--run pretrain/vit-b-32-mdc-alt-s0" in body
+    run = next(r for r in runs if r.name == "pretrain/vit-b-32-mdc-alt-s0")
+    cmd = runner.torchrun_command(run, str(tmp_path), gpus=8, nodes=2)
+    assert cmd.startswith("torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d")
+    assert "-m mdc.train --resume" in cmd and "--preset vit-b-32" in cmd and "--objective mdc" in cmd
