@@ -126,6 +126,29 @@ def run(name: str, objective: str, seed: int, out: str, workers: int = 1) -> dic
     return row
 
 
+def timing(name: str, out: str, steps: int = 40, workers: int = 1) -> dict:
+    """Seconds per optimizer step of a configuration through the real loader, per objective, measured
+    on its own (the machine otherwise idle): what a run of the full length would cost on 2 cores."""
+    from mdc.train import train
+
+    cfg = CONFIGS[name]
+    data = shards(os.path.join(out, "data"), cfg["style"], cfg["model"]["image_size"], cfg["steps"] * cfg["batch"])
+    row = {"config": name}
+    for objective in ("mdc", "arc", "clip"):
+        per = []
+        for n in (5, 5 + steps):  # the difference removes start-up (workers, first batches)
+            start = time.perf_counter()
+            train(train_data=data, output_dir=os.path.join(out, "timing", f"{name}-{objective}-{n}"), model="tiny",
+                  objective=objective, model_overrides=cfg["model"], steps=n, batch_size=cfg["batch"], lr=cfg["lr"],
+                  warmup_steps=1, workers=workers, save_every=10**6, shuffle_buffer=2000)
+            per.append(time.perf_counter() - start)
+        row[objective] = (per[1] - per[0]) / steps
+        row[f"{objective}_run_min"] = row[objective] * cfg["steps"] / 60
+    with open(os.path.join(out, "timing.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+    return row
+
+
 def summary(out: str) -> str:
     """Markdown table: per config and objective, mean ± std over seeds of the gap and the times."""
     path = os.path.join(out, "runs.jsonl")
@@ -152,7 +175,12 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=os.path.join("runs", "studies", "learnability"))
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--summary", action="store_true", help="print the table of the runs so far")
+    p.add_argument("--timing", action="store_true", help="time the configurations (on an otherwise idle machine)")
     args = p.parse_args(argv)
+    if args.timing:
+        for name in args.configs:
+            print(json.dumps(timing(name, args.out, workers=args.workers)), flush=True)
+        return
     for seed in args.seeds:
         for name in args.configs:
             for objective in args.objectives:
