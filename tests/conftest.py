@@ -22,6 +22,15 @@ SMALL = dict(vocab=VOCAB, image_size=32, patch_size=8, vision_width=64, vision_l
              text_width=64, text_layers=2, text_heads=2, embed_dim=64, context_length=24)
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test: fast when the 2 cores are shared, and identical for runs compared bitwise."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

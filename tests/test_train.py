@@ -41,12 +41,7 @@ def run_args(data, out, **kw):
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # fast on a busy 2-core machine, bitwise comparable
 
 
 def _cli(args: dict) -> list[str]:

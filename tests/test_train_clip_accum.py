@@ -39,12 +39,7 @@ def test_captioner_accumulation_averages_the_micro_batch_losses():
     torch.testing.assert_close(got, (parts[0] + parts[1]) / 2)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # fast on a busy 2-core machine, bitwise comparable
 
 
 def test_train_loop_clip_accumulation_logs_the_big_batch_loss(tmp_path):

@@ -23,12 +23,7 @@ def data(tmp_path_factory):
     return os.path.join(out, "{000000..000001}.tar"), os.path.join(out, "000000.tar")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # fast on a busy 2-core machine, bitwise comparable
 
 
 def args(data, out, **kw):

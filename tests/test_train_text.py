@@ -33,12 +33,7 @@ def shard(tmp_path_factory):
     return write_tar(str(tmp_path_factory.mktemp("text") / "000000.tar"), members)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # fast on a busy 2-core machine, bitwise comparable
 
 
 def args(shard, out, **kw):
