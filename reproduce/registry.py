@@ -57,31 +57,45 @@ PROFILES = {
                   n_items=8, n_caption_train=16), model="tiny",
                   model_overrides=dict(image_size=32, patch_size=8, vision_width=32, vision_layers=1, vision_heads=2,
                                        text_width=32, text_layers=1, text_heads=2, embed_dim=32, context_length=64),
-                  train=dict(steps=3, batch_size=16, workers=0, save_every=3), probe=dict(epochs=2),
+                  train=dict(steps=3, batch_size=16, lr=1e-3), workers=0, probe=dict(epochs=2),
                   compositionality=dict(num_samples=4, batch_size=16),
                   captioning=dict(finetune_steps=2, max_images=4, metrics=["bleu", "rouge_l", "cider"]),
                   bert_ratios=(0.15, 1.0), fig5_fractions=(0.5,), timeout_s=600),
     "mini": dict(data=dict(num=None, image_size=None, shard_size=1000), evalsets=dict(n_probe_train=3000,
                  n_probe_test=1000, n_items=300, n_caption_train=1000), model="mini", model_overrides={},
-                 train=dict(preset="mini", workers=1, save_every=1000), probe=dict(epochs=10),
+                 train={}, workers=1, probe=dict(epochs=10),
                  compositionality=dict(num_samples=256, batch_size=64),
                  captioning=dict(finetune_steps=300, max_images=500, metrics=["bleu", "meteor", "rouge_l", "cider"]),
                  bert_ratios=(0.15, 0.4, 0.7, 1.0), fig5_fractions=(0.25, 0.5), timeout_s=1800),
 }
 
 
-def _mini_data() -> dict:
-    """Data size and resolution of `mini`, from the preset the learnability study froze."""
+def _mini_recipe() -> dict:
+    """The recipe the learnability study froze (``--preset mini``) and the data it needs."""
     from mdc.factory import model_config
     from mdc.optim import preset_values
 
-    recipe = preset_values("mini", "mdc")
-    return dict(num=recipe["steps"] * recipe["global_batch"], image_size=model_config("mini").image_size)
+    r = preset_values("mini", "mdc")
+    return dict(train=dict(steps=r["steps"], batch_size=r["global_batch"], lr=r["lr"], weight_decay=r["weight_decay"],
+                           warmup_steps=r["warmup_steps"]),
+                data=dict(num=r["steps"] * r["global_batch"], image_size=model_config("mini").image_size))
+
+
+def _train_params(p: dict, frac: float = 1.0, batch_scale: int = 1) -> dict:
+    """Pretraining parameters of a run: the profile's recipe; ``frac`` of its steps (Fig. 5 trains on a
+    fraction of the pairs for as many epochs), ``batch_scale`` x the batch for as many pairs (CLIP-LB)."""
+    t = dict(p["train"])
+    t["steps"] = max(1, round(t["steps"] * frac / batch_scale))
+    t["batch_size"] = t["batch_size"] * batch_scale
+    if t.get("warmup_steps"):
+        t["warmup_steps"] = max(1, round(t["warmup_steps"] * frac / batch_scale))
+    t["save_every"] = t["steps"]
+    return t
 
 
 def pretrain_runs(p: dict, seed: int) -> list[Run]:
-    """Every pretraining run of one seed: (name, objective, style, extra parameters, artifacts, labels)."""
-    specs = []
+    """Every pretraining run of one seed (shared between artifacts: each is registered once)."""
+    specs = []  # (name, objective, style, notebook parameters, data fraction, batch scale, artifacts, labels)
     for style in STYLES:
         for objective in ("clip", "arc", "mdc"):
             artifacts = ["table1"] + (["table4"] if objective == "mdc" else [])
@@ -89,36 +103,33 @@ def pretrain_runs(p: dict, seed: int) -> list[Run]:
                 artifacts += ["table5", "fig4"]
             if style == "descriptive" and objective == "mdc":
                 artifacts += ["fig5"]
-            specs.append((f"{objective}-{style}", objective, style, {}, artifacts,
+            specs.append((f"{objective}-{style}", objective, style, {}, 1.0, 1, artifacts,
                           dict(method=objective.upper(), style=style)))
-    specs.append(("cliplb-descriptive", "clip", "descriptive", {"batch_scale": 2}, ["table1"],
+    specs.append(("cliplb-descriptive", "clip", "descriptive", {}, 1.0, 2, ["table1"],
                   dict(method="CLIP-LB", style="descriptive")))
     for style in STYLES:
-        specs.append((f"mdc-wot-{style}", "mdc", style, {"time_weighting": False}, ["table4"],
+        specs.append((f"mdc-wot-{style}", "mdc", style, {"time_weighting": False}, 1.0, 1, ["table4"],
                       dict(method="MDC (w/o t)", style=style)))
     for lo, hi in T_INTERVALS:
-        specs.append((f"mdc-t{lo:.1f}-{hi:.1f}-alt", "mdc", "alt", {"t_interval": [lo, hi]}, ["table5"],
+        specs.append((f"mdc-t{lo:.1f}-{hi:.1f}-alt", "mdc", "alt", {"t_interval": [lo, hi]}, 1.0, 1, ["table5"],
                       dict(method="MDC", style="alt", t_interval=[lo, hi])))
     for ratio in p["bert_ratios"]:
-        specs.append((f"bert-r{ratio:.2f}-alt", "mdc", "alt", {"mask_ratio": ratio}, ["fig4"],
+        specs.append((f"bert-r{ratio:.2f}-alt", "mdc", "alt", {"mask_ratio": ratio}, 1.0, 1, ["fig4"],
                       dict(method="BERT", style="alt", mask_ratio=ratio)))
     for frac in p["fig5_fractions"]:
-        specs.append((f"mdc-descriptive-n{frac:.2f}", "mdc", "descriptive", {"data_fraction": frac}, ["fig5"],
-                      dict(method="MDC", style="descriptive", data_fraction=frac)))
+        specs.append((f"mdc-descriptive-n{frac:.2f}", "mdc", "descriptive", {}, frac, 1, ["fig5"],
+                      dict(method="MDC", style="descriptive")))
+    num, shard = p["data"]["num"], p["data"]["shard_size"]
     runs = []
-    for name, objective, style, extra, artifacts, labels in specs:
-        params = dict(objective=objective, model=p["model"], model_overrides=p["model_overrides"],
-                      train_data=f"{{run:data/{style}}}/shards/" + "{all}", seed=seed,
-                      output_dir=f"{{run:pretrain/{name}-s{seed}}}", **p["train"])
-        frac = extra.pop("data_fraction", None)
-        scale = extra.pop("batch_scale", None)
-        params.update(extra)
-        if frac is not None:
-            params["data_fraction"] = frac
-        if scale is not None:
-            params["batch_scale"] = scale
+    for name, objective, style, extra, frac, scale, artifacts, labels in specs:
+        shards = -(-round(num * frac) // shard)  # the first shards hold the fraction's pairs
+        data = f"{{run:data/{style}}}/shards" + ("" if frac == 1.0 else "/{000000..%06d}.tar" % (shards - 1))
+        params = dict(objective=objective, model=p["model"], model_overrides=p["model_overrides"], train_data=data,
+                      seed=seed, output_dir=f"{{run:pretrain/{name}-s{seed}}}", workers=p["workers"],
+                      **_train_params(p, frac, scale), **extra)
+        labels = {**labels, "seed": seed, "pairs": min(num, shards * shard) if frac < 1 else num}
         runs.append(Run(f"pretrain/{name}-s{seed}", "pretrain", params, deps=(f"data/{style}",),
-                        artifacts=tuple(artifacts), labels={**labels, "seed": seed}, timeout_s=p["timeout_s"]))
+                        artifacts=tuple(artifacts), labels=labels, timeout_s=p["timeout_s"]))
     return runs
 
 
@@ -131,7 +142,10 @@ def build(profile: str, seeds: int = 1) -> list[Run]:
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES) + ['paper']}")
     p = PROFILES[profile]
-    data = dict(p["data"], **(_mini_data() if profile == "mini" else {}))
+    if profile == "mini":
+        recipe = _mini_recipe()
+        p = {**p, "train": {**p["train"], **recipe["train"]}, "data": {**p["data"], **recipe["data"]}}
+    data = p["data"]
     runs = [Run(f"data/{style}", "data", dict(kind="shards", style=style, seed=0, output_dir=f"{{run:data/{style}}}",
                                               **data), artifacts=("fig3",), labels=dict(style=style),
                 timeout_s=p["timeout_s"]) for style in STYLES]
