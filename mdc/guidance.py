@@ -40,13 +40,17 @@ Results of ``notebooks/guidance.ipynb`` (``kind="guidance"``, :mod:`mdc.eval.res
     {
       "dataset": {"captions_json", "format", "split", "images": int},
       "length": int,                       # MDC caption length (tokens)
-      "runs": [{"guidance": "none" | "cfg" | "mcs", "scale": float | null,
-                "bleu4", "meteor", "cider": float | null,   # pycocoevalcap fractions
-                "clipscore": float | null, "refclipscore": float | null,   # mean over images
-                "unavailable": {metric: why}}],
+      "runs": [{"label": "none" | "cfg@2" | "mcs@0.5" | ...,   # scale_label(guidance, scale)
+                "guidance": "none" | "cfg" | "mcs", "scale": float | null,
+                "bleu4", "meteor", "cider": float | null,      # pycocoevalcap fractions; null: not computed
+                "clipscore", "refclipscore": float | null,     # mean over images; null: no CLIP
+                "unavailable": {metric: why}}],                # the unguided run first
       "clip": {"checkpoint", "kind": "mdc" | "open_clip", "prefix"} | null,
-      "unavailable": {"clipscore": why} ,  # e.g. no CLIP checkpoint given
-      "files": {"predictions", "figure"}
+      "unavailable": {metric: why},        # e.g. "clipscore": no clip_checkpoint given
+      "compositionality": null | {"method": "heuristic" | "elbo",
+                "table2": {label (+ "_lengthnorm"): {column: accuracy}},
+                "columns": {column: {label: {"accuracy", "ci": [lo, hi]}}}},  # synthetic suites
+      "files": {"predictions": path, "figure": path}   # {label: {image_id: caption}}; the trade-off figure
     }
 """
 from __future__ import annotations
@@ -198,3 +202,126 @@ def scale_label(guidance: str | None, scale: float | None) -> str:
 def is_unguided(guidance: str | None, scale: float | None) -> bool:
     """No guidance, or the scale at which the rule is the plain conditional model."""
     return guidance is None or float(scale) == UNGUIDED[guidance]
+
+
+# ----------------------------------------------------------------------------- evaluation (notebooks/guidance.ipynb)
+def sweep_settings(scales: Sequence[float], guidances: Sequence[str] = GUIDANCE) -> list[tuple]:
+    """[(None, None), (guidance, scale) for each guidance and scale]: the unguided run first."""
+    for g in guidances:
+        if g not in GUIDANCE:
+            raise ValueError(f"unknown guidance {g!r}; choose from {GUIDANCE}")
+    for s in scales:
+        if not float(s) >= 0:
+            raise ValueError(f"guidance scales must be >= 0; got {s}")
+    return [(None, None)] + [(g, float(s)) for g in guidances for s in scales]
+
+
+@torch.no_grad()
+def caption_sweep(model, items: Sequence[dict], settings: Sequence[tuple], *, length: int = 15, batch_size: int = 32,
+                  device: str = "cpu", seed: int = 0) -> dict[str, dict]:
+    """``{label: {image_id: caption}}`` (labels of :func:`scale_label`): MDC captions of every item
+    under each (guidance, scale). MCS masks of the batch starting at item i use seed ``seed + i``."""
+    from mdc.data.formats import load_image
+    from mdc.factory import image_transform
+    from mdc.sampler import generate
+
+    for g, s in settings:
+        check_guidance(model, g, s)
+    model.to(device).eval()
+    transform, out = image_transform(model), {scale_label(g, s): {} for g, s in settings}
+    for start in range(0, len(items), batch_size):
+        batch = items[start:start + batch_size]
+        images = torch.stack([transform(load_image(it)) for it in batch]).to(device)  # [B, 3, S, S]
+        for g, s in settings:
+            caps = generate(model, images, length, guidance=g, guidance_scale=s, guidance_seed=seed + start)
+            out[scale_label(g, s)].update({it["image_id"]: c for it, c in zip(batch, caps)})
+    return out
+
+
+def clipscore_sweep(clip: str, items: Sequence[dict], captions: dict[str, dict], *, prefix: str | None = None,
+                    device: str = "cpu") -> tuple[dict | None, dict | None, str | None]:
+    """Mean CLIPScore and RefCLIPScore per label: ``({label: {clipscore, refclipscore}}, clip info, None)``,
+    or ``(None, None, why)`` without a CLIP (``clip = ""``)."""
+    if not clip:
+        return None, None, ("no clip_checkpoint given: CLIPScore needs a CLIP (a checkpoint trained with "
+                            "objective 'clip', or 'open_clip:<arch>:<local weights file>')")
+    from mdc.data.formats import load_image
+    from mdc.eval.clipscore import clip_scores, load_clip
+
+    model = load_clip(clip, prefix, device)
+    images, refs = [load_image(it) for it in items], [it["references"] for it in items]
+    scores = {}
+    for label, caps in captions.items():
+        s = clip_scores(model, images, [caps[it["image_id"]] for it in items], refs)
+        scores[label] = {k: float(v.mean()) for k, v in s.items()}
+    return scores, {"checkpoint": clip, "kind": model.kind, "prefix": model.prefix}, None
+
+
+def guidance_results(settings: Sequence[tuple], metrics: dict, clip: dict | None, clip_info: dict | None,
+                     clip_reason: str | None, *, dataset: dict, length: int) -> dict:
+    """The ``results`` of a guidance results file (module docstring) from :func:`caption_sweep`'s
+    labels, ``mdc.eval.captioning.evaluate_captions``' ``metrics`` and :func:`clipscore_sweep`."""
+    runs, unavailable, reported = [], {}, ("bleu4", "meteor", "cider")
+    for g, s in settings:
+        label, m = scale_label(g, s), metrics[scale_label(g, s)]
+        c, missing = (clip or {}).get(label, {}), {k: v for k, v in m["unavailable"].items() if k in reported}
+        runs.append({"label": label, "guidance": g or "none", "scale": s, **{k: m[k] for k in reported},
+                     "clipscore": c.get("clipscore"), "refclipscore": c.get("refclipscore"), "unavailable": missing})
+        for key, why in missing.items():
+            unavailable.setdefault(key, why)
+    if clip_reason:
+        unavailable["clipscore"] = unavailable["refclipscore"] = clip_reason
+    return {"dataset": dict(dataset), "length": length, "runs": runs, "clip": clip_info, "unavailable": unavailable}
+
+
+@torch.no_grad()
+def guided_compositionality(model, suites: dict, settings: Sequence[tuple], *, method: str = "heuristic",
+                            num_samples: int = 256, seed: int = 0, batch_size: int = 32, device: str = "cpu",
+                            resamples: int = 200) -> dict:
+    """Does guided scoring change compositionality? Every suite (``mdc.eval.compositionality.load_suites``)
+    scored by the MDC scorer ``method`` under each (guidance, scale), aggregated as Table 2
+    (``summarise``). Returns ``{"method", "table2": {label: {column: accuracy}}`` (plus
+    ``label_lengthnorm``), ``"columns": {column: {label: {"accuracy", "ci"}}}}``."""
+    import numpy as np
+
+    from mdc.data.formats import load_image
+    from mdc.eval import compositionality as comp
+    from mdc.factory import image_transform
+    from mdc.scoring import score_candidates
+    from mdc.tokenizer import caption_mask
+
+    for g, s in settings:
+        check_guidance(model, g, s)
+    model.to(device).eval()
+    transform, tok, kw = image_transform(model), model.tokenizer, dict(num_samples=num_samples, seed=seed)
+    scored = {}
+    for name, suite in suites.items():
+        out, tokens, keys = comp.SuiteScores(suite, {scale_label(g, s): [] for g, s in settings}), [], suite.keys()
+        for start in range(0, len(suite.items), batch_size):
+            rows = slice(start, start + batch_size)
+            images = torch.stack([transform(load_image(it)) for it in suite.items[rows]]).to(device)
+            cands = suite.candidates[rows]
+            ids = tok.tokenize([c for cs in cands for c in cs])[0]  # [B*K, L]
+            tokens.append(caption_mask(ids, tok.sot_id, tok.eot_id).sum(1).view(len(cands), -1).numpy())
+            for g, s in settings:
+                got = score_candidates(model, images, cands, method, item_keys=keys[rows], guidance=g,
+                                       guidance_scale=s, **(kw if method == "elbo" else {}))  # [B, K]
+                out.scores[scale_label(g, s)].append(got.double().cpu().numpy())
+        K = len(suite.candidates[0]) if suite.candidates else 0  # a suite may be left without items
+        out.scores = {k: np.concatenate(v) if v else np.zeros((0, K)) for k, v in out.scores.items()}
+        out.tokens = np.concatenate(tokens) if tokens else np.zeros((0, K), dtype=np.int64)
+        scored[name] = out
+    summary = comp.summarise(scored, resamples=resamples, seed=seed)
+    columns = {c: {v: {"accuracy": e["scores"][v]["accuracy"], "ci": e["scores"][v]["ci"]} for v in e["scores"]}
+               for c, e in summary["columns"].items()}
+    return {"method": method, "table2": summary["table2"], "columns": columns}
+
+
+def runs_markdown(results: dict) -> str:
+    """The runs of a guidance ``results`` as a Markdown table (metrics in %, CLIPScores as is, "-" where missing)."""
+    pct = lambda v: "-" if v is None else f"{100 * v:.1f}"  # noqa: E731
+    num = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    lines = ["| run | BLEU-4 | METEOR | CIDEr | CLIPScore | RefCLIPScore |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['label']} | {pct(r['bleu4'])} | {pct(r['meteor'])} | {pct(r['cider'])} | {num(r['clipscore'])} | "
+              f"{num(r['refclipscore'])} |" for r in results["runs"]]
+    return "\n".join(lines) + "\n"

@@ -207,3 +207,38 @@ def test_guidance_on_other_objectives_is_refused(images):
         mdc.generate(small_model("arc"), images, 5, guidance="cfg", guidance_scale=2.0)
     with pytest.raises(ValueError, match="guidance applies to the MDC scorers .* got method 'exact'"):
         mdc.score(small_model("arc"), images, CAPTIONS, "exact", guidance="cfg", guidance_scale=2.0)
+
+
+# ------------------------------------------------------------------ evaluation helpers (notebooks/guidance.ipynb)
+def _results(clip=True):
+    runs = [{"label": "none", "guidance": "none", "scale": None, "bleu4": 0.20, "meteor": 0.2, "cider": 0.5}]
+    runs += [{"label": f"{g}@{s:g}", "guidance": g, "scale": s, "bleu4": 0.2 + 0.01 * s, "meteor": 0.2, "cider": 0.5 + s / 10}
+             for g in ("cfg", "mcs") for s in (1.0, 2.0, 3.0)]
+    for i, r in enumerate(runs):
+        r.update(clipscore=(0.8 - 0.02 * i) if clip else None, refclipscore=None, unavailable={})
+    return {"runs": runs}
+
+
+@pytest.mark.parametrize("clip", [True, False])
+def test_tradeoff_figure_and_table(tmp_path, clip):
+    from mdc.guidance import runs_markdown
+    from mdc.plots import plot_guidance_tradeoff
+
+    fig = plot_guidance_tradeoff(_results(clip), path=str(tmp_path / "fig.png"))
+    assert (tmp_path / "fig.png").is_file() and (tmp_path / "fig.pdf").is_file()
+    assert fig.axes[0].get_ylabel() == ("CLIPScore" if clip else "guidance scale (no CLIPScore)")
+    assert len(fig.axes) == 3 and len(fig.axes[0].lines) == (3 if clip else 2)  # CFG, MCS (and the unguided star)
+    table = runs_markdown(_results(clip)).splitlines()
+    assert table[2].startswith("| none | 20.0 |") and table[2].endswith(("| 0.800 | - |", "| - | - |"))
+
+
+def test_sweep_settings_and_missing_clip():
+    from mdc.guidance import clipscore_sweep, sweep_settings
+
+    assert sweep_settings([1, 2], ["mcs"]) == [(None, None), ("mcs", 1.0), ("mcs", 2.0)]
+    with pytest.raises(ValueError, match="unknown guidance 'pag'"):
+        sweep_settings([1.0], ["cfg", "pag"])
+    with pytest.raises(ValueError, match="guidance scales must be >= 0; got -1"):
+        sweep_settings([-1], ["cfg"])
+    scores, info, why = clipscore_sweep("", [], {})
+    assert scores is None and info is None and "no clip_checkpoint given" in why
