@@ -49,6 +49,20 @@ def test_encode_never_moves_the_codebook(scenes):
     assert torch.equal(vq.codebook, before)
 
 
+def test_trains_from_any_image_folder(tmp_path):
+    from mdc.data.scene_render import render
+    from mdc.data.scenes import sample_scene, stream_rng
+
+    for i in range(6):  # nested folders, like CUB's images/<class>/<image>.jpg
+        folder = tmp_path / "images" / f"{i % 2:03d}.class"
+        folder.mkdir(parents=True, exist_ok=True)
+        render(sample_scene(stream_rng(0, 0, i)), 40).save(folder / f"img_{i}.jpg")
+    vq, log = train_vqvae(str(tmp_path / "images"), VQConfig(**TINY_VQ), steps=3, batch_size=4)
+    assert len(log["loss"]) == 3 and vq.encode(synthetic_images(2, 32)).shape == (2, 64)
+    with pytest.raises(ValueError, match="no images found"):
+        train_vqvae(str(tmp_path / "empty"), VQConfig(**TINY_VQ), steps=1)
+
+
 def test_save_load_and_cli(tmp_path, vq_folder, scenes):
     vq = load_vqvae(vq_folder)
     assert torch.equal(load_vqvae(vq_folder).encode(scenes[1]), vq.encode(scenes[1]))
