@@ -290,7 +290,7 @@ class Captioner(_Model):
         self.image_proj = nn.Linear(cfg.vision_width, cfg.text_width)
         self.decoder = TextTransformer(cfg, self.tokenizer.vocab_size, cross=True)
         self.head = nn.Linear(cfg.text_width, self.tokenizer.vocab_size, bias=False)
-        # MC-Diffusion's condition variants (mdc/guidance.py), created only when trained for
+        # MC-Diffusion's condition variants (mdc/guidance.py): only with their option on, so old checkpoints load
         self.cond_null = nn.Parameter(0.02 * torch.randn(cfg.text_width)) if cfg.cond_drop_prob > 0 else None  # [W]
         self.cond_mask = nn.Parameter(0.02 * torch.randn(cfg.text_width)) if cfg.cond_mask_prob > 0 else None  # [W]
 
