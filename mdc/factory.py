@@ -43,6 +43,11 @@ def model_config(name: str, objective: str = "mdc", **overrides) -> ModelConfig:
         raise ValueError(f"unknown config override(s) {sorted(unknown)} for model {name!r}")
     args = {**_ARCHS[name], **overrides}
     args["vocab"] = _resolve_vocab(args.get("vocab"))
+    if isinstance(args.get("vqvae"), (str, os.PathLike)):  # a VQ-VAE folder (mdc/vqvae.py): its config and size
+        from mdc.vqvae import read_config
+
+        args["vqvae"] = read_config(args["vqvae"])
+        args["image_size"] = overrides.get("image_size", args["vqvae"]["image_size"])
     return ModelConfig(name=name, objective=objective, **args)
 
 
@@ -51,8 +56,12 @@ def build(cfg: ModelConfig):
 
 
 def create_model(name: str, objective: str = "mdc", **overrides):
-    """Build a named architecture from scratch, e.g. create_model("tiny", objective="arc", mask_ratio=None)."""
-    return build(model_config(name, objective, **overrides))
+    """Build a named architecture from scratch, e.g. create_model("tiny", objective="arc", mask_ratio=None).
+    ``vqvae=folder``: condition on that frozen VQ-VAE's codes, its weights copied in (mdc/vqvae.py)."""
+    model = build(model_config(name, objective, **overrides))
+    if isinstance(overrides.get("vqvae"), (str, os.PathLike)):
+        model.visual.load_vqvae(overrides["vqvae"])
+    return model
 
 
 def image_transform(model, train: bool = False):

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from mdc.diffusion import corrupt, sample_t
+from mdc.guidance import training_condition
 from mdc.tokenizer import caption_mask, valid_mask
 
 
@@ -42,7 +43,8 @@ def mdc_loss(model, images, tokens, *, t=None, noise=None, generator=None):
     if noise is None:
         noise = torch.rand(B, L, generator=generator, device=tokens.device)  # Alg. 1: p = uniform(B, L)
     c = corrupt(tokens, maskable, tok.mask_id, t=t, noise=noise[:, :L])  # C_t
-    hidden = model.hidden(c.noisy, model.context(images))  # [B, L, W]
+    cond = training_condition(model, B, generator, tokens.device)  # MC-Diffusion's null / masked y; {} when off
+    hidden = model.hidden(c.noisy, model.context(images, **cond))  # [B, L, W]
     ce = F.cross_entropy(model.head(hidden[c.masked]).float(), tokens[c.masked], reduction="none")  # [M]
     if cfg.time_weighting:
         ce = ce * c.weight[:, None].expand(B, L)[c.masked]  # (1/t) per masked token

@@ -73,6 +73,15 @@ class ModelConfig:
     time_weighting: bool = True  # weight by 1/t; False = the "w/o t" (CMLM) ablation
     mask_ratio: float | None = None  # fixed ratio = image-conditioned BERT; 1.0 = parallel decoding
     t_sampling: str = "uniform"  # "uniform" | "stratified" (low-discrepancy t across the batch)
+    # MC-Diffusion (mdc/guidance.py, mdc/d3pm.py, mdc/vqvae.py): the defaults are plain MDC, with no new weights
+    cond_drop_prob: float = 0.0  # CFG's P_cond: per caption, the whole image condition -> a learned null condition
+    cond_mask_prob: float = 0.0  # MCS's P_mask: each image token of a selected caption -> a learned mask embedding
+    cond_mask_select_prob: float = 0.1  # Alg. 1's P_cond for MCS: share of captions whose condition is masked
+    noise: str = "absorbing"  # caption noise: "absorbing" (MDC) | "mask_replace" (D3PM / VQ-Diffusion, mdc/d3pm.py)
+    diffusion_steps: int = 100  # mask_replace: T
+    replace_prob: float = 0.1  # mask_replace: cumulative uniform-replacement probability at T (mask: 1 - it)
+    aux_loss_weight: float = 0.01  # mask_replace: lambda of the auxiliary x_0 cross-entropy
+    vqvae: dict | None = None  # condition on a frozen VQ-VAE's codes (mdc.vqvae.VQConfig fields); None: the ViT
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -88,6 +97,27 @@ class ModelConfig:
             raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
         if self.vocab is not None:
             self.vocab = tuple(int(i) for i in self.vocab)
+        self._check_mc_diffusion()
+
+    def _check_mc_diffusion(self):
+        """The MC-Diffusion options: ranges, and only for MDC captioners."""
+        for name in ("cond_drop_prob", "cond_mask_prob", "replace_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must lie in [0, 1); got {getattr(self, name)}")
+        if self.cond_mask_prob > 0 and not 0.0 < self.cond_mask_select_prob <= 1.0 - self.cond_drop_prob:
+            raise ValueError(f"cond_mask_select_prob must lie in (0, 1 - cond_drop_prob = {1 - self.cond_drop_prob}]; "
+                             f"got {self.cond_mask_select_prob}")
+        if self.noise not in ("absorbing", "mask_replace"):
+            raise ValueError(f"noise must be 'absorbing' or 'mask_replace'; got {self.noise!r}")
+        if self.diffusion_steps < 1 or self.aux_loss_weight < 0:
+            raise ValueError(f"need diffusion_steps >= 1 and aux_loss_weight >= 0; got {self.diffusion_steps}, "
+                             f"{self.aux_loss_weight}")
+        used = [n for n, on in (("cond_drop_prob", self.cond_drop_prob > 0), ("cond_mask_prob", self.cond_mask_prob > 0),
+                                ("noise", self.noise != "absorbing"), ("vqvae", self.vqvae is not None)) if on]
+        if used and self.objective != "mdc":
+            raise ValueError(f"{used} apply to 'mdc' captioners only; got objective {self.objective!r}")
+        if self.noise == "mask_replace" and self.mask_ratio is not None:
+            raise ValueError(f"mask_ratio = {self.mask_ratio} belongs to the absorbing noise; drop it for 'mask_replace'")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -203,7 +233,7 @@ class _Model(nn.Module):
         if images.dim() != 4 or tuple(images.shape[1:]) != (3, s, s):
             raise ValueError(f"images must have shape [B, 3, {s}, {s}] for model {self.config.name!r}; "
                              f"got {list(images.shape)}")
-        dtype = self.visual.patch_embed.proj.weight.dtype
+        dtype = self.image_proj.weight.dtype
         if images.dtype != dtype:
             hint = ("normalise them with the model's transform (mdc.create_model_and_transforms)"
                     if not images.is_floating_point() else f"convert them with images.to({dtype})")
@@ -251,18 +281,39 @@ class Captioner(_Model):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
-        self.visual = vision_tower(cfg, class_token=False)
+        if cfg.vqvae is None:
+            self.visual = vision_tower(cfg, class_token=False)
+        else:  # MC-Diffusion: embedded codes of a frozen VQ-VAE stand in for the ViT tokens
+            from mdc.vqvae import VQImageTokens
+
+            self.visual = VQImageTokens(cfg)
         self.image_proj = nn.Linear(cfg.vision_width, cfg.text_width)
         self.decoder = TextTransformer(cfg, self.tokenizer.vocab_size, cross=True)
         self.head = nn.Linear(cfg.text_width, self.tokenizer.vocab_size, bias=False)
+        # MC-Diffusion's condition variants (mdc/guidance.py): only with their option on, so old checkpoints load
+        self.cond_null = nn.Parameter(0.02 * torch.randn(cfg.text_width)) if cfg.cond_drop_prob > 0 else None  # [W]
+        self.cond_mask = nn.Parameter(0.02 * torch.randn(cfg.text_width)) if cfg.cond_mask_prob > 0 else None  # [W]
 
     @property
     def causal(self) -> bool:
         return self.config.objective == "arc"
 
-    def context(self, images: torch.Tensor) -> ImageContext:
-        """Encode once: every block's cross-attention keys/values of the projected image tokens."""
-        v = self.image_proj(self.forward_features(images))  # [B, T, W]
+    def condition(self, images: torch.Tensor) -> torch.Tensor:
+        """The decoder's condition y: projected image tokens [B, T, W]."""
+        return self.image_proj(self.forward_features(images))
+
+    def context(self, images: torch.Tensor, null=None, token_mask=None) -> ImageContext:
+        """Encode once: every block's cross-attention keys/values of the projected image tokens.
+        ``null`` [B] / ``token_mask`` [B, T] (bool): MC-Diffusion's condition variants (mdc/guidance.py)."""
+        v = self.condition(images)  # [B, T, W]
+        if null is not None or token_mask is not None:
+            from mdc.guidance import vary_condition
+
+            v = vary_condition(self, v, null, token_mask)
+        return self.kv_context(v)
+
+    def kv_context(self, v: torch.Tensor) -> ImageContext:
+        """The cross-attention keys/values of condition tokens ``v`` [B, T, W]."""
         return ImageContext([blk.cross_attn.keys_values(v) for blk in self.decoder.blocks])
 
     def hidden(self, tokens: torch.Tensor, context: ImageContext) -> torch.Tensor:
@@ -279,7 +330,12 @@ class Captioner(_Model):
         return self.logits(tokens, self.context(images))
 
     def loss(self, images, tokens, **kw):
-        """ARC teacher forcing (causal) or the MDC loss (kw: t, noise, generator)."""
+        """ARC teacher forcing (causal), the MDC loss (kw: t, noise, generator) or, with
+        ``noise="mask_replace"``, the D3PM loss of mdc/d3pm.py (kw: t, generator)."""
+        if self.config.noise == "mask_replace":
+            from mdc.d3pm import d3pm_loss
+
+            return d3pm_loss(self, images, tokens, **kw)
         return (arc_loss if self.causal else mdc_loss)(self, images, tokens, **kw)
 
 

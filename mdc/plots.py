@@ -134,3 +134,32 @@ def plot_data_scaling(points: Mapping[int, Mapping[str, Sequence]], path: str | 
     fig.tight_layout()
     _save(fig, path)
     return fig
+
+
+def plot_guidance_tradeoff(results: Mapping, path: str | None = None,
+                           metrics: Sequence[str] = ("bleu4", "meteor", "cider")) -> Figure:
+    """MC-Diffusion's guidance figure: per reference metric (x, %), CLIPScore (y) at each guidance
+    scale, CFG and MCS as two lines with their points labelled by scale, the unguided model as a
+    star. Without CLIPScore (none computed) the y axis is the guidance scale. ``results``: the
+    ``results`` of a ``kind="guidance"`` results file (:mod:`mdc.guidance`)."""
+    runs = results["runs"]
+    clip = any(r.get("clipscore") is not None for r in runs)
+    fig = PaperFigure(figsize=(3.8 * len(metrics), 3.3))
+    for i, metric in enumerate(metrics):
+        ax = fig.add_subplot(1, len(metrics), i + 1)
+        for guidance, colour in (("cfg", "C0"), ("mcs", "C1")):
+            pts = [(100 * r[metric], r["clipscore"] if clip else r["scale"], r["scale"]) for r in runs
+                   if r["guidance"] == guidance and r.get(metric) is not None and (r.get("clipscore") is not None or not clip)]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=colour, label=guidance.upper())
+                for x, y, s in pts:
+                    ax.annotate(f"{s:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7, color=colour)
+        base = [r for r in runs if r["guidance"] == "none" and r.get(metric) is not None and r.get("clipscore") is not None]
+        if clip and base:
+            ax.plot([100 * base[0][metric]], [base[0]["clipscore"]], "*", color="k", markersize=10, label="unguided")
+        name = {"bleu4": "BLEU-4", "meteor": "METEOR", "cider": "CIDEr"}.get(metric, metric)
+        ax.set(xlabel=f"{name} (%)", ylabel="CLIPScore" if clip else "guidance scale (no CLIPScore)")
+        ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+    return fig

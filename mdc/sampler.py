@@ -15,6 +15,7 @@ import math
 import torch
 
 from mdc.diffusion import caption_log_probs, corrupt
+from mdc.guidance import Guide, check_guidance
 
 
 def masked_row(tok, batch: int, length: int, device) -> torch.Tensor:
@@ -34,22 +35,26 @@ def check_length(model, length: int) -> None:
 
 @torch.no_grad()
 def mdc_sample(model, images, length: int, tokens_per_step: int = 1, temperature: float = 0.0,
-               generator: torch.Generator | None = None) -> torch.Tensor:
-    """Greedy confidence unmasking. Returns tokens [B, length + 2] without [MASK]."""
+               generator: torch.Generator | None = None, guidance: str | None = None,
+               guidance_scale: float | None = None, guidance_seed: int = 0) -> torch.Tensor:
+    """Greedy confidence unmasking. Returns tokens [B, length + 2] without [MASK].
+
+    ``guidance`` "cfg" | "mcs" ranks and samples under the guided distribution of
+    :mod:`mdc.guidance` (CFG: scale 1 is unguided; MCS as printed: scale 0 is unguided);
+    ``guidance_seed`` seeds MCS's partial-condition masks."""
     check_length(model, length)
     if tokens_per_step < 1:
         raise ValueError(f"tokens_per_step must be >= 1; got {tokens_per_step}")
     tok = model.tokenizer
-    context = model.context(images)  # encoder + cross-attention K/V, once
+    guide = Guide.of(model, images, guidance, guidance_scale, seed=guidance_seed)  # encoder + cross-attn K/V, once
     x = masked_row(tok, len(images), length, images.device)  # [B, N'+2]
     for _ in range(math.ceil(length / tokens_per_step)):
-        logits = model.logits(x, context)  # [B, N'+2, V]
         if temperature > 0:
-            probs = caption_log_probs(logits / temperature, tok).exp()
+            probs = guide.log_probs(x, temperature=temperature).exp()  # [B, N'+2, V]
             pred = torch.multinomial(probs.flatten(0, 1), 1, generator=generator).view(x.shape)
             conf = probs.gather(-1, pred[..., None]).squeeze(-1)
         else:
-            conf, pred = caption_log_probs(logits, tok).exp().max(-1)  # [B, N'+2]
+            conf, pred = guide.log_probs(x).exp().max(-1)  # [B, N'+2]
         still = x == tok.mask_id
         conf = conf.masked_fill(~still, -1.0)
         k = min(tokens_per_step, int(still.sum(1).max()))
@@ -129,23 +134,32 @@ def arc_sample(model, images, max_length: int | None = None, beam_size: int = 1,
 
 
 def generate(model, images, length: int = 15, *, beam_size: int = 6, tokens_per_step: int = 1,
-             temperature: float = 0.0, generator=None, return_tokens: bool = False):
+             temperature: float = 0.0, generator=None, return_tokens: bool = False,
+             guidance: str | None = None, guidance_scale: float | None = None, guidance_seed: int = 0):
     """Captions for `images` [B, 3, H, W]: list[str] (or the token tensor).
 
     MDC: exactly `length` tokens by greedy confidence unmasking. ARC: at most `length` tokens,
-    beam search with `beam_size` (1 = greedy).
+    beam search with `beam_size` (1 = greedy). MDC with ``noise="mask_replace"``: the D3PM
+    reverse process of mdc/d3pm.py (``generator`` drives it). ``guidance`` "cfg" | "mcs" with
+    ``guidance_scale`` (MDC only; mdc/guidance.py): CFG is unguided at 1, MCS (as printed) at 0.
     """
     objective = model.config.objective
     if objective == "clip":
         raise ValueError("a CLIP model cannot generate captions; use an 'mdc' or 'arc' model")
     model.check_images(images)
+    check_guidance(model, guidance, guidance_scale)
+    guided = dict(guidance=guidance, guidance_scale=guidance_scale, guidance_seed=guidance_seed)
     was_training = model.training
     model.eval()
     try:
         if objective == "arc":
             tokens = arc_sample(model, images, max_length=length, beam_size=beam_size)
+        elif model.config.noise == "mask_replace":
+            from mdc.d3pm import d3pm_sample
+
+            tokens = d3pm_sample(model, images, length, generator=generator, **guided)
         else:
-            tokens = mdc_sample(model, images, length, tokens_per_step, temperature, generator)
+            tokens = mdc_sample(model, images, length, tokens_per_step, temperature, generator, **guided)
     finally:
         model.train(was_training)
     return tokens if return_tokens else model.tokenizer.batch_decode(tokens)

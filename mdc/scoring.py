@@ -34,6 +34,7 @@ from typing import Hashable, Sequence
 import torch
 
 from mdc.diffusion import caption_log_probs, corrupt
+from mdc.guidance import Guide, as_guide
 from mdc.loss import trim_padding
 from mdc.tokenizer import caption_mask, valid_mask
 
@@ -50,15 +51,16 @@ def exact_loglik(model, context, rows, tokens):
 
 
 def heuristic_score(model, context, rows, tokens):
-    """Greedy-order sum of ground-truth log-probabilities [R] (paper Sec. 4.2)."""
+    """Greedy-order sum of ground-truth log-probabilities [R] (paper Sec. 4.2).
+    ``context``: an ImageContext, or a (guided) :class:`mdc.guidance.Guide`."""
     tok = model.tokenizer
-    context = context.select(rows)
+    guide = as_guide(model, context).select(rows)
     todo = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] still masked
     x = corrupt(tokens, todo, tok.mask_id).noisy  # every caption token masked
     total = torch.zeros(len(tokens), device=tokens.device)
     r = torch.arange(len(tokens), device=tokens.device)
     for _ in range(int(todo.sum(1).max())):
-        logp = caption_log_probs(model.logits(x, context), tok)  # [R, L, V]
+        logp = guide.log_probs(x)  # [R, L, V]
         conf = logp.max(-1).values.masked_fill(~todo, -torch.inf)  # [R, L]
         pos = conf.argmax(-1)  # [R] most confident masked position
         active = todo[r, pos]  # rows whose caption is not complete yet
@@ -90,8 +92,9 @@ def elbo_noise(keys: Sequence[Hashable], seed: int, num_samples: int, width: int
 
 def elbo_score(model, context, rows, tokens, num_samples=1024, seed=0, max_rows=256, keys=None,
                t_interval=(0.0, 1.0), stratified=True):
-    """Monte-Carlo estimate [R] of the Eq. 8 lower bound; `max_rows` bounds each forward pass."""
-    tok = model.tokenizer
+    """Monte-Carlo estimate [R] of the Eq. 8 lower bound; `max_rows` bounds each forward pass.
+    ``context``: an ImageContext, or a (guided) :class:`mdc.guidance.Guide`."""
+    tok, guide = model.tokenizer, as_guide(model, context)
     R, L = tokens.shape
     S, dev = num_samples, tokens.device
     maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] positions 1..N
@@ -111,8 +114,7 @@ def elbo_score(model, context, rows, tokens, num_samples=1024, seed=0, max_rows=
         chunk = slice(start, start + max_rows)
         b = caption_of[chunk].to(dev)
         c = corrupt(tokens[b], maskable[b], tok.mask_id, n=n[chunk].to(dev), noise=noise[chunk].to(dev))
-        hidden = model.hidden(c.noisy, context.select(rows[b]))  # [max_rows, L, W]
-        logp = caption_log_probs(model.head(hidden[c.masked]), tok)  # [M, V]
+        logp = guide.select(rows[b]).log_probs(c.noisy, where=c.masked)  # [M, V]
         ll = torch.zeros(len(b), L, device=dev)
         ll[c.masked] = logp.gather(-1, tokens[b][c.masked][:, None]).squeeze(-1)
         total.index_add_(0, b, ll.sum(1) * c.weight)  # (1/n) sum over the masked tokens
@@ -134,8 +136,17 @@ def _tokenize(model, captions: Sequence[str]) -> torch.Tensor:
     return trim_padding(tokens, tok.eot_id)
 
 
+def _image_keys(rows: torch.Tensor, keys, n_images: int) -> list:
+    """Per image, the noise key of its first caption (default keys: caption indices): MCS's mask key."""
+    first: dict[int, int] = {}
+    for r, b in enumerate(rows.tolist()):
+        first.setdefault(b, r)
+    return [(first[b] if keys is None else keys[first[b]]) if b in first else ("image", b)
+            for b in range(n_images)]
+
+
 def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0, max_rows=256,
-           t_interval=(0.0, 1.0), stratified=True):
+           t_interval=(0.0, 1.0), stratified=True, guidance=None, guidance_scale=None):
     """Scores [R] of captions[r] against images[rows[r]]: checks, tokenises, encodes every image once."""
     objective = model.config.objective
     method = method or DEFAULT[objective]
@@ -148,6 +159,8 @@ def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0
         raise ValueError(f"got {len(keys)} keys for {len(captions)} captions")
     if not 0.0 <= t_interval[0] <= t_interval[1] <= 1.0:
         raise ValueError(f"t_interval must satisfy 0 <= w_l <= w_u <= 1; got {t_interval}")
+    if guidance is not None and method not in ("heuristic", "elbo"):
+        raise ValueError(f"guidance applies to the MDC scorers 'heuristic' and 'elbo'; got method {method!r}")
     model.check_images(images)
     tokens = _tokenize(model, captions).to(images.device)
     was_training = model.training
@@ -155,9 +168,10 @@ def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0
     try:
         if method == "cosine":
             return (model.image_embedding(images)[rows] * model.text_embedding(tokens)).sum(-1)
-        context = model.context(images)  # encode each image once
         if method == "exact":
-            return exact_loglik(model, context, rows, tokens)
+            return exact_loglik(model, model.context(images), rows, tokens)  # each image encoded once
+        context = Guide.of(model, images, guidance, guidance_scale, seed=seed,  # mdc/guidance.py
+                           keys=_image_keys(rows, keys, len(images)))
         if method == "heuristic":
             return heuristic_score(model, context, rows, tokens)
         return elbo_score(model, context, rows, tokens, num_samples, seed, max_rows, keys, t_interval, stratified)
@@ -168,18 +182,22 @@ def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0
 @torch.no_grad()
 def score(model, images, captions: Sequence[str], method: str | None = None, *, num_samples: int = 1024,
           seed: int = 0, max_rows: int = 256, keys: Sequence[Hashable] | None = None,
-          t_interval: tuple[float, float] = (0.0, 1.0), stratified: bool = True) -> torch.Tensor:
+          t_interval: tuple[float, float] = (0.0, 1.0), stratified: bool = True, guidance: str | None = None,
+          guidance_scale: float | None = None) -> torch.Tensor:
     """Score each (image, caption) pair: Tensor [B]; higher = better match.
 
     ELBO only: ``num_samples`` masked copies per caption, ``keys`` [B] name each caption's
     noise (default: its index in this call), ``t_interval`` restricts the mask ratios summed
     (default: all, Eq. 8), ``stratified`` spreads the mask counts evenly (False: i.i.d.);
-    ``max_rows`` bounds the rows of one forward pass.
+    ``max_rows`` bounds the rows of one forward pass. MDC scorers: ``guidance`` "cfg" | "mcs"
+    with ``guidance_scale`` score under the guided distribution of :mod:`mdc.guidance`
+    (MCS masks keyed by (seed, the image's first caption key)).
     """
     if len(captions) != len(images):
         raise ValueError(f"got {len(images)} images but {len(captions)} captions")
     rows = torch.arange(len(images), device=images.device)
-    return _score(model, images, rows, captions, method, keys, num_samples, seed, max_rows, t_interval, stratified)
+    return _score(model, images, rows, captions, method, keys, num_samples, seed, max_rows, t_interval, stratified,
+                  guidance, guidance_scale)
 
 
 @torch.no_grad()
@@ -190,7 +208,7 @@ def score_candidates(model, images, candidates: Sequence[Sequence[str]], method:
     ``paired``: all candidates of an item share one noise key (common random numbers for the
     ELBO); else every candidate has its own. ``item_keys`` [B] (default: the item's index in
     this call) fix an item's noise whatever else is in the call. Each image is encoded once.
-    ``kw``: num_samples, seed, max_rows, t_interval, stratified as in :func:`score`.
+    ``kw``: num_samples, seed, max_rows, t_interval, stratified, guidance, guidance_scale as in :func:`score`.
     """
     if len(candidates) != len(images):
         raise ValueError(f"got {len(images)} images but {len(candidates)} candidate lists")

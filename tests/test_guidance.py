@@ -1,0 +1,244 @@
+"""MC-Diffusion guidance: condition dropout / masking in training (Alg. 1), CFG and MCS in sampling and scoring."""
+import json
+
+import pytest
+import torch
+
+import mdc
+from conftest import CAPTIONS, small_model
+from mdc.diffusion import banned_ids, caption_log_probs
+from mdc.guidance import Guide, mcs_token_mask, training_condition
+from mdc.sampler import masked_row, mdc_sample
+
+GUIDED = dict(cond_drop_prob=0.1, cond_mask_prob=0.1)
+
+
+def guided_model(**kw):
+    return small_model(**{**GUIDED, **kw}).eval()
+
+
+# ------------------------------------------------------------------ config and checkpoints
+def test_defaults_create_no_new_parameters():
+    plain = set(small_model().state_dict())
+    assert not any(k.startswith("cond_") for k in plain)
+    assert set(guided_model().state_dict()) - plain == {"cond_null", "cond_mask"}
+    assert set(small_model(cond_drop_prob=0.1).state_dict()) - plain == {"cond_null"}
+
+
+def test_old_config_json_still_loads(tmp_path, images):
+    model = small_model().eval()
+    model.save(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    new = ("cond_drop_prob", "cond_mask_prob", "cond_mask_select_prob", "noise", "diffusion_steps", "replace_prob",
+           "aux_loss_weight", "vqvae")
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in new}))
+    loaded = mdc.load(tmp_path).eval()
+    assert loaded.config.cond_drop_prob == 0 and loaded.config.noise == "absorbing"
+    tokens = model.tokenizer(CAPTIONS)
+    with torch.no_grad():
+        assert torch.equal(loaded(images, tokens), model(images, tokens))
+
+
+def test_guided_checkpoint_round_trip(tmp_path, images):
+    model = guided_model()
+    model.save(tmp_path)
+    loaded = mdc.load(tmp_path)
+    assert torch.equal(loaded.cond_null, model.cond_null) and torch.equal(loaded.cond_mask, model.cond_mask)
+    a = mdc.generate(model, images, 5, guidance="mcs", guidance_scale=2.0, return_tokens=True)
+    assert torch.equal(mdc.generate(loaded, images, 5, guidance="mcs", guidance_scale=2.0, return_tokens=True), a)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(cond_drop_prob=1.0), "cond_drop_prob must lie in \\[0, 1\\); got 1.0"),
+    (dict(cond_mask_prob=-0.1), "cond_mask_prob must lie in \\[0, 1\\); got -0.1"),
+    (dict(cond_drop_prob=0.5, cond_mask_prob=0.1, cond_mask_select_prob=0.6), "cond_mask_select_prob .* got 0.6"),
+    (dict(noise="gaussian"), "noise must be .*'gaussian'"),
+])
+def test_bad_options_are_named(kw, match):
+    with pytest.raises(ValueError, match=match):
+        small_model(**kw)
+
+
+def test_options_for_mdc_only():
+    with pytest.raises(ValueError, match="\\['cond_drop_prob'\\] apply to 'mdc' captioners only; got objective 'arc'"):
+        small_model("arc", cond_drop_prob=0.1)
+
+
+# ------------------------------------------------------------------ training (Algorithm 1)
+def test_training_condition_off_draws_nothing():
+    g = torch.Generator().manual_seed(0)
+    state = g.get_state()
+    assert training_condition(small_model(), 8, g) == {}
+    assert torch.equal(g.get_state(), state)
+
+
+def test_training_condition_follows_algorithm_1():
+    model = small_model(cond_drop_prob=0.3, cond_mask_prob=0.5, cond_mask_select_prob=0.2)
+    cond = training_condition(model, 20000, torch.Generator().manual_seed(1))
+    null, mask = cond["null"], cond["token_mask"]  # [B], [B, T]
+    assert mask.shape == (20000, (32 // 8) ** 2)
+    selected = mask.any(1)
+    assert not (null & selected).any()  # disjoint events: one uniform per caption
+    assert abs(null.float().mean() - 0.3) < 0.015
+    assert abs(selected.float().mean() - 0.2) < 0.015  # (a selected row with no token masked: 0.5^16)
+    assert abs(mask[selected].float().mean() - 0.5) < 0.01
+
+
+def test_loss_trains_the_condition_variants(images):
+    model = small_model(cond_drop_prob=0.5, cond_mask_prob=0.5, cond_mask_select_prob=0.5)
+    tokens = model.tokenizer(CAPTIONS * 4)
+    model.loss(images.repeat(4, 1, 1, 1), tokens, generator=torch.Generator().manual_seed(0)).backward()
+    assert model.cond_null.grad.abs().sum() > 0 and model.cond_mask.grad.abs().sum() > 0
+
+
+def test_null_condition_ignores_the_image(images):
+    model = guided_model()
+    tokens = model.tokenizer(CAPTIONS)
+    null = torch.ones(len(images), dtype=torch.bool)
+    with torch.no_grad():
+        a = model.logits(tokens, model.context(images, null=null))
+        b = model.logits(tokens, model.context(torch.randn_like(images), null=null))
+        assert torch.allclose(a, b, atol=1e-5) and not torch.allclose(a, model(images, tokens), atol=1e-3)
+
+
+# ------------------------------------------------------------------ guided sampling
+@pytest.mark.parametrize("guidance, unguided", [("cfg", 1.0), ("mcs", 0.0)])
+def test_unguided_scale_is_plain_sampling(images, guidance, unguided):
+    model = guided_model()
+    plain = mdc.generate(model, images, 7, return_tokens=True)
+    got = mdc.generate(model, images, 7, guidance=guidance, guidance_scale=unguided, return_tokens=True)
+    assert torch.equal(got, plain)
+    guided = mdc.generate(model, images, 7, guidance=guidance, guidance_scale=4.0, return_tokens=True)
+    assert not torch.equal(guided, plain)
+
+
+@pytest.mark.parametrize("guidance, scale", [("cfg", 2.5), ("mcs", 1.5), ("cfg", 1.0 + 1e-7)])
+def test_guided_distribution_is_the_papers_combination(images, guidance, scale):
+    model = guided_model()
+    tok = model.tokenizer
+    x = masked_row(tok, len(images), 6, images.device)
+    x[:, 2] = tok(["red"])[0, 1]  # one revealed token
+    with torch.no_grad():
+        got = Guide.of(model, images, guidance, scale, seed=3).log_probs(x)
+        cond = caption_log_probs(model(images, x), tok)
+        variant = {"cfg": dict(null=torch.ones(len(images), dtype=torch.bool)),
+                   "mcs": dict(token_mask=mcs_token_mask(model, len(images), seed=3))}[guidance]
+        other = caption_log_probs(model.logits(x, model.context(images, **variant)), tok)
+    allowed = [i for i in range(tok.vocab_size) if i not in banned_ids(tok)]
+    w = scale if guidance == "cfg" else 1 - scale  # CFG: (1-g) null + g cond; MCS: g partial + (1-g) cond
+    expected = torch.log_softmax(w * cond[..., allowed] + (1 - w) * other[..., allowed], -1)
+    assert torch.allclose(got[..., allowed], expected, atol=1e-5)
+    assert torch.isinf(got[..., banned_ids(tok)]).all()
+
+
+def test_guided_sampling_batches_one_decoder_call_on_2b_rows(images):
+    model = guided_model()
+    calls, logits = [], model.logits
+    model.logits = lambda x, ctx: (calls.append(len(x)), logits(x, ctx))[1]
+    out = mdc_sample(model, images, 6, guidance="cfg", guidance_scale=3.0)
+    assert calls == [2 * len(images)] * 6
+    assert out.shape == (len(images), 8) and not (out == model.tokenizer.mask_id).any()
+
+
+def test_mcs_masks_are_seeded(images):
+    model = guided_model(cond_mask_prob=0.5)
+    a = mdc.generate(model, images, 6, guidance="mcs", guidance_scale=3.0, guidance_seed=1, return_tokens=True)
+    b = mdc.generate(model, images, 6, guidance="mcs", guidance_scale=3.0, guidance_seed=1, return_tokens=True)
+    assert torch.equal(a, b)
+    assert not torch.equal(mcs_token_mask(model, 4, 1), mcs_token_mask(model, 4, 2))
+    assert abs(mcs_token_mask(model, 2000, 0).float().mean() - 0.5) < 0.02
+
+
+def test_temperature_sampling_under_guidance(images):
+    model = guided_model()
+    g = lambda: torch.Generator().manual_seed(5)  # noqa: E731
+    a = mdc_sample(model, images, 6, temperature=0.7, generator=g(), guidance="cfg", guidance_scale=2.0)
+    assert torch.equal(a, mdc_sample(model, images, 6, temperature=0.7, generator=g(), guidance="cfg",
+                                     guidance_scale=2.0))
+
+
+# ------------------------------------------------------------------ guided scoring
+@pytest.mark.parametrize("method", ["heuristic", "elbo"])
+def test_guided_scoring(images, method):
+    model = guided_model()
+    kw = dict(num_samples=8) if method == "elbo" else {}
+    plain = mdc.score(model, images, CAPTIONS, method, **kw)
+    for guidance, unguided in (("cfg", 1.0), ("mcs", 0.0)):
+        assert torch.equal(mdc.score(model, images, CAPTIONS, method, guidance=guidance, guidance_scale=unguided, **kw),
+                           plain)
+    guided = mdc.score(model, images, CAPTIONS, method, guidance="cfg", guidance_scale=3.0, **kw)
+    assert torch.isfinite(guided).all() and not torch.allclose(guided, plain)
+
+
+def test_guided_scores_do_not_depend_on_the_batch(images):
+    """MCS masks are keyed by the item like the ELBO noise: an item scores the same alone or in a batch."""
+    model = guided_model(cond_mask_prob=0.5)
+    cands = [[c, CAPTIONS[(i + 1) % 4]] for i, c in enumerate(CAPTIONS)]
+    kw = dict(method="elbo", num_samples=4, guidance="mcs", guidance_scale=2.0, item_keys=["a", "b", "c", "d"])
+    batch = mdc.score_candidates(model, images, cands, **kw)
+    alone = mdc.score_candidates(model, images[2:3], cands[2:3], **{**kw, "item_keys": ["c"]})
+    assert torch.allclose(batch[2], alone[0], atol=1e-5)
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("kw, match", [
+    (dict(guidance="classifier", guidance_scale=2.0), "unknown guidance 'classifier'"),
+    (dict(guidance="cfg", guidance_scale=-0.5), "guidance_scale must be >= 0; got -0.5"),
+    (dict(guidance="mcs", guidance_scale=float("nan")), "guidance_scale must be >= 0; got nan"),
+    (dict(guidance="cfg"), "guidance='cfg' needs a guidance_scale"),
+    (dict(guidance_scale=2.0), "guidance_scale = 2.0 given without guidance"),
+])
+def test_bad_guidance_is_named(images, kw, match):
+    with pytest.raises(ValueError, match=match):
+        mdc.generate(guided_model(), images, 5, **kw)
+
+
+@pytest.mark.parametrize("guidance, option", [("cfg", "cond_drop_prob"), ("mcs", "cond_mask_prob")])
+def test_guidance_needs_the_matching_training(images, guidance, option):
+    model = small_model(**{"cond_mask_prob" if guidance == "cfg" else "cond_drop_prob": 0.1})  # the other one only
+    with pytest.raises(ValueError, match=f"needs a model trained with {option} > 0 .* has {option} = 0.0"):
+        mdc.generate(model, images, 5, guidance=guidance, guidance_scale=2.0)
+    with pytest.raises(ValueError, match=f"needs a model trained with {option} > 0"):
+        mdc.score(model, images, CAPTIONS, "heuristic", guidance=guidance, guidance_scale=2.0)
+
+
+def test_guidance_on_other_objectives_is_refused(images):
+    with pytest.raises(ValueError, match="guidance applies to 'mdc' captioners; got objective 'arc'"):
+        mdc.generate(small_model("arc"), images, 5, guidance="cfg", guidance_scale=2.0)
+    with pytest.raises(ValueError, match="guidance applies to the MDC scorers .* got method 'exact'"):
+        mdc.score(small_model("arc"), images, CAPTIONS, "exact", guidance="cfg", guidance_scale=2.0)
+
+
+# ------------------------------------------------------------------ evaluation helpers (notebooks/guidance.ipynb)
+def _results(clip=True):
+    runs = [{"label": "none", "guidance": "none", "scale": None, "bleu4": 0.20, "meteor": 0.2, "cider": 0.5}]
+    runs += [{"label": f"{g}@{s:g}", "guidance": g, "scale": s, "bleu4": 0.2 + 0.01 * s, "meteor": 0.2, "cider": 0.5 + s / 10}
+             for g in ("cfg", "mcs") for s in (1.0, 2.0, 3.0)]
+    for i, r in enumerate(runs):
+        r.update(clipscore=(0.8 - 0.02 * i) if clip else None, refclipscore=None, unavailable={})
+    return {"runs": runs}
+
+
+@pytest.mark.parametrize("clip", [True, False])
+def test_tradeoff_figure_and_table(tmp_path, clip):
+    from mdc.guidance import runs_markdown
+    from mdc.plots import plot_guidance_tradeoff
+
+    fig = plot_guidance_tradeoff(_results(clip), path=str(tmp_path / "fig.png"))
+    assert (tmp_path / "fig.png").is_file() and (tmp_path / "fig.pdf").is_file()
+    assert fig.axes[0].get_ylabel() == ("CLIPScore" if clip else "guidance scale (no CLIPScore)")
+    assert len(fig.axes) == 3 and len(fig.axes[0].lines) == (3 if clip else 2)  # CFG, MCS (and the unguided star)
+    table = runs_markdown(_results(clip)).splitlines()
+    assert table[2].startswith("| none | 20.0 |") and table[2].endswith(("| 0.800 | - |", "| - | - |"))
+
+
+def test_sweep_settings_and_missing_clip():
+    from mdc.guidance import clipscore_sweep, sweep_settings
+
+    assert sweep_settings([1, 2], ["mcs"]) == [(None, None), ("mcs", 1.0), ("mcs", 2.0)]
+    with pytest.raises(ValueError, match="unknown guidance 'pag'"):
+        sweep_settings([1.0], ["cfg", "pag"])
+    with pytest.raises(ValueError, match="guidance scales must be >= 0; got -1"):
+        sweep_settings([-1], ["cfg"])
+    scores, info, why = clipscore_sweep("", [], {})
+    assert scores is None and info is None and "no clip_checkpoint given" in why

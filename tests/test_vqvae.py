@@ -1,0 +1,107 @@
+"""VQ-VAE image tokens (MC-Diffusion's discrete-to-discrete setup) and a captioner conditioned on them."""
+import json
+
+import pytest
+import torch
+
+import mdc
+from conftest import CAPTIONS, SMALL
+from mdc.guidance import num_image_tokens
+from mdc.optim import param_groups
+from mdc.vqvae import VQConfig, VQVAE, load_vqvae, main, synthetic_images, train_vqvae
+
+TINY_VQ = dict(image_size=32, downsample=4, channels=32, code_dim=32, codebook_size=64)
+
+
+@pytest.fixture(scope="module")
+def scenes():
+    return synthetic_images(64, 32, seed=0), synthetic_images(32, 32, seed=1)  # train, held out
+
+
+@pytest.fixture(scope="module")
+def vq_folder(tmp_path_factory, scenes):
+    vq, _ = train_vqvae(scenes[0], VQConfig(**TINY_VQ, ema=True), steps=20, batch_size=16, lr=1e-3)
+    path = tmp_path_factory.mktemp("vq")
+    vq.save(path)
+    return path
+
+
+@pytest.mark.parametrize("ema, lr", [(False, 2e-4), (True, 1e-3)])
+def test_short_training_beats_the_mean_image(scenes, ema, lr):
+    train, test = scenes
+    vq, log = train_vqvae(train, VQConfig(**TINY_VQ, ema=ema), steps=100, batch_size=16, lr=lr, seed=0)
+    mean_image = train.mean((0, 2, 3), keepdim=True)  # the per-channel mean: a fixed baseline
+    baseline = (test - mean_image).pow(2).mean()
+    with torch.no_grad():
+        recon, losses, codes = vq(test)
+    assert (recon - test).pow(2).mean() < (0.5 if ema else 0.75) * baseline
+    assert codes.shape == (32, 64) and codes.min() >= 0 and codes.max() < 64
+    assert losses["perplexity"] > 8  # many codes in use, not a collapsed codebook
+    assert torch.allclose(vq.decode(vq.encode(test)), recon, atol=1e-5)
+    assert len(log["loss"]) == 100 and all(torch.isfinite(torch.tensor(log["loss"])))
+
+
+def test_encode_never_moves_the_codebook(scenes):
+    vq = VQVAE(VQConfig(**TINY_VQ, ema=True)).train()
+    vq(scenes[1][:8])  # initialises the codebook (training forward)
+    before = vq.codebook.detach().clone()
+    vq.encode(scenes[1])
+    assert torch.equal(vq.codebook, before)
+
+
+def test_trains_from_any_image_folder(tmp_path):
+    from mdc.data.scene_render import render
+    from mdc.data.scenes import sample_scene, stream_rng
+
+    for i in range(6):  # nested folders, like CUB's images/<class>/<image>.jpg
+        folder = tmp_path / "images" / f"{i % 2:03d}.class"
+        folder.mkdir(parents=True, exist_ok=True)
+        render(sample_scene(stream_rng(0, 0, i)), 40).save(folder / f"img_{i}.jpg")
+    vq, log = train_vqvae(str(tmp_path / "images"), VQConfig(**TINY_VQ), steps=3, batch_size=4)
+    assert len(log["loss"]) == 3 and vq.encode(synthetic_images(2, 32)).shape == (2, 64)
+    with pytest.raises(ValueError, match="no images found"):
+        train_vqvae(str(tmp_path / "empty"), VQConfig(**TINY_VQ), steps=1)
+
+
+def test_save_load_and_cli(tmp_path, vq_folder, scenes):
+    vq = load_vqvae(vq_folder)
+    assert torch.equal(load_vqvae(vq_folder).encode(scenes[1]), vq.encode(scenes[1]))
+    summary = main(["--out", str(tmp_path / "cli"), "--synthetic", "8", "--steps", "2", "--batch-size", "4",
+                    "--config", json.dumps(TINY_VQ)])
+    assert summary["steps"] == 2 and load_vqvae(tmp_path / "cli").config.codebook_size == 64
+
+
+def test_captioner_on_vq_tokens(tmp_path, vq_folder, scenes):
+    overrides = {k: v for k, v in SMALL.items() if k != "image_size"}  # the VQ-VAE's size (32) is taken
+    model = mdc.create_model("tiny", vqvae=str(vq_folder), cond_mask_prob=0.1, **overrides)
+    images, tokens = scenes[1][:4], model.tokenizer(CAPTIONS)
+    assert model.config.image_size == 32 and model.config.vqvae == {**TINY_VQ, "beta": 0.25, "ema": True,
+                                                                     "ema_decay": 0.99}
+    assert num_image_tokens(model) == 64 and model.forward_features(images).shape == (4, 64, 64)
+    vq_state = load_vqvae(vq_folder).state_dict()
+    assert all(torch.equal(model.visual.vq.state_dict()[k], v) for k, v in vq_state.items())  # weights copied in
+    model.train()
+    assert not model.visual.vq.training  # frozen: stays in eval mode
+    loss = model.loss(images, tokens, generator=torch.Generator().manual_seed(0))
+    loss.backward()
+    assert torch.isfinite(loss) and model.visual.embed.weight.grad is not None
+    assert all(p.grad is None and not p.requires_grad for p in model.visual.vq.parameters())
+    trained = {id(p) for g in param_groups(model, 0.1) for p in g["params"]}
+    assert not any(id(p) in trained for p in model.visual.vq.parameters())
+    caps = mdc.generate(model, images, 5, guidance="mcs", guidance_scale=2.0)
+    assert len(caps) == 4
+    model.eval().save(tmp_path / "cap")  # the VQ-VAE lives in the captioner's checkpoint
+    loaded = mdc.load(tmp_path / "cap")
+    with torch.no_grad():
+        assert torch.equal(loaded(images, tokens), model(images, tokens))
+
+
+def test_bad_vqvae_input_is_named(tmp_path, vq_folder):
+    with pytest.raises(ValueError, match="downsample must be a power of 2 .* got 3"):
+        VQConfig(downsample=3)
+    with pytest.raises(ValueError, match="not a VQ-VAE folder"):
+        mdc.create_model("tiny", vqvae=str(tmp_path))
+    with pytest.raises(ValueError, match="the VQ-VAE takes 32 px images but the model's image_size is 64"):
+        mdc.create_model("tiny", vqvae=str(vq_folder), image_size=64)
+    with pytest.raises(ValueError, match="apply to 'mdc' captioners only"):
+        mdc.create_model("tiny", objective="arc", vqvae=str(vq_folder))
