@@ -47,7 +47,8 @@ def test_captioning_notebook_smoke(tmp_path, checkpoints, fake_judge):  # noqa: 
     record = json.loads((out / "results.json").read_text())
     assert record["kind"] == "captioning" and record["model"]["objective"] == "mdc"
     results = record["results"]
-    assert set(results) == {"dataset", "metrics", "judge", "unavailable", "checkpoints", "finetune", "files"}
+    assert set(results) == {"dataset", "metrics", "judge", "unavailable", "checkpoints", "finetune", "files", "examples"}
+    assert len(results["examples"]) == 3 and all(os.path.isfile(e["image_path"]) for e in results["examples"])
     assert results["dataset"] | {"captions_json": None} == {
         "name": "coco", "captions_json": None, "format": "karpathy", "split": "test",
         "images_evaluated": 3, "images_total": 4, "images_missing": 0}
