@@ -333,9 +333,26 @@ def fig6(runs: list[dict], paper_dir: str, out: str, k: int = 3) -> list[str]:
     return [base + ".png", base + ".pdf"]
 
 
+def guidance(runs: list[dict], paper_dir: str, out: str) -> list[str]:
+    """MC-Diffusion's figure and table: reference metrics and CLIPScore per guidance rule and scale (seed 0's run)."""
+    from mdc.plots import plot_guidance_tradeoff
+
+    run = next((r for r in runs if r["notebook"] == "guidance" and "guidance" in r["artifacts"]), None)
+    if run is None:
+        return []
+    res = run["record"]["results"]
+    base = os.path.join(out, "guidance_tradeoff")
+    plot_guidance_tradeoff(res, base)
+    rows = [{"guidance": r["guidance"], "scale": "-" if r["scale"] is None else f"{r['scale']:g}",
+             **{m: cell([r.get(m)]) for m in ("bleu4", "meteor", "cider")},
+             "CLIPScore": "-" if r.get("clipscore") is None else f"{r['clipscore']:.3f}"} for r in res["runs"]]
+    return [base + ".png", base + ".pdf"] + write_table(
+        rows, os.path.join(out, "guidance_tradeoff"), "MC-Diffusion guidance: reference metrics (x100) and CLIPScore")
+
+
 ARTIFACTS: dict[str, Callable] = {"table1": table1, "table2": table2, "table3": table3, "table4": table4,
                                   "table5": table5, "tables6-8": tables6_8, "fig3": fig3, "fig4": fig4,
-                                  "fig5": fig5, "fig6": fig6}
+                                  "fig5": fig5, "fig6": fig6, "guidance": guidance}
 
 
 def build(index_path: str, out: str, paper_dir: str, only: Sequence[str] | None = None) -> dict[str, list[str]]:

@@ -30,7 +30,9 @@ ARTIFACTS = {
     "fig4": "Image-conditioned BERT at fixed masking ratios vs MDC",
     "fig5": "Linear probe vs number of pretraining pairs",
     "fig6": "Qualitative captions: MDC-10/15/20 and ARC",
+    "guidance": "MC-Diffusion: reference metrics vs CLIPScore across guidance scales, CFG vs MCS",
 }
+PROBED = {"table1", "table4", "table5", "fig4", "fig5"}  # artifacts made of linear probes
 STYLES = ("alt", "descriptive")  # the CC12M and Recap-DataComp analogues
 T_INTERVALS = ((0.0, 1.0), (0.3, 0.8), (0.4, 0.9))  # Table 5 besides the default (0.5, 1.0)
 
@@ -60,12 +62,15 @@ PROFILES = {
                   train=dict(steps=3, batch_size=16, lr=1e-3), workers=0, probe=dict(epochs=2),
                   compositionality=dict(num_samples=4, batch_size=16),
                   captioning=dict(finetune_steps=2, max_images=4, metrics=["bleu", "rouge_l", "cider"]),
+                  guidance=dict(max_images=4, scales=[1.0, 2.0], metrics=["bleu", "cider"], composition_items=4),
                   bert_ratios=(0.15, 1.0), fig5_fractions=(0.5,), timeout_s=600),
     "mini": dict(data=dict(num=None, image_size=None, shard_size=1000), evalsets=dict(n_probe_train=3000,
                  n_probe_test=1000, n_items=300, n_caption_train=1000), model="mini", model_overrides={},
                  train={}, workers=1, probe=dict(epochs=10),
                  compositionality=dict(num_samples=256, batch_size=64),
                  captioning=dict(finetune_steps=300, max_images=500, metrics=["bleu", "meteor", "rouge_l", "cider"]),
+                 guidance=dict(max_images=300, scales=[0.0, 1.0, 2.0, 3.0, 4.0], metrics=["bleu", "meteor", "cider"],
+                               composition_items=100),
                  bert_ratios=(0.15, 0.4, 0.7, 1.0), fig5_fractions=(0.25, 0.5), timeout_s=1800),
 }
 
@@ -119,6 +124,10 @@ def pretrain_runs(p: dict, seed: int) -> list[Run]:
     for frac in p["fig5_fractions"]:
         specs.append((f"mdc-descriptive-n{frac:.2f}", "mdc", "descriptive", {}, frac, 1, ["fig5"],
                       dict(method="MDC", style="descriptive")))
+    # MC-Diffusion's training options (P_cond = P_mask = 0.1 as there), for the guidance artifact
+    specs.append(("mdc-guided-alt", "mdc", "alt", {"model_overrides": {**p["model_overrides"], "cond_drop_prob": 0.1,
+                                                                        "cond_mask_prob": 0.1}},
+                  1.0, 1, ["guidance"], dict(method="MDC (CFG/MCS training)", style="alt")))
     num, shard = p["data"]["num"], p["data"]["shard_size"]
     runs = []
     for name, objective, style, extra, frac, scale, artifacts, labels in specs:
@@ -126,7 +135,8 @@ def pretrain_runs(p: dict, seed: int) -> list[Run]:
         data = f"{{run:data/{style}}}/shards" + ("" if frac == 1.0 else "/{000000..%06d}.tar" % (shards - 1))
         params = dict(objective=objective, model=p["model"], model_overrides=p["model_overrides"], train_data=data,
                       seed=seed, output_dir=f"{{run:pretrain/{name}-s{seed}}}", workers=p["workers"],
-                      **_train_params(p, frac, scale), **extra)
+                      **_train_params(p, frac, scale))
+        params.update(extra)
         labels = {**labels, "seed": seed, "pairs": min(num, shards * shard) if frac < 1 else num}
         runs.append(Run(f"pretrain/{name}-s{seed}", "pretrain", params, deps=(f"data/{style}",),
                         artifacts=tuple(artifacts), labels=labels, timeout_s=p["timeout_s"]))
@@ -157,6 +167,8 @@ def build(profile: str, seeds: int = 1) -> list[Run]:
         pre = pretrain_runs(p, seed)
         runs += pre
         for r in pre:
+            if not set(r.artifacts) & PROBED:
+                continue
             tag = r.name.split("/", 1)[1]
             runs.append(Run(f"probe/{tag}", "linear_probe",
                             dict(checkpoint=f"{{run:{r.name}}}", evalsets_dir=evalsets, seed=seed,
@@ -180,6 +192,14 @@ def build(profile: str, seeds: int = 1) -> list[Run]:
                         deps=(f"pretrain/mdc-alt-s{seed}", f"pretrain/arc-alt-s{seed}", "data/evalsets"),
                         artifacts=("table3", "fig6"), labels=dict(style="alt", seed=seed),
                         timeout_s=p["timeout_s"]))
+        runs.append(Run(f"guidance/alt-s{seed}", "guidance",
+                        dict(checkpoint=f"{{run:pretrain/mdc-guided-alt-s{seed}}}",
+                             clip_checkpoint=f"{{run:pretrain/clip-alt-s{seed}}}",
+                             captions_json=os.path.join(evalsets, "captions", "dataset_scenes.json"),
+                             image_root=os.path.join(evalsets, "captions"), seed=seed,
+                             output_dir=f"{{run:guidance/alt-s{seed}}}", **p["guidance"]),
+                        deps=(f"pretrain/mdc-guided-alt-s{seed}", f"pretrain/clip-alt-s{seed}", "data/evalsets"),
+                        artifacts=("guidance",), labels=dict(style="alt", seed=seed), timeout_s=p["timeout_s"]))
     return runs
 
 

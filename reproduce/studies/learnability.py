@@ -167,6 +167,34 @@ def summary(out: str) -> str:
     return "\n".join(lines)
 
 
+def decide(out: str) -> dict:
+    """Apply ``RULE`` to the runs so far: per configuration, whether each objective passes, and the
+    cheapest configuration that passes for all three (minutes from the idle-machine timing pass)."""
+    path = os.path.join(out, "runs.jsonl")
+    rows = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
+    timings = {}
+    if os.path.isfile(os.path.join(out, "timing.jsonl")):
+        for line in open(os.path.join(out, "timing.jsonl")):
+            t = json.loads(line)
+            timings[t["config"]] = max(t[f"{o}_run_min"] for o in ("mdc", "arc", "clip"))
+    verdict = {}
+    for name in dict.fromkeys(r["config"] for r in rows):
+        per = {}
+        for objective in ("mdc", "arc", "clip"):
+            gaps = [r["gap_mean4"] for r in rows if r["config"] == name and r["objective"] == objective]
+            std = float(np.std(gaps, ddof=1)) if len(gaps) > 1 else None
+            per[objective] = {"seeds": len(gaps), "gap": float(np.mean(gaps)) if gaps else None, "std": std,
+                              "passes": bool(gaps) and np.mean(gaps) >= RULE["min_gap"]
+                              and (std is not None and std < RULE["max_std"])}
+        minutes = timings.get(name)
+        verdict[name] = {"objectives": per, "minutes": minutes,
+                         "passes": all(v["passes"] for v in per.values()) and minutes is not None
+                         and minutes <= RULE["max_minutes"]}
+    passing = [n for n, v in verdict.items() if v["passes"]]
+    return {"rule": RULE, "configs": verdict, "choice": min(passing, key=lambda n: verdict[n]["minutes"]) if passing
+            else None}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", nargs="*", default=[], choices=sorted(CONFIGS))
