@@ -27,15 +27,17 @@ from mdc.guidance import training_condition
 from mdc.tokenizer import caption_mask, valid_mask
 
 
-def trim_padding(tokens: torch.Tensor, eot_id: int) -> torch.Tensor:
-    """Drop trailing columns that are padding in every row ([B, L] -> [B, L'])."""
-    return tokens[:, : int(valid_mask(tokens, eot_id).sum(1).max())]
+def trim_padding(tokens: torch.Tensor, eot_id: int, multiple: int = 1) -> torch.Tensor:
+    """Drop trailing columns that are padding in every row ([B, L] -> [B, L']); L' is rounded up
+    to ``multiple`` (within L) so that a compiled model sees few distinct lengths."""
+    n = int(valid_mask(tokens, eot_id).sum(1).max())
+    return tokens[:, : min(tokens.shape[1], -(-n // multiple) * multiple)]
 
 
 def mdc_loss(model, images, tokens, *, t=None, noise=None, generator=None):
     """Masked diffusion captioning loss (Alg. 1). Optional fixed `t` [B] and `noise` [B, L] for tests."""
     tok, cfg = model.tokenizer, model.config
-    tokens = trim_padding(tokens, tok.eot_id)  # [B, L]
+    tokens = trim_padding(tokens, tok.eot_id, model.trim_multiple)  # [B, L]
     maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [B, L] caption tokens
     B, L = tokens.shape
     if t is None:
@@ -54,7 +56,7 @@ def mdc_loss(model, images, tokens, *, t=None, noise=None, generator=None):
 def arc_loss(model, images, tokens):
     """Autoregressive captioning: teacher forcing; targets c_0..c_{N-1} and [EOT]; mean over them."""
     tok = model.tokenizer
-    tokens = trim_padding(tokens, tok.eot_id)
+    tokens = trim_padding(tokens, tok.eot_id, model.trim_multiple)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # [B, L-1]
     supervised = valid_mask(tokens, tok.eot_id)[:, 1:]  # caption tokens and EOT
     hidden = model.hidden(inputs, model.context(images))  # [B, L-1, W]

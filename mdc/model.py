@@ -11,6 +11,7 @@ without cross-attention (causal, pooled at [EOT]); both project to a joint embed
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -30,24 +31,36 @@ OBJECTIVES = ("mdc", "arc", "clip")
 class ImageContext:
     """Encoded images as the decoder sees them: every block's cross-attention (keys, values),
     each [B, heads, T, width/heads]. Encode once (:meth:`Captioner.context`), then decode any
-    number of token rows against it: ``select`` picks image rows, ``repeat`` copies each k times."""
+    number of token rows against it: ``select`` picks image rows, ``repeat`` repeats each k times.
 
-    def __init__(self, kv: list[tuple[torch.Tensor, torch.Tensor]]):
-        self.kv = kv
+    Repeats are not copied: a context with ``fold`` f stands for f consecutive rows per stored
+    image, and cross-attention folds those f token rows into one longer query sequence against
+    the image's keys/values (exact: cross-attention has no mask, so each query attends alone).
+    Beam search (K beams per image) and the ELBO (S masked copies per caption) rely on it.
+    """
 
-    def __len__(self) -> int:  # images
-        return len(self.kv[0][0])
+    def __init__(self, kv: list[tuple[torch.Tensor, torch.Tensor]], fold: int = 1):
+        self.kv, self.fold = kv, fold
+
+    def __len__(self) -> int:  # rows it stands for
+        return len(self.kv[0][0]) * self.fold
 
     def __getitem__(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.kv[block]
 
     def select(self, rows: torch.Tensor) -> "ImageContext":
-        """The context of images ``rows`` [R] (indices, repeats allowed)."""
-        return ImageContext([(k[rows], v[rows]) for k, v in self.kv])
+        """The context of rows ``rows`` [R] (indices, repeats allowed); runs of one image that all
+        have the same length f are kept as a fold of f instead of being copied."""
+        images = rows // self.fold  # [R] stored image of each row
+        values, counts = torch.unique_consecutive(images, return_counts=True)
+        if len(counts) and bool((counts == counts[0]).all()):
+            return ImageContext([(k[values], v[values]) for k, v in self.kv], int(counts[0]))
+        return ImageContext([(k[images], v[images]) for k, v in self.kv])
 
     def repeat(self, k: int) -> "ImageContext":
-        """Each image k times in a row: [B] -> [B * k] (beam search, several captions per image)."""
-        return self.select(torch.arange(len(self), device=self.kv[0][0].device).repeat_interleave(k))
+        """Each row k times in a row: [R] -> [R * k] (beam search, several captions per image)."""
+        return ImageContext(self.kv, self.fold * k) if self.fold == 1 else \
+            self.select(torch.arange(len(self), device=self.kv[0][0].device).repeat_interleave(k))
 
 
 @dataclass
@@ -132,6 +145,27 @@ class ModelConfig:
         return cls(**data)
 
 
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module, precision: str = "auto"):
+    """Eval mode (the previous mode restored afterwards) under the evaluation precision:
+    "auto" = bf16 autocast on CUDA and fp32 elsewhere, "fp32", or "bf16" (autocast on any
+    device). Log-probabilities are always taken in fp32 (:func:`mdc.diffusion.caption_log_probs`)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
+    device = next(model.parameters()).device
+    bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            yield
+    finally:
+        model.train(was_training)
+
+
 # ---------------------------------------------------------------------------- building blocks
 def _heads(x: torch.Tensor, h: int) -> torch.Tensor:  # [B, L, D] -> [B, h, L, D/h]
     B, L, D = x.shape
@@ -153,9 +187,12 @@ class Attention(nn.Module):
         k, v = self.kv(x).chunk(2, dim=-1)  # 2 x [B, S, D]
         return _heads(k, self.heads), _heads(v, self.heads)  # 2 x [B, h, S, D/h]
 
-    def forward(self, x, kv, mask=None, causal=False):  # x [B, L, D], mask [B, 1, 1|L, S] bool
-        y = F.scaled_dot_product_attention(_heads(self.q(x), self.heads), *kv, attn_mask=mask, is_causal=causal)
-        return self.out(y.transpose(1, 2).flatten(2))  # [B, L, D]
+    def forward(self, x, kv, mask=None, causal=False):  # x [R, L, D], kv 2 x [B, h, S, D/h], mask [R, 1, 1|L, S]
+        q = self.q(x)
+        if len(kv[0]) != len(x):  # a folded context: R = B * f rows, image-major; one query sequence per image
+            q = q.reshape(len(kv[0]), -1, q.shape[-1])  # [B, f * L, D]
+        y = F.scaled_dot_product_attention(_heads(q, self.heads), *kv, attn_mask=mask, is_causal=causal)
+        return self.out(y.transpose(1, 2).flatten(2)).reshape(x.shape)  # [R, L, D]
 
 
 class Block(nn.Module):
@@ -226,6 +263,7 @@ class _Model(nn.Module):
         super().__init__()
         self.config = cfg
         self.tokenizer = Tokenizer(cfg.context_length, cfg.vocab)
+        self.trim_multiple = 1  # losses round the trimmed caption length up to this (16 under torch.compile)
 
     def check_images(self, images: torch.Tensor) -> None:
         """Shape [B, 3, S, S], the weights' float dtype, finite values; else a ValueError naming it."""
@@ -355,7 +393,7 @@ class CLIP(_Model):
 
     def text_embedding(self, tokens):  # [B, E], unit norm
         self.check_tokens(tokens)
-        tokens = trim_padding(tokens, self.tokenizer.eot_id)  # causal: padding after [EOT] cannot reach it
+        tokens = trim_padding(tokens, self.tokenizer.eot_id, self.trim_multiple)  # causal: padding cannot reach [EOT]
         h = self.text(tokens, causal=True)  # [B, L, W]
         eot = (tokens == self.tokenizer.eot_id).int().argmax(-1)
         return F.normalize(self.text_proj(h[torch.arange(len(tokens)), eot]), dim=-1)

@@ -16,6 +16,7 @@ import torch
 
 from mdc.diffusion import caption_log_probs, corrupt
 from mdc.guidance import Guide, check_guidance
+from mdc.model import evaluating
 
 
 def masked_row(tok, batch: int, length: int, device) -> torch.Tensor:
@@ -36,32 +37,43 @@ def check_length(model, length: int) -> None:
 @torch.no_grad()
 def mdc_sample(model, images, length: int, tokens_per_step: int = 1, temperature: float = 0.0,
                generator: torch.Generator | None = None, guidance: str | None = None,
-               guidance_scale: float | None = None, guidance_seed: int = 0) -> torch.Tensor:
+               guidance_scale: float | None = None, guidance_seed: int = 0,
+               threshold: float | None = None) -> torch.Tensor:
     """Greedy confidence unmasking. Returns tokens [B, length + 2] without [MASK].
 
+    Each step reveals the ``tokens_per_step`` most confident masked positions, or, with
+    ``threshold`` (parallel decoding after Fast-dLLM), every masked position whose confidence
+    exceeds it, at least the most confident one. The head runs only at still-masked positions.
     ``guidance`` "cfg" | "mcs" ranks and samples under the guided distribution of
     :mod:`mdc.guidance` (CFG: scale 1 is unguided; MCS as printed: scale 0 is unguided);
     ``guidance_seed`` seeds MCS's partial-condition masks."""
     check_length(model, length)
     if tokens_per_step < 1:
         raise ValueError(f"tokens_per_step must be >= 1; got {tokens_per_step}")
+    if threshold is not None and not 0.0 < threshold <= 1.0:
+        raise ValueError(f"threshold must lie in (0, 1]; got {threshold}")
     tok = model.tokenizer
     guide = Guide.of(model, images, guidance, guidance_scale, seed=guidance_seed)  # encoder + cross-attn K/V, once
     x = masked_row(tok, len(images), length, images.device)  # [B, N'+2]
-    for _ in range(math.ceil(length / tokens_per_step)):
+    while True:
+        still = x == tok.mask_id  # [B, N'+2]
+        if not bool(still.any()):
+            return x
+        logp = guide.log_probs(x, where=still, temperature=temperature or None)  # [M, V] masked positions only
         if temperature > 0:
-            probs = guide.log_probs(x, temperature=temperature).exp()  # [B, N'+2, V]
-            pred = torch.multinomial(probs.flatten(0, 1), 1, generator=generator).view(x.shape)
-            conf = probs.gather(-1, pred[..., None]).squeeze(-1)
+            p = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)  # [M]
+            c = logp.gather(-1, p[:, None]).squeeze(1).exp()
         else:
-            conf, pred = guide.log_probs(x).exp().max(-1)  # [B, N'+2]
-        still = x == tok.mask_id
-        conf = conf.masked_fill(~still, -1.0)
-        k = min(tokens_per_step, int(still.sum(1).max()))
-        top = conf.topk(k, dim=-1).indices  # [B, k] most confident masked positions
-        reveal = torch.zeros_like(still).scatter_(1, top, True) & still
+            c, p = logp.exp().max(-1)  # [M]
+        conf = torch.full(x.shape, -1.0, device=x.device).masked_scatter_(still, c)  # [B, N'+2]
+        pred = x.masked_scatter(still, p)
+        if threshold is None:
+            top = conf.topk(min(tokens_per_step, int(still.sum(1).max())), dim=-1).indices  # [B, k] most confident
+            reveal = torch.zeros_like(still).scatter_(1, top, True) & still
+        else:
+            reveal = (conf > threshold) | (conf == conf.max(1, keepdim=True).values)  # at least the best one
+            reveal &= still
         x = torch.where(reveal, pred, x)
-    return x
 
 
 def _decode_step(model, tokens, context, cache, start):
@@ -75,73 +87,81 @@ def arc_sample(model, images, max_length: int | None = None, beam_size: int = 1,
                length_penalty: float = 1.0) -> torch.Tensor:
     """Greedy (beam_size=1) or beam search with a KV cache. Returns tokens [B, <= max_length + 2].
 
-    Beam search keeps `beam_size` live hypotheses; one that emits [EOT] is finished and ranked
-    by sum log p / (number of generated tokens incl. EOT) ** length_penalty. A batch row stops
-    once it holds `beam_size` finished hypotheses (early stopping); at `max_length` caption
-    tokens every live hypothesis is closed with [EOT]. Beam 1 reproduces greedy decoding.
+    Beam search keeps `beam_size` live hypotheses; one that emits [EOT] among the `beam_size`
+    best candidates is finished and ranked by sum log p / (number of generated tokens incl. EOT)
+    ** length_penalty. A batch row stops once it holds `beam_size` finished hypotheses (early
+    stopping) and leaves the batch; at `max_length` caption tokens every live hypothesis is
+    closed with [EOT]. Beam 1 reproduces greedy decoding. The bookkeeping is tensor operations
+    (no per-candidate Python loop or device synchronisation); beams share their image's
+    keys/values (a folded :class:`mdc.model.ImageContext`).
     """
     tok = model.tokenizer
     max_length = max_length or model.config.context_length - 2
     check_length(model, max_length)
     B, K, dev = len(images), beam_size, images.device
-    context = model.context(images).repeat(K)
-    cache = [[] for _ in model.decoder.blocks]
-    seqs = torch.full((B * K, 1), tok.sot_id, dtype=torch.long, device=dev)
-    scores = torch.full((B, K), -math.inf, device=dev)
+    base = model.context(images)  # [B] images, encoded once
+    alive = torch.arange(B, device=dev)  # rows still decoding: A of them
+    context, cache = base.repeat(K), [[] for _ in model.decoder.blocks]
+    seqs = torch.full((B * K, 1), tok.sot_id, dtype=torch.long, device=dev)  # [A*K, 1 + step]
+    scores = torch.full((B, K), -math.inf, device=dev)  # [A, K] live hypotheses' sum log p
     scores[:, 0] = 0.0  # one live hypothesis to start with
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+    n_done = torch.zeros(B, dtype=torch.long, device=dev)
+    finished = []  # per step: (normalised score [B, 2K], body [B, 2K, step])
     for step in range(max_length + 1):
-        logp = _decode_step(model, seqs[:, -1:], context, cache, start=step)  # [B*K, V]
+        logp = _decode_step(model, seqs[:, -1:], context, cache, start=step)  # [A*K, V]
         if step == max_length:  # out of room: close every hypothesis
             forced = torch.full_like(logp, -math.inf)
             forced[:, tok.eot_id] = logp[:, tok.eot_id]
             logp = forced
-        V = logp.shape[-1]
-        cand = (scores[:, :, None] + logp.view(B, K, V)).view(B, K * V)
-        top_s, top_i = cand.topk(min(2 * K, K * V), dim=-1)  # [B, 2K]
+        A, V = len(alive), logp.shape[-1]
+        top_s, top_i = (scores[:, :, None] + logp.view(A, K, V)).view(A, K * V).topk(min(2 * K, K * V), dim=-1)
         beam, word = top_i // V, top_i % V
-        new_scores = torch.full((B, K), -math.inf, device=dev)
-        new_src = torch.zeros(B, K, dtype=torch.long, device=dev)
-        new_word = torch.full((B, K), tok.eot_id, dtype=torch.long, device=dev)
-        for b in range(B):
-            if len(finished[b]) >= K:
-                continue  # this row is done; its beams stay at -inf
-            live = 0
-            for r in range(top_s.shape[1]):
-                s, src, w = top_s[b, r].item(), beam[b, r].item(), word[b, r].item()
-                if s == -math.inf or live == K:
-                    break
-                if w == tok.eot_id:
-                    if r < K:  # only top-K ranked endings count, as in standard beam search
-                        body = seqs[b * K + src, 1:].tolist()
-                        finished[b].append((s / (len(body) + 1) ** length_penalty, body))
-                    continue
-                new_scores[b, live], new_src[b, live], new_word[b, live] = s, src, w
-                live += 1
-        if all(len(f) >= K for f in finished) or step == max_length:
+        ok = top_s > -math.inf
+        ends = ok & (word == tok.eot_id) & (torch.arange(top_s.shape[1], device=dev) < K)  # endings among the K best
+        lives = ok & (word != tok.eot_id)
+        lives &= lives.cumsum(1) <= K  # the K best live continuations
+        score = torch.full((B, top_s.shape[1]), -math.inf, device=dev)  # [B, 2K]
+        score[alive] = torch.where(ends, top_s / (step + 1) ** length_penalty, -math.inf)
+        body = torch.zeros(B, top_s.shape[1], step, dtype=torch.long, device=dev)
+        body[alive] = seqs[:, 1:].view(A, K, step).gather(1, beam[..., None].expand(-1, -1, step))
+        finished.append((score, body))
+        n_done[alive] += ends.sum(1)
+        keep = n_done[alive] < K  # rows that go on
+        if step == max_length or not bool(keep.any()):
             break
-        flat = (new_src + torch.arange(B, device=dev)[:, None] * K).view(-1)
-        seqs = torch.cat([seqs[flat], new_word.view(-1, 1)], dim=1)
+        order = (~lives).int().argsort(stable=True, dim=1)[:, :K]  # live ones first, in rank order
+        take = lives.gather(1, order)  # [A, K]
+        rows = (beam.gather(1, order) + torch.arange(A, device=dev)[:, None] * K)[keep].view(-1)  # source hypotheses
+        seqs = torch.cat([seqs[rows], torch.where(take, word.gather(1, order), tok.eot_id)[keep].view(-1, 1)], 1)
         for c in cache:
-            c[:] = [t[flat] for t in c]
-        scores = new_scores
-    width = max(len(max(f, key=lambda x: x[0])[1]) for f in finished) + 2
-    out = torch.full((B, width), tok.pad_id, dtype=torch.long, device=dev)
-    for b, f in enumerate(finished):
-        body = max(f, key=lambda x: x[0])[1]
-        out[b, : len(body) + 2] = torch.tensor([tok.sot_id, *body, tok.eot_id])
+            c[:] = [t[rows] for t in c]
+        scores = torch.where(take, top_s.gather(1, order), -math.inf)[keep]
+        alive = alive[keep]
+        context = base.select(alive).repeat(K)
+    all_scores = torch.cat([s for s, _ in finished], 1)  # [B, steps * 2K], in the order hypotheses finished
+    best = all_scores.argmax(1)  # the first of the best
+    width = finished[0][0].shape[1]  # 2K candidates per step
+    step_of = best // width
+    out = torch.full((B, int(step_of.max()) + 2), tok.pad_id, dtype=torch.long, device=dev)
+    for b in range(B):  # one short copy per row
+        n = int(step_of[b])
+        out[b, : n + 2] = torch.cat([out.new_tensor([tok.sot_id]), finished[n][1][b, best[b] % width],
+                                     out.new_tensor([tok.eot_id])])
     return out
 
 
 def generate(model, images, length: int = 15, *, beam_size: int = 6, tokens_per_step: int = 1,
-             temperature: float = 0.0, generator=None, return_tokens: bool = False,
-             guidance: str | None = None, guidance_scale: float | None = None, guidance_seed: int = 0):
+             threshold: float | None = None, temperature: float = 0.0, generator=None, return_tokens: bool = False,
+             guidance: str | None = None, guidance_scale: float | None = None, guidance_seed: int = 0,
+             precision: str = "auto"):
     """Captions for `images` [B, 3, H, W]: list[str] (or the token tensor).
 
-    MDC: exactly `length` tokens by greedy confidence unmasking. ARC: at most `length` tokens,
+    MDC: exactly `length` tokens by greedy confidence unmasking (``tokens_per_step`` or a confidence
+    ``threshold`` reveal several per step). ARC: at most `length` tokens,
     beam search with `beam_size` (1 = greedy). MDC with ``noise="mask_replace"``: the D3PM
     reverse process of mdc/d3pm.py (``generator`` drives it). ``guidance`` "cfg" | "mcs" with
     ``guidance_scale`` (MDC only; mdc/guidance.py): CFG is unguided at 1, MCS (as printed) at 0.
+    ``precision``: "auto" (bf16 autocast on CUDA, fp32 elsewhere) | "fp32" | "bf16".
     """
     objective = model.config.objective
     if objective == "clip":
@@ -149,9 +169,7 @@ def generate(model, images, length: int = 15, *, beam_size: int = 6, tokens_per_
     model.check_images(images)
     check_guidance(model, guidance, guidance_scale)
     guided = dict(guidance=guidance, guidance_scale=guidance_scale, guidance_seed=guidance_seed)
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model, precision):
         if objective == "arc":
             tokens = arc_sample(model, images, max_length=length, beam_size=beam_size)
         elif model.config.noise == "mask_replace":
@@ -159,7 +177,6 @@ def generate(model, images, length: int = 15, *, beam_size: int = 6, tokens_per_
 
             tokens = d3pm_sample(model, images, length, generator=generator, **guided)
         else:
-            tokens = mdc_sample(model, images, length, tokens_per_step, temperature, generator, **guided)
-    finally:
-        model.train(was_training)
+            tokens = mdc_sample(model, images, length, tokens_per_step, temperature, generator, threshold=threshold,
+                                **guided)
     return tokens if return_tokens else model.tokenizer.batch_decode(tokens)

@@ -36,6 +36,7 @@ import torch
 from mdc.diffusion import caption_log_probs, corrupt
 from mdc.guidance import Guide, as_guide
 from mdc.loss import trim_padding
+from mdc.model import evaluating
 from mdc.tokenizer import caption_mask, valid_mask
 
 METHODS = {"arc": ("exact",), "mdc": ("elbo", "heuristic"), "clip": ("cosine",)}
@@ -60,12 +61,14 @@ def heuristic_score(model, context, rows, tokens):
     total = torch.zeros(len(tokens), device=tokens.device)
     r = torch.arange(len(tokens), device=tokens.device)
     for _ in range(int(todo.sum(1).max())):
-        logp = guide.log_probs(x)  # [R, L, V]
-        conf = logp.max(-1).values.masked_fill(~todo, -torch.inf)  # [R, L]
+        logp = guide.log_probs(x, where=todo)  # [M, V] at the still-masked positions only
+        conf = torch.full(x.shape, -torch.inf, device=x.device).masked_scatter_(todo, logp.max(-1).values)  # [R, L]
+        truth_ll = torch.zeros(x.shape, device=x.device).masked_scatter_(
+            todo, logp.gather(-1, tokens[todo][:, None]).squeeze(-1))  # [R, L] log p(ground truth)
         pos = conf.argmax(-1)  # [R] most confident masked position
         active = todo[r, pos]  # rows whose caption is not complete yet
         truth = tokens[r, pos]
-        total += torch.where(active, logp[r, pos, truth], torch.zeros_like(total))
+        total += torch.where(active, truth_ll[r, pos], torch.zeros_like(total))
         x[r, pos] = torch.where(active, truth, x[r, pos])
         todo[r, pos] = False
     return total
@@ -90,6 +93,16 @@ def elbo_noise(keys: Sequence[Hashable], seed: int, num_samples: int, width: int
     return torch.stack(levels), torch.stack(noise)
 
 
+def _chunks(R: int, S: int, max_rows: int):
+    """Slices of the R * S masked copies (caption-major), at most ``max_rows`` long and aligned to
+    whole captions (or, for S > max_rows, within one caption), so that each chunk's copies share
+    their images in equal runs and the image context is folded rather than copied."""
+    if S <= max_rows:
+        step = max_rows // S * S
+        return [slice(a, min(a + step, R * S)) for a in range(0, R * S, step)]
+    return [slice(c * S + a, c * S + min(a + max_rows, S)) for c in range(R) for a in range(0, S, max_rows)]
+
+
 def elbo_score(model, context, rows, tokens, num_samples=1024, seed=0, max_rows=256, keys=None,
                t_interval=(0.0, 1.0), stratified=True):
     """Monte-Carlo estimate [R] of the Eq. 8 lower bound; `max_rows` bounds each forward pass.
@@ -110,8 +123,7 @@ def elbo_score(model, context, rows, tokens, num_samples=1024, seed=0, max_rows=
     n, noise = n.view(R * S), noise.view(R * S, L)
     caption_of = torch.arange(R).repeat_interleave(S)  # masked copy -> caption
     total = torch.zeros(R, device=dev)
-    for start in range(0, R * S, max_rows):
-        chunk = slice(start, start + max_rows)
+    for chunk in _chunks(R, S, max_rows):
         b = caption_of[chunk].to(dev)
         c = corrupt(tokens[b], maskable[b], tok.mask_id, n=n[chunk].to(dev), noise=noise[chunk].to(dev))
         logp = guide.select(rows[b]).log_probs(c.noisy, where=c.masked)  # [M, V]
@@ -146,7 +158,7 @@ def _image_keys(rows: torch.Tensor, keys, n_images: int) -> list:
 
 
 def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0, max_rows=256,
-           t_interval=(0.0, 1.0), stratified=True, guidance=None, guidance_scale=None):
+           t_interval=(0.0, 1.0), stratified=True, guidance=None, guidance_scale=None, precision="auto"):
     """Scores [R] of captions[r] against images[rows[r]]: checks, tokenises, encodes every image once."""
     objective = model.config.objective
     method = method or DEFAULT[objective]
@@ -163,11 +175,9 @@ def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0
         raise ValueError(f"guidance applies to the MDC scorers 'heuristic' and 'elbo'; got method {method!r}")
     model.check_images(images)
     tokens = _tokenize(model, captions).to(images.device)
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model, precision):
         if method == "cosine":
-            return (model.image_embedding(images)[rows] * model.text_embedding(tokens)).sum(-1)
+            return (model.image_embedding(images)[rows] * model.text_embedding(tokens)).float().sum(-1)
         if method == "exact":
             return exact_loglik(model, model.context(images), rows, tokens)  # each image encoded once
         context = Guide.of(model, images, guidance, guidance_scale, seed=seed,  # mdc/guidance.py
@@ -175,15 +185,13 @@ def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0
         if method == "heuristic":
             return heuristic_score(model, context, rows, tokens)
         return elbo_score(model, context, rows, tokens, num_samples, seed, max_rows, keys, t_interval, stratified)
-    finally:
-        model.train(was_training)
 
 
 @torch.no_grad()
 def score(model, images, captions: Sequence[str], method: str | None = None, *, num_samples: int = 1024,
           seed: int = 0, max_rows: int = 256, keys: Sequence[Hashable] | None = None,
           t_interval: tuple[float, float] = (0.0, 1.0), stratified: bool = True, guidance: str | None = None,
-          guidance_scale: float | None = None) -> torch.Tensor:
+          guidance_scale: float | None = None, precision: str = "auto") -> torch.Tensor:
     """Score each (image, caption) pair: Tensor [B]; higher = better match.
 
     ELBO only: ``num_samples`` masked copies per caption, ``keys`` [B] name each caption's
@@ -191,13 +199,14 @@ def score(model, images, captions: Sequence[str], method: str | None = None, *, 
     (default: all, Eq. 8), ``stratified`` spreads the mask counts evenly (False: i.i.d.);
     ``max_rows`` bounds the rows of one forward pass. MDC scorers: ``guidance`` "cfg" | "mcs"
     with ``guidance_scale`` score under the guided distribution of :mod:`mdc.guidance`
-    (MCS masks keyed by (seed, the image's first caption key)).
+    (MCS masks keyed by (seed, the image's first caption key)). ``precision``: "auto" (bf16
+    autocast on CUDA, fp32 elsewhere) | "fp32" | "bf16".
     """
     if len(captions) != len(images):
         raise ValueError(f"got {len(images)} images but {len(captions)} captions")
     rows = torch.arange(len(images), device=images.device)
     return _score(model, images, rows, captions, method, keys, num_samples, seed, max_rows, t_interval, stratified,
-                  guidance, guidance_scale)
+                  guidance, guidance_scale, precision)
 
 
 @torch.no_grad()
@@ -208,7 +217,8 @@ def score_candidates(model, images, candidates: Sequence[Sequence[str]], method:
     ``paired``: all candidates of an item share one noise key (common random numbers for the
     ELBO); else every candidate has its own. ``item_keys`` [B] (default: the item's index in
     this call) fix an item's noise whatever else is in the call. Each image is encoded once.
-    ``kw``: num_samples, seed, max_rows, t_interval, stratified, guidance, guidance_scale as in :func:`score`.
+    ``kw``: num_samples, seed, max_rows, t_interval, stratified, guidance, guidance_scale, precision as in
+    :func:`score`.
     """
     if len(candidates) != len(images):
         raise ValueError(f"got {len(images)} images but {len(candidates)} candidate lists")

@@ -464,7 +464,8 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
     net = ddp = LossModule(model)
     if world > 1:
         net = ddp = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
-    if cfg.compile:
+    if cfg.compile:  # caption lengths bucketed to multiples of 16: a handful of shapes, not one per batch
+        model.trim_multiple = 16
         net = torch.compile(net)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)  # noqa: E731

@@ -133,8 +133,8 @@ def test_guided_distribution_is_the_papers_combination(images, guidance, scale):
 
 def test_guided_sampling_batches_one_decoder_call_on_2b_rows(images):
     model = guided_model()
-    calls, logits = [], model.logits
-    model.logits = lambda x, ctx: (calls.append(len(x)), logits(x, ctx))[1]
+    calls, hidden = [], model.hidden
+    model.hidden = lambda x, ctx: (calls.append(len(x)), hidden(x, ctx))[1]
     out = mdc_sample(model, images, 6, guidance="cfg", guidance_scale=3.0)
     assert calls == [2 * len(images)] * 6
     assert out.shape == (len(images), 8) and not (out == model.tokenizer.mask_id).any()

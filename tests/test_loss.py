@@ -148,3 +148,20 @@ def test_t_min_clamp_keeps_the_weight_finite(images):
     model = small_model(t_interval=(0.0, 1e-9))
     loss = model.loss(images, model.tokenizer(CAPTIONS), generator=torch.Generator().manual_seed(0))
     assert torch.isfinite(loss)
+
+
+def test_trim_multiple_buckets_lengths_and_leaves_the_loss_unchanged(images):
+    from mdc.loss import trim_padding
+
+    model = small_model()
+    tokens = model.tokenizer(CAPTIONS)  # [4, 24], longest caption 10 tokens with SOT/EOT
+    assert trim_padding(tokens, model.tokenizer.eot_id).shape[1] == 10
+    assert trim_padding(tokens, model.tokenizer.eot_id, 16).shape[1] == 16
+    assert trim_padding(tokens, model.tokenizer.eot_id, 64).shape[1] == 24  # never past the context
+    plain = model.loss(images, tokens, generator=torch.Generator().manual_seed(0))
+    model.trim_multiple = 16
+    noise = torch.rand(4, 16, generator=torch.Generator().manual_seed(0))[:, :10]
+    bucketed = model.loss(images, tokens, t=torch.full((4,), 0.7), noise=torch.cat([noise, torch.ones(4, 6)], 1))
+    model.trim_multiple = 1
+    torch.testing.assert_close(bucketed, model.loss(images, tokens, t=torch.full((4,), 0.7), noise=noise))
+    assert torch.isfinite(plain)

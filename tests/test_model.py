@@ -175,3 +175,25 @@ def test_clip_text_embedding_ignores_trailing_padding():
         eot = (tok == m.tokenizer.eot_id).int().argmax(-1)
         full = torch.nn.functional.normalize(m.text_proj(h[torch.arange(4), eot]), dim=-1)
         torch.testing.assert_close(m.text_embedding(tok), full)
+
+
+def test_folded_context_equals_copied_context(images):
+    """Repeated rows are folded into longer query sequences, not copied: same logits either way."""
+    from mdc.model import ImageContext
+
+    m = small_model().eval()
+    tok = m.tokenizer(CAPTIONS)
+    with torch.no_grad():
+        ctx = m.context(images)
+        rows = torch.tensor([0, 0, 0, 2, 2, 2])  # image 0 three times, image 2 three times
+        folded = ctx.select(rows)
+        copied = ImageContext([(k[rows], v[rows]) for k, v in ctx.kv])
+        assert folded.fold == 3 and len(folded.kv[0][0]) == 2 and len(folded) == 6
+        x = tok[[0, 1, 2, 0, 1, 2]]
+        torch.testing.assert_close(m.logits(x, folded), m.logits(x, copied))
+        uneven = ctx.select(torch.tensor([1, 1, 3]))  # runs of unequal length: copied
+        assert uneven.fold == 1 and len(uneven.kv[0][0]) == 3
+        beams = ctx.repeat(2)
+        assert beams.fold == 2 and len(beams) == 8
+        torch.testing.assert_close(m.logits(tok.repeat_interleave(2, 0), beams),
+                                   m.logits(tok.repeat_interleave(2, 0), ctx.select(torch.arange(4).repeat_interleave(2))))

@@ -8,13 +8,13 @@ import torch.nn.functional as F
 import mdc
 from conftest import small_model
 from mdc.diffusion import banned_ids
-from mdc.sampler import arc_sample, masked_row, mdc_sample
+from mdc.sampler import _decode_step, arc_sample, masked_row, mdc_sample
 
 
 def _recording(model):
-    """Wrap model.logits to record the token rows it is called with."""
-    calls, logits = [], model.logits
-    model.logits = lambda x, ctx: (calls.append(x.clone()), logits(x, ctx))[1]
+    """Wrap model.hidden (every decoder pass) to record the token rows it is called with."""
+    calls, hidden = [], model.hidden
+    model.hidden = lambda x, ctx: (calls.append(x.clone()), hidden(x, ctx))[1]
     return calls
 
 
@@ -156,3 +156,84 @@ def test_generate_never_returns_banned_ids(images):
         out = mdc.generate(arc, images, length=6, beam_size=beam, return_tokens=True)
         body = [r[1 : r.index(tok.eot_id)] for r in out.tolist()]
         assert not any(set(b) & set(banned_ids(tok)) for b in body)
+
+
+
+@torch.no_grad()
+def _loop_beam_search(model, images, max_length, beam_size, length_penalty=1.0):
+    """The plain beam search (a Python loop over rows and candidates), kept as the reference."""
+    from mdc.model import ImageContext
+
+    tok = model.tokenizer
+    B, K, dev = len(images), beam_size, images.device
+    rows = torch.arange(B).repeat_interleave(K)
+    context = ImageContext([(k[rows], v[rows]) for k, v in model.context(images).kv])  # copied per beam
+    cache = [[] for _ in model.decoder.blocks]
+    seqs = torch.full((B * K, 1), tok.sot_id, dtype=torch.long, device=dev)
+    scores = torch.full((B, K), -math.inf, device=dev)
+    scores[:, 0] = 0.0  # one live hypothesis to start with
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+    for step in range(max_length + 1):
+        logp = _decode_step(model, seqs[:, -1:], context, cache, start=step)  # [B*K, V]
+        if step == max_length:  # out of room: close every hypothesis
+            forced = torch.full_like(logp, -math.inf)
+            forced[:, tok.eot_id] = logp[:, tok.eot_id]
+            logp = forced
+        V = logp.shape[-1]
+        cand = (scores[:, :, None] + logp.view(B, K, V)).view(B, K * V)
+        top_s, top_i = cand.topk(min(2 * K, K * V), dim=-1)  # [B, 2K]
+        beam, word = top_i // V, top_i % V
+        new_scores = torch.full((B, K), -math.inf, device=dev)
+        new_src = torch.zeros(B, K, dtype=torch.long, device=dev)
+        new_word = torch.full((B, K), tok.eot_id, dtype=torch.long, device=dev)
+        for b in range(B):
+            if len(finished[b]) >= K:
+                continue  # this row is done; its beams stay at -inf
+            live = 0
+            for r in range(top_s.shape[1]):
+                s, src, w = top_s[b, r].item(), beam[b, r].item(), word[b, r].item()
+                if s == -math.inf or live == K:
+                    break
+                if w == tok.eot_id:
+                    if r < K:  # only top-K ranked endings count, as in standard beam search
+                        body = seqs[b * K + src, 1:].tolist()
+                        finished[b].append((s / (len(body) + 1) ** length_penalty, body))
+                    continue
+                new_scores[b, live], new_src[b, live], new_word[b, live] = s, src, w
+                live += 1
+        if all(len(f) >= K for f in finished) or step == max_length:
+            break
+        flat = (new_src + torch.arange(B, device=dev)[:, None] * K).view(-1)
+        seqs = torch.cat([seqs[flat], new_word.view(-1, 1)], dim=1)
+        for c in cache:
+            c[:] = [t[flat] for t in c]
+        scores = new_scores
+    width = max(len(max(f, key=lambda x: x[0])[1]) for f in finished) + 2
+    out = torch.full((B, width), tok.pad_id, dtype=torch.long, device=dev)
+    for b, f in enumerate(finished):
+        body = max(f, key=lambda x: x[0])[1]
+        out[b, : len(body) + 2] = torch.tensor([tok.sot_id, *body, tok.eot_id])
+    return out
+
+
+@pytest.mark.parametrize("beam, alpha", [(1, 1.0), (3, 1.0), (6, 0.0), (6, 1.0)])
+def test_vectorised_beam_search_equals_the_loop(beam, alpha):
+    """The tensor bookkeeping returns exactly what the per-candidate loop returns."""
+    torch.manual_seed(11)
+    model = small_model("arc").eval()
+    images = torch.randn(5, 3, 32, 32)
+    got = arc_sample(model, images, max_length=7, beam_size=beam, length_penalty=alpha)
+    want = _loop_beam_search(model, images, 7, beam, alpha)
+    assert _rows(got, model.tokenizer.eot_id) == _rows(want, model.tokenizer.eot_id)
+
+
+def test_threshold_decoding_reveals_every_confident_position(images):
+    model = small_model().eval()
+    calls = _recording(model)
+    out = mdc_sample(model, images, length=8, threshold=1e-9)  # every position is confident enough
+    assert len(calls) == 1 and not (out == model.tokenizer.mask_id).any()
+    calls.clear()
+    strict = mdc_sample(model, images, length=8, threshold=1.0)  # none is: one per step, as greedy
+    assert len(calls) == 8 and torch.equal(strict, mdc_sample(model, images, length=8))
+    with pytest.raises(ValueError, match="threshold"):
+        mdc.generate(model, images, length=8, threshold=1.5)

@@ -142,9 +142,9 @@ def test_heuristic_reveals_in_the_samplers_order(images):
 
     model = small_model().eval()
     seen = {"sampler": [], "scorer": []}
-    logits = model.logits
+    hidden = model.hidden
     for name in seen:
-        model.logits = lambda x, ctx, name=name: (seen[name].append(x.clone()), logits(x, ctx))[1]
+        model.hidden = lambda x, ctx, name=name: (seen[name].append(x.clone()), hidden(x, ctx))[1]
         if name == "sampler":
             tokens = mdc_sample(model, images, length=8)
         else:
@@ -176,3 +176,31 @@ def test_elbo_restricted_to_trained_ratios(images):
     torch.testing.assert_close(full, same)
     part = mdc.score(model, images[:2], CAPTIONS[:2], method="elbo", num_samples=64, t_interval=(0.5, 1.0))
     assert (part > full).all()  # fewer (negative) terms
+
+
+def test_elbo_chunks_fold_the_image_context(images, monkeypatch):
+    """Chunks align to captions, so a chunk's masked copies share folded image keys/values."""
+    from mdc.scoring import _chunks
+
+    assert _chunks(3, 4, 10) == [slice(0, 8), slice(8, 12)]
+    assert _chunks(2, 5, 2) == [slice(0, 2), slice(2, 4), slice(4, 5), slice(5, 7), slice(7, 9), slice(9, 10)]
+    model = small_model().eval()
+    folds = []
+    select = mdc.model.ImageContext.select
+    monkeypatch.setattr(mdc.model.ImageContext, "select", lambda self, rows: (folds.append(
+        select(self, rows).fold), select(self, rows))[1])
+    a = mdc.score(model, images, CAPTIONS, method="elbo", num_samples=8, max_rows=16)
+    assert set(folds) == {8}  # every chunk folds its 8 copies per caption onto one image
+    monkeypatch.undo()
+    torch.testing.assert_close(a, mdc.score(model, images, CAPTIONS, method="elbo", num_samples=8, max_rows=5))
+
+
+def test_bf16_evaluation_is_close_to_fp32_and_precision_is_checked(images):
+    model = small_model().eval()
+    fp32 = mdc.score(model, images, CAPTIONS, method="heuristic", precision="fp32")
+    bf16 = mdc.score(model, images, CAPTIONS, method="heuristic", precision="bf16")
+    assert bf16.dtype == torch.float32
+    torch.testing.assert_close(bf16, fp32, rtol=0.05, atol=0.3)
+    assert mdc.generate(model, images, length=5, precision="bf16")
+    with pytest.raises(ValueError, match="precision"):
+        mdc.score(model, images, CAPTIONS, precision="fp16")
