@@ -85,6 +85,39 @@ def test_bad_samples_are_skipped_and_counted(tmp_path, tok, caplog):
     assert any("000000.tar key bad5" in r.getMessage() for r in caplog.records)
 
 
+def _npy(array) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def test_npy_images_round_trip_bit_exactly(tmp_path, tok):
+    """npy shards give the loader exactly the tensors of the PNG shards of the same seed."""
+    from mdc.data.scenes import write_shards
+
+    png = write_shards(str(tmp_path / "png"), 10, "alt", seed=1, image_size=24, shard_size=4)
+    npy = write_shards(str(tmp_path / "npy"), 10, "alt", seed=1, image_size=24, shard_size=4, image_format="npy")
+    for train in (True, False):
+        a = collect(make_loader(png, tok, SIZE, 3, num_workers=0, train=train, shuffle_buffer=5))
+        b = collect(make_loader(npy, tok, SIZE, 3, num_workers=0, train=train, shuffle_buffer=5))
+        assert len(a[0]) == 10 and torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and b[2].total == 0
+
+
+def test_corrupt_npy_images_are_skipped_and_counted(tmp_path, tok, caplog):
+    good = np.zeros((20, 24, 3), np.uint8)
+    bad = {"junk": b"not an array", "truncated": _npy(good)[:-10], "float": _npy(good.astype(np.float32)),
+           "gray": _npy(good[:, :, 0]), "rgba": _npy(np.zeros((4, 4, 4), np.uint8)), "empty": _npy(good[:0]),
+           "pickle": _npy(np.array([{"a": 1}], dtype=object))}
+    members = [("ok.npy", _npy(good)), ("ok.txt", b"a good caption")]
+    for key, data in bad.items():
+        members += [(f"{key}.npy", data), (f"{key}.txt", b"a caption")]
+    stats = SkipStats()
+    with caplog.at_level(logging.WARNING, logger="mdc.data.pipeline"):
+        items = list(make_dataset(write_shard(tmp_path / "000000.tar", members), tok, SIZE, train=False, stats=stats))
+    assert len(items) == 1 and stats.as_dict() == {"corrupt_image": len(bad)}
+    assert any("key float" in r.getMessage() and "uint8 [H, W, 3]" in r.getMessage() for r in caplog.records)
+
+
 def test_truncated_and_missing_shards(tmp_path, tok, caplog):
     a = write_shard(tmp_path / "000000.tar", good_members(0, 4))
     full = open(write_shard(tmp_path / "full.tar", good_members(100, 4)), "rb").read()

@@ -1,7 +1,8 @@
 """Image-caption training data: webdataset shards -> (images, tokens) batches.
 
 Shards use img2dataset's layout: tar members ``KEY.jpg|jpeg|png|webp`` + ``KEY.txt``
-(optional ``KEY.json``, ignored). ``urls`` is a brace pattern (``DIR/{000000..000009}.tar``,
+(optional ``KEY.json``, ignored). An image may also be a ``KEY.npy`` member: a uint8 [H, W, 3]
+array in NumPy's format (``python -m mdc.data.scenes --format npy``), read without decoding. ``urls`` is a brace pattern (``DIR/{000000..000009}.tar``,
 several joined with ``::``), a list of paths, or ``pipe:`` commands.
 
 Stream, per (node, DataLoader worker)::
@@ -63,13 +64,13 @@ logger = logging.getLogger(__name__)
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "npy")
 MAX_CAPTION_CHARS = 10_000
 SKIP_REASONS = (
     "missing_shard",     # a URL that does not exist (counted per shard)
     "unreadable_shard",  # open/read error or truncation inside a tar (counted per shard)
-    "missing_image",     # a key with no jpg/jpeg/png/webp member
-    "corrupt_image",     # image bytes PIL cannot decode
+    "missing_image",     # a key with no jpg/jpeg/png/webp/npy member
+    "corrupt_image",     # image bytes PIL cannot decode, or a .npy that is not a uint8 [H, W, 3] array
     "missing_caption",   # an image without .txt
     "empty_caption",     # empty or whitespace-only .txt
     "caption_not_utf8",  # .txt that is not valid UTF-8
@@ -313,11 +314,19 @@ def _decode(sample: dict, stats: SkipStats) -> tuple[Image.Image, str] | None:
         stats.record("caption_too_long", url, key, f"{len(caption)} characters")
         return None
     try:
-        image = Image.open(io.BytesIO(sample[ext])).convert("RGB")
-    except Exception as exn:  # PIL raises many types for bad bytes
+        image = _npy_image(sample[ext]) if ext == "npy" else Image.open(io.BytesIO(sample[ext])).convert("RGB")
+    except Exception as exn:  # PIL and NumPy raise many types for bad bytes
         stats.record("corrupt_image", url, key, repr(exn))
         return None
     return image, caption.strip()
+
+
+def _npy_image(data: bytes) -> Image.Image:
+    """The RGB image of a ``.npy`` member holding a uint8 [H, W, 3] array (no pickles)."""
+    array = np.load(io.BytesIO(data), allow_pickle=False)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3 or 0 in array.shape:
+        raise ValueError(f"a .npy image must be a uint8 [H, W, 3] array; got {array.dtype} {list(array.shape)}")
+    return Image.fromarray(array)
 
 
 def _collate(samples: list, tokenizer, image_size: int) -> tuple[torch.Tensor, torch.Tensor, TextStats]:
