@@ -87,7 +87,8 @@ def _place(rng, radii: list[float], tries: int = 60) -> list[tuple[float, float]
         for r in radii:
             lo, hi = r + 0.02, 1.0 - r - 0.02
             for _ in range(tries):
-                x, y = (round(float(v), 4) for v in rng.uniform(lo, hi, 2))
+                x, y = rng.uniform(lo, hi, 2).tolist()
+                x, y = round(x, 4), round(y, 4)
                 if _fits(x, y, r, placed):
                     placed.append({"x": x, "y": y, "radius": r})
                     break
