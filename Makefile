@@ -21,7 +21,7 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 bench: $(STAMP)
-	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+	$(PY) -m benchmarks
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -253,7 +253,27 @@ def vocab_from_captions(urls: str) -> list[int]:
 
 
 def count_samples(urls: str) -> int:
-    """Samples (distinct member keys) in local tar shards: the epoch size when none is given."""
+    """Samples in local tar shards: the epoch size when none is given.
+
+    A shard with img2dataset's ``NAME_stats.json`` beside ``NAME.tar`` counts its ``successes``
+    (the samples img2dataset wrote) without opening the tar; any other counts the distinct member
+    keys in its tar headers. Under DDP rank 0 counts and broadcasts the number (or its error).
+    """
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return _count_local(urls)
+    result = [None]
+    if dist.get_rank() == 0:
+        try:
+            result = [_count_local(urls)]
+        except Exception as exn:  # every rank raises it, none waits for a number
+            result = [exn]
+    dist.broadcast_object_list(result, src=0)
+    if isinstance(result[0], Exception):
+        raise result[0]
+    return result[0]
+
+
+def _count_local(urls: str) -> int:
     import webdataset as wds
     from webdataset.tariterators import base_plus_ext
 
@@ -261,6 +281,11 @@ def count_samples(urls: str) -> int:
     for url in wds.shardlists.expand_urls(urls):
         if not os.path.isfile(url):
             raise ValueError(f"cannot count the samples of {url!r} (not a local file): give samples_per_epoch")
+        stats = os.path.splitext(url)[0] + "_stats.json"
+        if os.path.isfile(stats):
+            with open(stats) as f:
+                total += int(json.load(f)["successes"])
+            continue
         with tarfile.open(url) as tar:
             total += len({base_plus_ext(m.name)[0] for m in tar if m.isfile()})
     return total

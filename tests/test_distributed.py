@@ -99,6 +99,28 @@ CLIP_SCRIPT = textwrap.dedent('''
 ''')
 
 
+COUNT_SCRIPT = textwrap.dedent('''
+    """count_samples under DDP: rank 0 alone counts; an error reaches every rank."""
+    import json, os, sys
+    import torch.distributed as dist
+    import mdc.train
+
+    out, pattern = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if rank == 1:
+        mdc.train.tarfile.open = lambda *a, **k: 1 / 0  # rank 1 must not read the shards
+    result = {"count": mdc.train.count_samples(pattern)}
+    try:
+        mdc.train.count_samples("pipe:cat x.tar")
+    except ValueError as exn:
+        result["error"] = str(exn)
+    with open(os.path.join(out, f"count{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+''')
+
+
 def _torchrun(script_path, *args):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script_path), *args]
     done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
@@ -181,3 +203,13 @@ def test_ddp_ranks_start_each_data_epoch_together_and_split_it(tmp_path):
                 assert sorted(keys[0] + keys[1]) == sorted(every_key), epoch
     rows = [json.loads(line) for line in open(tmp_path / "run_one" / "metrics.jsonl")]
     assert [r["epoch"] for r in rows] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_samples_are_counted_once_under_ddp(tmp_path):
+    write_shards(str(tmp_path), 30, "alt", seed=0, image_size=32, shard_size=16)
+    script = tmp_path / "count_ddp.py"
+    script.write_text(COUNT_SCRIPT)
+    _torchrun(script, str(tmp_path), str(tmp_path / "{000000..000001}.tar"))
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"count{rank}.json").read_text())
+        assert result["count"] == 30 and "not a local file" in result["error"]

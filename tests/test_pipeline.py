@@ -1,5 +1,6 @@
 """The webdataset training pipeline: decoding, bad-input accounting, splitting, determinism, resume."""
 import io
+import itertools
 import logging
 
 import numpy as np
@@ -11,6 +12,7 @@ from mdc import get_tokenizer
 from mdc.data.pipeline import (
     CLIP_MEAN, SkipStats, StreamPosition, image_transform, iterate_batches, make_dataset, make_loader,
 )
+from mdc.data.shards import fast_forward
 from mdc.data.scenes import write_tar
 from mdc.tokenizer import TextStats, compact_vocab
 
@@ -83,6 +85,39 @@ def test_bad_samples_are_skipped_and_counted(tmp_path, tok, caplog):
                                "caption_not_utf8": 1, "caption_too_long": 1}
     assert stats.total == 7
     assert any("000000.tar key bad5" in r.getMessage() for r in caplog.records)
+
+
+def _npy(array) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def test_npy_images_round_trip_bit_exactly(tmp_path, tok):
+    """npy shards give the loader exactly the tensors of the PNG shards of the same seed."""
+    from mdc.data.scenes import write_shards
+
+    png = write_shards(str(tmp_path / "png"), 10, "alt", seed=1, image_size=24, shard_size=4)
+    npy = write_shards(str(tmp_path / "npy"), 10, "alt", seed=1, image_size=24, shard_size=4, image_format="npy")
+    for train in (True, False):
+        a = collect(make_loader(png, tok, SIZE, 3, num_workers=0, train=train, shuffle_buffer=5))
+        b = collect(make_loader(npy, tok, SIZE, 3, num_workers=0, train=train, shuffle_buffer=5))
+        assert len(a[0]) == 10 and torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and b[2].total == 0
+
+
+def test_corrupt_npy_images_are_skipped_and_counted(tmp_path, tok, caplog):
+    good = np.zeros((20, 24, 3), np.uint8)
+    bad = {"junk": b"not an array", "truncated": _npy(good)[:-10], "float": _npy(good.astype(np.float32)),
+           "gray": _npy(good[:, :, 0]), "rgba": _npy(np.zeros((4, 4, 4), np.uint8)), "empty": _npy(good[:0]),
+           "pickle": _npy(np.array([{"a": 1}], dtype=object))}
+    members = [("ok.npy", _npy(good)), ("ok.txt", b"a good caption")]
+    for key, data in bad.items():
+        members += [(f"{key}.npy", data), (f"{key}.txt", b"a caption")]
+    stats = SkipStats()
+    with caplog.at_level(logging.WARNING, logger="mdc.data.pipeline"):
+        items = list(make_dataset(write_shard(tmp_path / "000000.tar", members), tok, SIZE, train=False, stats=stats))
+    assert len(items) == 1 and stats.as_dict() == {"corrupt_image": len(bad)}
+    assert any("key float" in r.getMessage() and "uint8 [H, W, 3]" in r.getMessage() for r in caplog.records)
 
 
 def test_truncated_and_missing_shards(tmp_path, tok, caplog):
@@ -223,3 +258,78 @@ def test_resampled_is_seeded_and_infinite(tmp_path, tok):
 
     a, b = first(10, 0), first(10, 0)  # 20 samples from 6: resampling never ends
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+# ------------------------------------------------------------------ fast resume (mdc.data.shards)
+def test_shuffle_buffer_is_webdatasets_and_restartable():
+    import random
+
+    import webdataset as wds
+
+    from mdc.data.shards import shuffled
+
+    for bufsize, n in [(0, 5), (1, 7), (5, 3), (5, 23), (100, 40)]:
+        expected = list(wds.shuffle(bufsize, initial=bufsize, rng=random.Random(7))(iter(range(n))))
+        assert list(shuffled(range(n), bufsize, random.Random(7))) == expected
+        for cut in range(n + 1):  # stop after `cut` outputs, continue with the buffer and rng: the same stream
+            rng, buf, source = random.Random(7), [], iter(range(n))
+            head = list(itertools.islice(shuffled(source, bufsize, rng, buf), cut))
+            assert head + list(shuffled(source, bufsize, rng, buf)) == expected
+
+
+def test_shard_index_groups_members_like_the_reader(tmp_path):
+    from mdc.data.shards import index_shard, shard_samples
+
+    members = [("a.png", b"1"), ("a.TXT", b"2"), ("a.txt", b"3"),  # repeated suffix: a new sample
+               ("noext", b"x"), ("__index__", b"meta"), ("b.png", b"4"), ("dir/c.png", b"5"), ("dir/c.txt", b"6"),
+               ("b.txt", b"7"), ("d.tar.gz", b"8")]
+    shard = write_shard(tmp_path / "000000.tar", members)
+    index = index_shard(shard)
+    with open(shard, "rb") as f:
+        from_index = [index.read(k, f) for k in range(len(index.samples))]
+    assert from_index == list(shard_samples([{"url": shard}], SkipStats()))
+    assert [s["__key__"] for s in from_index] == ["a", "a", "b", "dir/c", "b", "d"]
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(open(shard, "rb").read()[:2000])  # data of a member cut off
+    (tmp_path / "gz.tar").write_bytes(__import__("gzip").compress(open(shard, "rb").read()))
+    assert index_shard(str(cut)) is None and index_shard(str(tmp_path / "gz.tar")) is None
+    assert index_shard(str(tmp_path / "missing.tar")) is None
+
+
+def _resumes_exactly(pattern, tok, num_workers, kw, fast, limit=None):
+    """Resume at every batch boundary of a reference stream (its first `limit` batches if infinite)."""
+    reference = list(itertools.islice(make_loader(pattern, tok, SIZE, 3, num_workers=num_workers, **kw), limit))
+    for cut in range(len(reference) + 1):
+        position = StreamPosition(num_workers)
+        for batch in reference[:cut]:
+            position.update(batch[2])
+        resumed = make_loader(pattern, tok, SIZE, 3, num_workers=num_workers, resume=position.state_dict(),
+                              fast_resume=fast, **kw)
+        resumed = list(itertools.islice(resumed, None if limit is None else limit - cut))
+        assert len(resumed) == len(reference) - cut
+        for (im, tk, meta), (im2, tk2, meta2) in zip(resumed, reference[cut:]):
+            assert torch.equal(im, im2) and torch.equal(tk, tk2) and meta == meta2, cut
+
+
+@pytest.mark.parametrize("case", ["clean", "bad shards", "by sample", "eval", "resampled"])
+def test_fast_resume_equals_replay(tmp_path, tok, monkeypatch, case):
+    """Resuming from tar headers gives the batches of a full replay; it is used where it can be."""
+    import mdc.data.pipeline as pipeline
+
+    sizes = [7, 3, 9, 2, 5] if case != "by sample" else [11]
+    for s, n in enumerate(sizes):
+        write_shard(tmp_path / f"{s:06d}.tar", good_members(10 * s, n) + [(f"x{s}.png", b"junk"), (f"x{s}.txt", b"j")])
+    if case == "bad shards":
+        full = (tmp_path / "000002.tar").read_bytes()
+        (tmp_path / "000002.tar").write_bytes(full[:5000])  # truncated
+        (tmp_path / "000003.tar").unlink()  # missing
+    pattern = str(tmp_path / f"{{000000..{len(sizes) - 1:06d}}}.tar")
+    kw = dict(seed=3, shuffle_buffer=6, train=case != "eval", resampled=case == "resampled")
+    used = []
+    monkeypatch.setattr(pipeline, "fast_forward", lambda *a: used.append(fast_forward(*a)) or used[-1])
+    limit = 12 if case == "resampled" else None
+    for num_workers in (0, 2):
+        _resumes_exactly(pattern, tok, num_workers, kw, fast=True, limit=limit)
+    _resumes_exactly(pattern, tok, 0, kw, fast=False, limit=limit)  # the plain replay: the same batches
+    fell_back = [r is None for r in used]
+    assert used and (any(fell_back) and not all(fell_back) if case == "bad shards" else not any(fell_back))

@@ -67,6 +67,38 @@ def test_shards_round_trip(tmp_path):
     assert keys == [f"{i:09d}" for i in range(12)]
 
 
+def test_write_tar_matches_tarfile(tmp_path):
+    """The directly built headers give exactly tarfile's USTAR bytes (long and non-ASCII names included)."""
+    members = [("000000001.png", b"x" * 700), ("a.txt", b""), ("b.json", b"y" * 512), ("caf\u00e9.txt", b"z"),
+               ("d/" * 40 + "long.txt", b"w" * 3)]  # 123 characters: split into USTAR's prefix and name
+    for n in range(len(members) + 1):
+        ours = scenes.write_tar(str(tmp_path / "ours.tar"), members[:n])
+        with tarfile.open(tmp_path / "ref.tar", "w", format=tarfile.USTAR_FORMAT, encoding="utf-8") as tar:
+            for name, data in members[:n]:
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode, info.uname, info.gname = len(data), 0, 0o644, "", ""
+                tar.addfile(info, io.BytesIO(data))
+        assert open(ours, "rb").read() == (tmp_path / "ref.tar").read_bytes(), n
+
+
+def test_npy_format_and_parallel_writing_keep_the_content(tmp_path):
+    png = scenes.write_shards(str(tmp_path / "png"), 7, "alt", seed=2, image_size=32, shard_size=3)
+    npy = scenes.write_shards(str(tmp_path / "npy"), 7, "alt", seed=2, image_size=32, shard_size=3,
+                              image_format="npy")
+    forked = scenes.write_shards(str(tmp_path / "forked"), 7, "alt", seed=2, image_size=32, shard_size=3,
+                                 image_format="npy", workers=2)
+    for a, b, c in zip(png, npy, forked):
+        assert open(b, "rb").read() == open(c, "rb").read()  # parallel writing: the same bytes
+        ma, mb = _members(a), _members(b)
+        for key in sorted({name.split(".")[0] for name in ma}):
+            image = np.load(io.BytesIO(mb[f"{key}.npy"]), allow_pickle=False)
+            assert image.dtype == np.uint8 and image.shape == (32, 32, 3)
+            assert np.array_equal(image, np.asarray(Image.open(io.BytesIO(ma[f"{key}.png"]))))
+            assert ma[f"{key}.txt"] == mb[f"{key}.txt"] and ma[f"{key}.json"] == mb[f"{key}.json"]
+    with pytest.raises(ValueError, match="image_format must be one of .*'jpg'"):
+        scenes.write_shards(str(tmp_path / "x"), 2, "alt", seed=0, image_format="jpg")
+
+
 def test_both_styles_share_images(tmp_path):
     alt = _members(scenes.write_shards(str(tmp_path / "alt"), 6, "alt", seed=2)[0])
     desc = _members(scenes.write_shards(str(tmp_path / "desc"), 6, "descriptive", seed=2)[0])
@@ -145,7 +177,10 @@ def test_vocabulary_is_closed_and_small():
 def test_cli_and_caption_length_stats(tmp_path, capsys):
     scenes.main(["--out", str(tmp_path), "--num", "30", "--style", "alt", "--seed", "5", "--shard-size", "10"])
     summary = json.loads(capsys.readouterr().out)
-    assert summary["shards"] == 3
+    assert summary["shards"] == 3 and summary["format"] == "png"
+    scenes.main(["--out", str(tmp_path / "npy"), "--num", "4", "--style", "alt", "--format", "npy", "--workers", "2"])
+    assert json.loads(capsys.readouterr().out)["format"] == "npy"
+    assert "000000003.npy" in _members(str(tmp_path / "npy" / "000000.tar"))
     tok = get_tokenizer()
     lengths = caption_lengths(str(tmp_path / "{000000..000002}.tar"), tokenizer=tok)
     texts = [json.loads(v)["caption"] for p in sorted(tmp_path.glob("*.tar")) for k, v in _members(str(p)).items()

@@ -193,3 +193,21 @@ def test_global_batch_override_and_step_presets(monkeypatch):
                                                    warmup_steps=5, steps=40))
     c = TrainConfig("x", "y", preset="toy", model="tiny").resolved(world_size=1)
     assert (c.batch_size, c.accum_steps, c.steps, c.epochs, c.warmup_steps, c.lr) == (64, 1, 40, None, 5, 1e-3)
+
+
+def test_count_samples_reads_img2dataset_stats_instead_of_the_tars(shards, tmp_path, monkeypatch):
+    import shutil
+
+    from mdc.train import count_samples
+
+    for i in range(4):
+        shutil.copy(shards.replace("{000000..000003}", f"{i:06d}"), tmp_path)
+    pattern = str(tmp_path / "{000000..000003}.tar")
+    plain = count_samples(pattern)
+    assert plain == 96
+    for i in range(3):  # img2dataset's stats files (000003 has none: its tar is counted)
+        (tmp_path / f"{i:06d}_stats.json").write_text(json.dumps({"count": 30, "successes": 24, "failed_to_download": 6}))
+    opened = []
+    real_open = mdc.train.tarfile.open
+    monkeypatch.setattr(mdc.train.tarfile, "open", lambda name, *a, **k: opened.append(name) or real_open(name, *a, **k))
+    assert count_samples(pattern) == plain and opened == [str(tmp_path / "000003.tar")]

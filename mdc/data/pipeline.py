@@ -1,8 +1,10 @@
 """Image-caption training data: webdataset shards -> (images, tokens) batches.
 
 Shards use img2dataset's layout: tar members ``KEY.jpg|jpeg|png|webp`` + ``KEY.txt``
-(optional ``KEY.json``, ignored). ``urls`` is a brace pattern (``DIR/{000000..000009}.tar``,
-several joined with ``::``), a list of paths, or ``pipe:`` commands.
+(optional ``KEY.json``, ignored). An image may also be a ``KEY.npy`` member: a uint8 [H, W, 3]
+array in NumPy's format (``python -m mdc.data.scenes --format npy``), read without decoding.
+``urls`` is a brace pattern (``DIR/{000000..000009}.tar``, several joined with ``::``), a list
+of paths, or ``pipe:`` commands.
 
 Stream, per (node, DataLoader worker)::
 
@@ -35,8 +37,10 @@ Exact resume. All randomness (shard order, shuffle buffer, crops) is a function 
 is the number of post-shuffle samples that worker has consumed; :class:`StreamPosition`
 tracks it per worker plus the worker due next in the DataLoader's round-robin. Saving
 ``position.state_dict()`` and passing it back as ``make_loader(..., resume=state)`` replays
-the same batch sequence from the next batch on: consumed samples are dropped before
-decoding (only tar reading is repeated) and their skip counts are not reported twice.
+the same batch sequence from the next batch on, and skip counts are not reported twice.
+Local uncompressed shards are not read again: :mod:`mdc.data.shards` replays the shuffle
+buffer on sample ids from the tar headers and seeks to the samples still buffered; other
+sources replay the stream, dropping consumed samples before decoding.
 Resume needs the same urls, seed, epoch, num_workers and world size; under DDP each rank
 saves its own state.
 """
@@ -54,22 +58,22 @@ import torch
 import webdataset as wds
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset
-from webdataset.tariterators import base_plus_ext, tar_file_iterator, url_opener
 from webdataset.utils import make_seed, pytorch_worker_info
 
+from mdc.data.shards import fast_forward, open_at, shard_samples, shuffled
 from mdc.tokenizer import TextStats
 
 logger = logging.getLogger(__name__)
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "npy")
 MAX_CAPTION_CHARS = 10_000
 SKIP_REASONS = (
     "missing_shard",     # a URL that does not exist (counted per shard)
     "unreadable_shard",  # open/read error or truncation inside a tar (counted per shard)
-    "missing_image",     # a key with no jpg/jpeg/png/webp member
-    "corrupt_image",     # image bytes PIL cannot decode
+    "missing_image",     # a key with no jpg/jpeg/png/webp/npy member
+    "corrupt_image",     # image bytes PIL cannot decode, or a .npy that is not a uint8 [H, W, 3] array
     "missing_caption",   # an image without .txt
     "empty_caption",     # empty or whitespace-only .txt
     "caption_not_utf8",  # .txt that is not valid UTF-8
@@ -247,50 +251,6 @@ def image_transform(image_size: int, train: bool, *, crop_scale: tuple[float, fl
 
 
 # --------------------------------------------------------------------------- stream stages
-def _shard_samples(shards: Iterable[dict], stats: SkipStats) -> Iterator[dict]:
-    """Open each shard and group its tar members into samples ``{__key__, __url__, ext: bytes}``.
-
-    Grouping restarts at every shard, so a truncated shard can never leak a partial
-    sample into the next one. Open errors count as ``missing_shard`` (file not found) or
-    ``unreadable_shard``; any read error inside a tar counts once as ``unreadable_shard``
-    and ends that shard (samples completed before it are kept).
-    """
-    def on_open_error(exn: Exception) -> bool:
-        reason = "missing_shard" if isinstance(exn, FileNotFoundError) else "unreadable_shard"
-        stats.record(reason, str(exn.args[-1]), detail=repr(exn))
-        return True
-
-    for shard in url_opener(shards, handler=on_open_error):
-        url, errors, current = shard["url"], [], None
-
-        def stop(exn: Exception) -> bool:
-            errors.append(exn)
-            return False
-
-        try:
-            for member in tar_file_iterator(shard["stream"], handler=stop):
-                prefix, suffix = base_plus_ext(member["fname"])
-                if prefix is None:
-                    continue
-                suffix = suffix.lower()
-                if current is None or prefix != current["__key__"] or suffix in current:
-                    if current is not None:
-                        yield current
-                    current = {"__key__": prefix, "__url__": url}
-                current[suffix] = member["data"]
-        except Exception as exn:  # tar header errors are raised outside the member handler
-            errors.append(exn)
-        finally:
-            try:
-                shard["stream"].close()
-            except Exception as exn:  # a pipe: command that failed reports it on close
-                errors.append(exn)
-        if current is not None:
-            yield current
-        if errors:
-            stats.record("unreadable_shard", url, detail=repr(errors[0]))
-
-
 def _decode(sample: dict, stats: SkipStats) -> tuple[Image.Image, str] | None:
     """Validate a raw sample; return (RGB image, caption), or count the reason and return None."""
     url, key = sample["__url__"], sample["__key__"]
@@ -313,11 +273,19 @@ def _decode(sample: dict, stats: SkipStats) -> tuple[Image.Image, str] | None:
         stats.record("caption_too_long", url, key, f"{len(caption)} characters")
         return None
     try:
-        image = Image.open(io.BytesIO(sample[ext])).convert("RGB")
-    except Exception as exn:  # PIL raises many types for bad bytes
+        image = _npy_image(sample[ext]) if ext == "npy" else Image.open(io.BytesIO(sample[ext])).convert("RGB")
+    except Exception as exn:  # PIL and NumPy raise many types for bad bytes
         stats.record("corrupt_image", url, key, repr(exn))
         return None
     return image, caption.strip()
+
+
+def _npy_image(data: bytes) -> Image.Image:
+    """The RGB image of a ``.npy`` member holding a uint8 [H, W, 3] array (no pickles)."""
+    array = np.load(io.BytesIO(data), allow_pickle=False)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3 or 0 in array.shape:
+        raise ValueError(f"a .npy image must be a uint8 [H, W, 3] array; got {array.dtype} {list(array.shape)}")
+    return Image.fromarray(array)
 
 
 def _collate(samples: list, tokenizer, image_size: int) -> tuple[torch.Tensor, torch.Tensor, TextStats]:
@@ -340,7 +308,7 @@ class ImageCaptionDataset(IterableDataset):
     def __init__(self, urls: str | Sequence[str], tokenizer: Callable, transform: ImageTransform, *,
                  train: bool, shuffle_buffer: int, resampled: bool, seed: int, epoch: int,
                  stats: SkipStats | None = None, batch_size: int | None = None, partial: bool = True,
-                 resume: StreamPosition | None = None):
+                 resume: StreamPosition | None = None, fast_resume: bool = True):
         super().__init__()
         self.urls = wds.shardlists.expand_urls(urls) if isinstance(urls, str) else list(urls)
         if not self.urls:
@@ -349,28 +317,53 @@ class ImageCaptionDataset(IterableDataset):
         self.train, self.shuffle_buffer, self.resampled = train, shuffle_buffer, resampled
         self.seed, self.epoch = seed, epoch
         self.stats = stats if stats is not None else SkipStats()
-        self.batch_size, self.partial, self.resume = batch_size, partial, resume
+        self.batch_size, self.partial, self.resume, self.fast_resume = batch_size, partial, resume, fast_resume
 
     def split_by_sample(self, world: int, num_workers: int) -> bool:
         """Too few shards for every (rank, worker) slot to own one: split the samples instead."""
         return not self.resampled and len(self.urls) < world * num_workers
 
-    def _samples(self, rank: int, world: int, worker: int, num_workers: int, stats: SkipStats) -> Iterator[dict]:
-        """This (rank, logical worker) slot's raw samples, before shuffling (see the module docstring)."""
+    def _shards(self, rank: int, world: int, worker: int, num_workers: int):
+        """(this (rank, logical worker) slot's shard iterator, (slots, slot) when samples are split, else None)."""
         if self.resampled:  # independent seeded draws per (rank, worker): nothing to split
             seed_fn = lambda: make_seed(self.seed, self.epoch, rank, worker)  # noqa: E731
-            shards = wds.ResampledShards(self.urls, seed=self.seed, worker_seed=seed_fn, deterministic=True)
-            return _shard_samples(shards, stats)
+            return iter(wds.ResampledShards(self.urls, seed=self.seed, worker_seed=seed_fn, deterministic=True)), None
         shard_seed = make_seed(self.seed, self.epoch) if self.train else None  # same order on every rank
         shards = iter(wds.SimpleShardList(self.urls, seed=shard_seed))
         if self.split_by_sample(world, num_workers):
-            slots, slot = world * num_workers, rank * num_workers + worker
-            # every slot reads every shard; shard-level errors are counted (and logged) by slot 0 only
-            samples = _shard_samples(shards, stats if slot == 0 else _Uncounted())
-            return (sample for i, sample in enumerate(samples) if i % slots == slot)
+            return shards, (world * num_workers, rank * num_workers + worker)
         # by rank, then by the logical worker id (not wds.split_by_worker's physical one) so resume can rotate it
         shards = itertools.islice(shards, rank, None, world)
-        return _shard_samples((s for i, s in enumerate(shards) if i % num_workers == worker), stats)
+        return (s for i, s in enumerate(shards) if i % num_workers == worker), None
+
+    def _samples(self, rank: int, world: int, worker: int, num_workers: int, stats: SkipStats,
+                 start: int = 0) -> tuple[Iterator[dict], int]:
+        """(this slot's samples after shuffling, the stream position of the first one).
+
+        With ``start`` > 0 it first tries :func:`mdc.data.shards.fast_forward`, which reads only
+        tar headers up to the resume point; otherwise the stream starts at position 0 and the
+        caller drops what was consumed. When samples are split, every slot reads every shard and
+        keeps the samples whose index in that stream is its slot number modulo the slots;
+        shard-level errors are then counted (and logged) by slot 0 only.
+        """
+        def plan():
+            shards, split = self._shards(rank, world, worker, num_workers)
+            keep = None if split is None else (lambda i: i % split[0] == split[1])
+            rng = random.Random(make_seed(self.seed, self.epoch, rank, worker)) if self.train else None
+            return shards, keep, rng, stats if split is None or split[1] == 0 else _Uncounted()
+
+        bufsize = self.shuffle_buffer if self.train else None
+        shards, keep, rng, shard_stats = plan()
+        resumed = fast_forward(shards, start, bufsize, rng, keep) if start else None
+        if resumed is None:  # replay from the start of the pass
+            shards, keep, rng, shard_stats = plan() if start else (shards, keep, rng, shard_stats)
+            buffer, opened, index, start = [], [], 0, 0
+        else:
+            buffer, shards, index = resumed.buffer, resumed.shards, resumed.index
+            opened = [] if resumed.shard is None else [open_at(*resumed.shard)]
+        samples = enumerate(shard_samples(shards, shard_stats, opened), index)
+        samples = (sample for i, sample in samples if keep is None or keep(i))
+        return (samples if bufsize is None else shuffled(samples, bufsize, rng, buffer)), start
 
     def __iter__(self):
         rank, world, physical, num_workers = pytorch_worker_info()
@@ -385,12 +378,9 @@ class ImageCaptionDataset(IterableDataset):
                 return
             start = self.resume.consumed[worker]
         stats = SkipStats() if self.batch_size else self.stats
-        samples = self._samples(rank, world, worker, num_workers, stats)
-        if self.train:
-            rng = random.Random(make_seed(self.seed, self.epoch, rank, worker))
-            samples = wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)(samples)
-        good, keys, position = [], [], 0
-        for index, sample in enumerate(samples):
+        samples, first = self._samples(rank, world, worker, num_workers, stats, start if self.fast_resume else 0)
+        good, keys, position = [], [], first
+        for index, sample in enumerate(samples, first):
             position = index + 1
             if index < start:  # consumed before the resume point: its counts were reported then
                 stats.clear()
@@ -427,7 +417,7 @@ def make_dataset(urls: str | Sequence[str], tokenizer: Callable, image_size: int
                  shuffle_buffer: int = 1000, resampled: bool = False, seed: int = 0, epoch: int = 0,
                  stats: SkipStats | None = None, crop_scale: tuple[float, float] | None = (0.9, 1.0),
                  batch_size: int | None = None, partial: bool = True,
-                 resume: StreamPosition | Mapping | None = None) -> ImageCaptionDataset:
+                 resume: StreamPosition | Mapping | None = None, fast_resume: bool = True) -> ImageCaptionDataset:
     """An iterable dataset over img2dataset shards yielding ``(image [3,H,W], tokens [L])``.
 
     train: shuffle shards by (seed, epoch), shuffle samples in a seeded buffer of
@@ -437,13 +427,15 @@ def make_dataset(urls: str | Sequence[str], tokenizer: Callable, image_size: int
     worker) instead of one pass split across nodes and workers. Skips are counted into
     ``stats`` in the iterating process. With ``batch_size`` it yields loader batches
     ``(images, tokens, meta)`` instead (see the module docstring; used by :func:`make_loader`).
+    ``fast_resume=False`` replays a resumed stream from the start of the pass instead of
+    reading only tar headers up to the resume point (the same samples; for tests).
     """
     if isinstance(resume, Mapping):
         resume = StreamPosition.from_state_dict(resume)
     transform = image_transform(image_size, train, crop_scale=crop_scale, seed=seed)
     return ImageCaptionDataset(urls, tokenizer, transform, train=train, shuffle_buffer=shuffle_buffer,
                                resampled=resampled, seed=seed, epoch=epoch, stats=stats,
-                               batch_size=batch_size, partial=partial, resume=resume)
+                               batch_size=batch_size, partial=partial, resume=resume, fast_resume=fast_resume)
 
 
 def _as_is(batch):
@@ -454,7 +446,8 @@ def make_loader(urls: str | Sequence[str], tokenizer: Callable, image_size: int,
                 num_workers: int = 2, train: bool = True, seed: int = 0, epoch: int = 0,
                 resampled: bool = False, shuffle_buffer: int = 1000,
                 crop_scale: tuple[float, float] | None = (0.9, 1.0), partial: bool = True,
-                resume: StreamPosition | Mapping | None = None, pin_memory: bool = False) -> DataLoader:
+                resume: StreamPosition | Mapping | None = None, pin_memory: bool = False,
+                fast_resume: bool = True) -> DataLoader:
     """A DataLoader of ``(images [B,3,H,W] float, tokens [B,L] long, meta)``, batched in workers.
 
     Consume it with :func:`iterate_batches` (merges ``meta["skipped"]`` into a
@@ -463,13 +456,14 @@ def make_loader(urls: str | Sequence[str], tokenizer: Callable, image_size: int,
     partial batch (``partial=True``; ``False`` drops it, like ``drop_last``) and, if skips
     remain unreported, an empty batch carrying them. One pass splits shards over nodes and
     workers, or samples when there are fewer shards than world_size x num_workers (see the
-    module docstring); with
-    ``resampled=True`` every (rank, worker) draws its own seeded infinite shard sequence,
-    the usual choice for DDP since all ranks then see the same number of batches. ``resume``: a :class:`StreamPosition` (or its ``state_dict()``) saved
-    after the last consumed batch; the loader continues with exactly the next batch.
+    module docstring); with ``resampled=True`` every (rank, worker) draws its own seeded
+    infinite shard sequence, the usual choice for DDP since all ranks then see the same number
+    of batches. ``resume``: a :class:`StreamPosition` (or its ``state_dict()``) saved after the
+    last consumed batch; the loader continues with exactly the next batch (``fast_resume``: see
+    :func:`make_dataset`).
     """
     dataset = make_dataset(urls, tokenizer, image_size, train=train, shuffle_buffer=shuffle_buffer,
                            resampled=resampled, seed=seed, epoch=epoch, crop_scale=crop_scale,
-                           batch_size=batch_size, partial=partial, resume=resume)
+                           batch_size=batch_size, partial=partial, resume=resume, fast_resume=fast_resume)
     return DataLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=_as_is,
                       pin_memory=pin_memory, persistent_workers=False)

@@ -8,38 +8,48 @@ clearly side by side or clearly one above the other (the larger offset is at lea
 below) well defined. Scenes render with :func:`render` and are captioned with :func:`caption`.
 
 :func:`write_shards` writes webdataset tar shards in img2dataset's layout (``000000.tar``, ...,
-members ``NNNNNNNNN.png``, ``.txt``, ``.json``), byte-identical for a given seed. Sample ``i`` of
+members ``NNNNNNNNN.png``, ``.txt``, ``.json``), byte-identical for a given seed and image format. Sample ``i`` of
 seed ``s`` draws its scene from the random stream ``(s, 0, i)``, so shards of the two caption
 styles with the same seed hold the same images: only the captions differ. Evaluation sets
 (:mod:`mdc.data.evalsets`) draw from other streams, so they are held out.
 
+Image formats: ``png`` (the default: small, readable by every tool) or ``npy``, the image as a
+uint8 [H, W, 3] array in NumPy's ``.npy`` format (webdataset's own convention for arrays). ``npy``
+members are about 7x larger at 64 px but cost nothing to encode or decode, which makes writing
+shards about twice as fast; the training pipeline reads both. Shards are independent, so
+``workers`` > 1 writes them in parallel processes (the bytes do not depend on it).
+
 Command line::
 
-    python -m mdc.data.scenes --out DIR --num N --style {alt,descriptive} --seed S
+    python -m mdc.data.scenes --out DIR --num N --style {alt,descriptive} --seed S [--format npy] [--workers K]
 """
 from __future__ import annotations
 
 import argparse
 import io
 import json
+import multiprocessing
 import os
 import tarfile
+from functools import lru_cache
 from typing import Iterable
 
 import numpy as np
+from PIL import Image
 
-from mdc.data.scene_render import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES, pixel_bbox, render
+from mdc.data.scene_render import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES, pixel_bbox, render, render_array
 from mdc.data.scene_text import (MAX_OBJECTS, MAX_TOKENS, RELATIONS, STYLES, caption, references,
                                   vocabulary)
 
 __all__ = ["sample_scene", "render", "caption", "references", "vocabulary", "write_shards", "write_tar",
-           "scene_record", "png_bytes", "stream_rng", "MAX_TOKENS", "STYLES", "RELATIONS"]
+           "scene_record", "png_bytes", "npy_bytes", "stream_rng", "IMAGE_FORMATS", "MAX_TOKENS", "STYLES", "RELATIONS"]
 
 P_LARGE = 0.4  # probability that an object is large
 AXIS_RATIO = 1.5  # every pair: larger axis offset >= AXIS_RATIO * smaller axis offset
 GAP = 0.03  # minimum gap between object discs, fraction of the image side
 STREAM_SCENE, STREAM_CAPTION, STREAM_REFERENCES = 0, 1, 2  # random streams of the training shards
 NUM_REFERENCES = 5
+IMAGE_FORMATS = ("png", "npy")
 
 
 def stream_rng(seed: int, stream: int, index: int) -> np.random.Generator:
@@ -77,7 +87,8 @@ def _place(rng, radii: list[float], tries: int = 60) -> list[tuple[float, float]
         for r in radii:
             lo, hi = r + 0.02, 1.0 - r - 0.02
             for _ in range(tries):
-                x, y = (round(float(v), 4) for v in rng.uniform(lo, hi, 2))
+                x, y = rng.uniform(lo, hi, 2).tolist()
+                x, y = round(x, 4), round(y, 4)
                 if _fits(x, y, r, placed):
                     placed.append({"x": x, "y": y, "radius": r})
                     break
@@ -139,45 +150,92 @@ def png_bytes(image) -> bytes:
     return buf.getvalue()
 
 
+def npy_bytes(array: np.ndarray) -> bytes:
+    """A uint8 [H, W, 3] image in NumPy's ``.npy`` format (the same bytes as ``np.save``)."""
+    return _npy_header(array.shape, array.dtype.str) + np.ascontiguousarray(array).tobytes()
+
+
+@lru_cache(maxsize=8)
+def _npy_header(shape: tuple, dtype: str) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.zeros(shape, dtype), allow_pickle=False)
+    return buf.getvalue()[: -int(np.prod(shape)) * np.dtype(dtype).itemsize or None]
+
+
+def _ustar_header(name: str, size: int) -> bytes:
+    """The 512-byte USTAR header that ``tarfile`` writes for a regular file with write_tar's fixed
+    metadata (mode 0644, uid/gid 0, no user names, mtime 0); tarfile builds the rare long names."""
+    encoded = name.encode("utf-8", "surrogateescape")
+    if len(encoded) > 100 or size >= 8**11:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode, info.uname, info.gname = size, 0, 0o644, "", ""
+        return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+    head = encoded.ljust(100, b"\0") + b"0000644\0" + b"0000000\0" * 2 + b"%011o\0" % size + b"0" * 11 + b"\0"
+    tail = b"0" + bytes(100) + tarfile.POSIX_MAGIC + bytes(32 + 32 + 8 + 8 + 155 + 12)
+    checksum = sum(head) + sum(tail) + 8 * ord(" ")  # the checksum field counts as eight spaces
+    return head + b"%06o\0 " % checksum + tail
+
+
 def write_tar(path: str, members: Iterable[tuple[str, bytes]]) -> str:
-    """Write ``(name, bytes)`` members to a tar with fixed metadata (byte-reproducible); atomic."""
+    """Write ``(name, bytes)`` members to a tar with fixed metadata (byte-reproducible); atomic.
+
+    The bytes are those of ``tarfile`` in USTAR format (headers built directly: faster)."""
     tmp = path + ".tmp"
-    with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+    written = 0
+    with open(tmp, "wb") as f:
         for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            tar.addfile(info, io.BytesIO(data))
+            pad = -len(data) % tarfile.BLOCKSIZE
+            f.write(_ustar_header(name, len(data)) + data + bytes(pad))
+            written += tarfile.BLOCKSIZE + len(data) + pad
+        end = written + 2 * tarfile.BLOCKSIZE  # two zero blocks, then zeros up to a whole record, as tarfile
+        f.write(bytes(2 * tarfile.BLOCKSIZE + -end % tarfile.RECORDSIZE))
     os.replace(tmp, path)
     return path
 
 
-def _samples(start: int, stop: int, style: str, seed: int, image_size: int):
+def _samples(start: int, stop: int, style: str, seed: int, image_size: int, image_format: str = "png"):
     for i in range(start, stop):
         scene = sample_scene(stream_rng(seed, STREAM_SCENE, i))
         text = caption(scene, style, stream_rng(seed, STREAM_CAPTION, i))
         refs = references(scene, stream_rng(seed, STREAM_REFERENCES, i), NUM_REFERENCES)
         key = f"{i:09d}"
         record = scene_record(scene, image_size, key=key, style=style, caption=text, references=refs)
-        yield f"{key}.png", png_bytes(render(scene, image_size))
+        pixels = render_array(scene, image_size)
+        if image_format == "npy":
+            yield f"{key}.npy", npy_bytes(pixels)
+        else:
+            yield f"{key}.png", png_bytes(Image.fromarray(pixels))
         yield f"{key}.txt", text.encode("utf-8")
         yield f"{key}.json", json.dumps(record, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
+def _write_shard(job: tuple) -> str:
+    path, *args = job
+    return write_tar(path, _samples(*args))
+
+
 def write_shards(out_dir: str, num: int, style: str, seed: int, image_size: int = 64,
-                 shard_size: int = 1000) -> list[str]:
-    """Write ``num`` samples of ``style`` captions as ``out_dir/000000.tar``, ...; returns the paths."""
+                 shard_size: int = 1000, image_format: str = "png", workers: int = 1) -> list[str]:
+    """Write ``num`` samples of ``style`` captions as ``out_dir/000000.tar``, ...; returns the paths.
+
+    ``image_format``: ``png`` or ``npy`` (see the module docstring); ``workers``: processes
+    writing shards in parallel (forked where the platform allows; the bytes are the same).
+    """
     if style not in ("alt", "descriptive"):
         raise ValueError(f"style must be 'alt' or 'descriptive'; got {style!r}")
-    if num < 1 or shard_size < 1:
-        raise ValueError("num and shard_size must be positive")
+    if image_format not in IMAGE_FORMATS:
+        raise ValueError(f"image_format must be one of {IMAGE_FORMATS}; got {image_format!r}")
+    if num < 1 or shard_size < 1 or workers < 1:
+        raise ValueError(f"num, shard_size and workers must be positive; got {num}, {shard_size}, {workers}")
     os.makedirs(out_dir, exist_ok=True)
-    paths = []
-    for shard, start in enumerate(range(0, num, shard_size)):
-        path = os.path.join(out_dir, f"{shard:06d}.tar")
-        paths.append(write_tar(path, _samples(start, min(num, start + shard_size), style, seed, image_size)))
-    return paths
+    jobs = [(os.path.join(out_dir, f"{shard:06d}.tar"), start, min(num, start + shard_size), style, seed,
+             image_size, image_format) for shard, start in enumerate(range(0, num, shard_size))]
+    workers = min(workers, len(jobs))
+    if workers == 1:
+        return [_write_shard(job) for job in jobs]
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    with multiprocessing.get_context(method).Pool(workers) as pool:
+        return pool.map(_write_shard, jobs, chunksize=1)
 
 
 def main(argv: list[str] | None = None) -> list[str]:
@@ -188,11 +246,16 @@ def main(argv: list[str] | None = None) -> list[str]:
     parser.add_argument("--seed", type=int, default=0, help="world seed (same seed, same bytes)")
     parser.add_argument("--image-size", type=int, default=64, help="image side in pixels")
     parser.add_argument("--shard-size", type=int, default=1000, help="samples per shard")
+    parser.add_argument("--format", dest="image_format", choices=IMAGE_FORMATS, default="png",
+                        help="image members: png, or npy (uint8 HxWx3 arrays: faster to write and read, ~7x larger)")
+    parser.add_argument("--workers", type=int, default=1, help="processes writing shards in parallel")
     args = parser.parse_args(argv)
-    paths = write_shards(args.out, args.num, args.style, args.seed, args.image_size, args.shard_size)
+    paths = write_shards(args.out, args.num, args.style, args.seed, args.image_size, args.shard_size,
+                         args.image_format, args.workers)
     last = len(paths) - 1
     print(json.dumps({"shards": len(paths), "pattern": os.path.join(args.out, f"{{000000..{last:06d}}}.tar"),
-                      "num": args.num, "style": args.style, "seed": args.seed, "image_size": args.image_size}))
+                      "num": args.num, "style": args.style, "seed": args.seed, "image_size": args.image_size,
+                      "format": args.image_format}))
     return paths
 
 

@@ -1,0 +1,106 @@
+"""Data: synthetic shard writing, the loader's decode rate and resume, beside what training consumes.
+
+Writing: ``mdc.data.scenes.write_shards`` at 64 px, whole shards (scene sampling, rendering,
+captions, references, JSON, image encoding, tar), PNG and npy image members, in one process
+(= per core) and in one process per core. Loading: one full pass of ``make_loader`` over those
+shards (tiny's tokenizer, batch 64) with 0 and 2 workers, after an untimed pass (page cache,
+tokenizer). Resume: time to the first batch when resuming three quarters into a pass, from tar
+headers (the default) or by replaying the stream. Training: images/s of a tiny MDC step.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import mdc
+from mdc import optim
+from mdc.data.pipeline import SkipStats, StreamPosition, iterate_batches, make_loader
+from mdc.data.scenes import render, sample_scene, stream_rng, write_shards
+
+from benchmarks.common import Context, Section, batch, interleaved, median, speedup
+
+
+def _write(folder: str, num: int, image_format: str, workers: int):
+    def write():
+        write_shards(os.path.join(folder, f"{image_format}-{workers}"), num, "descriptive", seed=0,
+                     shard_size=num // 4, image_format=image_format, workers=workers)
+    return write
+
+
+def _pass(urls: list[str], tok, workers: int):
+    def one_pass():
+        n = 0
+        for images, _ in iterate_batches(make_loader(urls, tok, 64, 64, num_workers=workers, shuffle_buffer=256),
+                                         SkipStats()):
+            n += len(images)
+        return n
+    return one_pass
+
+
+def _resume_time(urls: list[str], tok, fast: bool) -> float:
+    """Seconds to the first batch after resuming three quarters into a pass (no workers)."""
+    loader = list(make_loader(urls, tok, 64, 64, num_workers=0, shuffle_buffer=256))
+    position = StreamPosition(0)
+    for *_, meta in loader[: 3 * len(loader) // 4]:
+        position.update(meta)
+    start = time.perf_counter()
+    next(iter(make_loader(urls, tok, 64, 64, num_workers=0, shuffle_buffer=256, resume=position.state_dict(),
+                          fast_resume=fast)))
+    return time.perf_counter() - start
+
+
+def run(ctx: Context) -> Section:
+    sec = Section("data", "Data (CPU, 64 px): synthetic shards written, loader decode and resume, training's appetite")
+    num, cores = ctx.pick(2000, 100), os.cpu_count() or 1
+    start = time.perf_counter()
+    scenes = [sample_scene(stream_rng(0, 0, i)) for i in range(num)]
+    sampled = time.perf_counter() - start
+    start = time.perf_counter()
+    for scene in scenes:
+        render(scene, 64)
+    rendered = time.perf_counter() - start
+    sec.add("scene sampling alone", round(num / sampled), "scenes/s")
+    sec.add("rendering alone", round(num / rendered), "images/s")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        writers = {f"{fmt}, {w} process{'es' if w > 1 else ''}": _write(tmp, num, fmt, w)
+                   for w in sorted({1, cores}) for fmt in ("png", "npy")}
+        times = interleaved(writers, rounds=ctx.pick(3, 1), warmup=0)
+        for name, t in times.items():
+            workers = int(name.split(", ")[1].split()[0])
+            per_core = num / median(t) / workers
+            sec.add(f"shards written, {name}", round(num / median(t)), "images/s",
+                    f"{per_core:.0f} per core", at_least=2000 if name == "npy, 1 process" else None)
+        sec.add("npy / png writing speed, 1 process", round(speedup(times, "npy, 1 process", "png, 1 process"), 2), "x")
+        if cores > 1:
+            gain = speedup(times, f"npy, {cores} processes", "npy, 1 process")
+            sec.add(f"{cores} processes / 1, npy", round(gain, 2), "x", f"{cores} cores")
+
+        tok = mdc.get_tokenizer("tiny")
+        shards = {fmt: sorted(os.path.join(tmp, f"{fmt}-1", f) for f in os.listdir(os.path.join(tmp, f"{fmt}-1")))
+                  for fmt in ("png", "npy")}
+        passes = {f"{fmt}, {w} workers": _pass(shards[fmt], tok, w) for w in (0, 2) for fmt in ("png", "npy")}
+        times = interleaved(passes, rounds=ctx.pick(2, 1))
+        for name, t in times.items():
+            sec.add(f"loader decode, {name}", round(num / median(t)), "images/s", "batch 64, train transform")
+        for fmt in ("png", "npy"):
+            replay, fast = _resume_time(shards[fmt], tok, False), _resume_time(shards[fmt], tok, True)
+            sec.add(f"resume 3/4 into a pass, {fmt}, from tar headers", round(1000 * fast), "ms to first batch",
+                    f"replaying the stream: {1000 * replay:.0f} ms")
+
+    model = mdc.create_model("tiny", "mdc")
+    images, tokens = batch(model, 32)
+    opt = optim.make_optimizer(model, 5e-4, 0.1)
+
+    def step():
+        model.loss(images, tokens).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    t = interleaved({"step": step}, rounds=ctx.pick(3, 1))["step"]
+    sec.add("training consumes (tiny MDC step, batch 32)", round(32 / median(t), 1), "images/s",
+            "the rate the loader and the writer must keep up with")
+    sec.notes.append(f"Writing: {num} images in 4 whole shards per call, descriptive captions; 'per core' = "
+                     f"images/s / processes. This machine has {cores} cores.")
+    return sec

@@ -1,0 +1,148 @@
+"""Caption generation: MDC's cached greedy unmasking against re-running the whole model each step, and
+ARC's KV-cached beam search against open_clip's CoCa beam search, at the tiny and vit-b-32 sizes.
+
+Decoding cost depends on the number of steps, not on the weights, so the models are freshly
+initialised; forward passes are counted with hooks on the image encoder and the text decoder.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+import mdc
+from mdc.diffusion import caption_log_probs
+from mdc.sampler import masked_row
+
+from benchmarks.common import Context, Section, coca_like, count_calls, interleaved, median, small, speedup
+
+LENGTH, BEAMS = 20, 6
+
+
+@torch.no_grad()
+def plain_mdc_sample(model, images, length: int) -> torch.Tensor:
+    """Greedy confidence unmasking as :func:`mdc.sampler.mdc_sample` does it, but running the whole
+    model, image encoder included, at every step: the loop the cached sampler replaces."""
+    tok = model.tokenizer
+    x = masked_row(tok, len(images), length, images.device)
+    for _ in range(length):
+        conf, pred = caption_log_probs(model(images, x), tok).exp().max(-1)  # [B, N'+2]
+        still = x == tok.mask_id
+        top = conf.masked_fill(~still, -1.0).topk(1, dim=-1).indices
+        x = torch.where(torch.zeros_like(still).scatter_(1, top, True) & still, pred, x)
+    return x
+
+
+@torch.no_grad()
+def coca_beam_search(coca, images, length: int, beams: int, tok, min_length: int = 0) -> list[list[int]]:
+    """Beam search that drives CoCa the way open_clip's ``CoCa.generate`` does: images repeated per beam
+    and encoded once, then the whole prefix through the text tower and the multimodal decoder at every
+    step (no cache). The bookkeeping is plain beam search (finished = emitted [EOT] within the top
+    ``beams``, length-normalised ranking), the same rules as :func:`mdc.sampler.arc_sample`; no [EOT]
+    before ``min_length`` tokens, as open_clip's ``min_seq_len``."""
+    B, K = len(images), beams
+    latent, embs = coca._encode_image(images.repeat_interleave(K, 0))
+    seqs = torch.full((B * K, 1), tok.sot_id, dtype=torch.long)
+    scores = torch.full((B, K), -math.inf)
+    scores[:, 0] = 0.0
+    finished = [[] for _ in range(B)]
+    for step in range(length + 1):
+        logits = coca(None, seqs, image_latent=latent, image_embs=embs, output_labels=False)["logits"][:, -1]
+        logp = logits.float().log_softmax(-1)
+        if step < min_length:
+            logp[:, tok.eot_id] = -math.inf
+        if step == length:  # out of room: only [EOT]
+            logp = torch.full_like(logp, -math.inf).index_fill_(1, torch.tensor([tok.eot_id]), 0) + logp
+        V = logp.shape[-1]
+        top_s, top_i = (scores[:, :, None] + logp.view(B, K, V)).view(B, K * V).topk(2 * K, dim=-1)
+        src, word = (top_i // V).tolist(), (top_i % V).tolist()
+        top_s = top_s.tolist()
+        new_scores, new_src, new_word = torch.full((B, K), -math.inf), torch.zeros(B, K, dtype=torch.long), \
+            torch.full((B, K), tok.eot_id)
+        for b in range(B):
+            live = 0
+            for r in range(2 * K):
+                if len(finished[b]) >= K or live == K or top_s[b][r] == -math.inf:
+                    break
+                if word[b][r] == tok.eot_id:
+                    if r < K:
+                        body = seqs[b * K + src[b][r], 1:].tolist()
+                        finished[b].append((top_s[b][r] / (len(body) + 1), body))
+                    continue
+                new_scores[b, live], new_src[b, live], new_word[b, live] = top_s[b][r], src[b][r], word[b][r]
+                live += 1
+        if all(len(f) >= K for f in finished) or step == length:
+            break
+        rows = (new_src + torch.arange(B)[:, None] * K).view(-1)
+        seqs, scores = torch.cat([seqs[rows], new_word.view(-1, 1)], dim=1), new_scores
+    return [max(f)[1] for f in finished]
+
+
+def _coca_generate(coca, tok):
+    """open_clip's own beam search where it runs; else :func:`coca_beam_search` and the reason. Either
+    way no [EOT] before ``LENGTH`` tokens (open_clip's ``min_seq_len``): untrained models would stop at
+    random, and the step counts must match for the times to compare."""
+    def own(images):
+        return coca.generate(images, seq_len=LENGTH + 2, generation_type="beam_search", num_beams=BEAMS,
+                             num_beam_groups=1, min_seq_len=LENGTH + 1, sot_token_id=tok.sot_id,
+                             eos_token_id=tok.eot_id, pad_token_id=tok.pad_id)
+
+    try:
+        own(torch.zeros(1, 3, *coca.visual.image_size))
+        return own, "open_clip CoCa.generate(generation_type='beam_search', num_beam_groups=1)"
+    except (AssertionError, ImportError, AttributeError, TypeError) as exn:
+        first = str(exn).splitlines()[0] if str(exn) else ""
+        reason = f"{type(exn).__name__}: {first[:70]}{'...' if len(first) > 70 else ''}"
+        return (lambda images: coca_beam_search(coca, images, LENGTH, BEAMS, tok, min_length=LENGTH),
+                f"open_clip's CoCa.generate does not run here ({reason}; open_clip 3.3 needs transformers' "
+                f"BeamSearchScorer, which transformers 5 removed), so CoCa is driven as its generate does it: "
+                f"images encoded once, the whole prefix through both text towers each step, no cache")
+
+
+def _counted(counters: dict[str, list[int]], record: dict, name: str, fn):
+    """``fn`` that also records in ``record[name]`` how many forward calls each counter saw during it."""
+    def call():
+        before = {k: c[0] for k, c in counters.items()}
+        out = fn()
+        record[name] = {k: c[0] - before[k] for k, c in counters.items()}
+        return out
+    return call
+
+
+def run(ctx: Context) -> Section:
+    sec = Section("sampling", f"Caption generation (CPU): length {LENGTH}, greedy MDC and beam-{BEAMS} ARC")
+    for size, B in (("tiny", ctx.pick(8, 2)), ("vit-b-32", ctx.pick(2, 1))):
+        label = f"{size}{' (depth 1: quick)' if small(size, ctx.quick) else ''}, batch {B}"
+        rounds, warmup = ctx.pick(3 if size == "tiny" else 2, 1), 1 if size == "tiny" else 0
+        torch.manual_seed(0)
+        model = mdc.create_model(size, "mdc", **small(size, ctx.quick)).eval()
+        images = torch.randn(B, 3, model.config.image_size, model.config.image_size)
+        calls = {"image": count_calls(model.visual.patch_embed), "decoder": count_calls(model.decoder)}
+        passes = {}
+        fns = {"cached": lambda: mdc.generate(model, images, LENGTH, return_tokens=True),
+               "plain": lambda: plain_mdc_sample(model, images, LENGTH)}
+        fns = {name: _counted(calls, passes, name, fn) for name, fn in fns.items()}
+        times = interleaved(fns, rounds=rounds, warmup=warmup)
+        same = torch.equal(fns["cached"](), fns["plain"]())
+        for name, what in (("cached", "mdc.generate (image encoded once, K/V cached)"),
+                           ("plain", "plain loop (model(images, tokens) each step)")):
+            sec.add(f"MDC greedy, {what}, {label}", round(B / median(times[name]), 2), "captions/s",
+                    f"{1000 * median(times[name]) / B:.0f} ms/caption; image encoded {passes[name]['image']}x, "
+                    f"{passes[name]['decoder']} decoder passes per batch")
+        sec.add(f"MDC cache speedup, {size}", round(speedup(times, "cached", "plain"), 2), "x",
+                "same captions" if same else "CAPTIONS DIFFER", at_least=3.0)
+
+        arc = mdc.create_model(size, "arc", **small(size, ctx.quick)).eval()
+        coca = coca_like(arc).eval()
+        coca_fn, source = _coca_generate(coca, arc.tokenizer)
+        calls = {"ARC": count_calls(arc.decoder), "CoCa": count_calls(coca.text_decoder)}
+        steps = {}
+        fns = {"ARC": lambda: mdc.generate(arc, images, LENGTH, beam_size=BEAMS), "CoCa": lambda: coca_fn(images)}
+        times = interleaved({name: _counted(calls, steps, name, fn) for name, fn in fns.items()}, rounds, warmup)
+        for name, what in (("ARC", "ARC, KV cache (mdc.generate)"), ("CoCa", "CoCa (open_clip, no cache)")):
+            sec.add(f"beam {BEAMS}, {what}, {label}", round(B / median(times[name]), 2), "captions/s",
+                    f"{1000 * median(times[name]) / B:.0f} ms/caption; {steps[name][name]} decoder passes per batch")
+        sec.add(f"ARC / CoCa beam-search speed, {size}", round(speedup(times, "ARC", "CoCa"), 2), "x", at_least=3.0)
+    sec.notes.append(f"CoCa: {source}. Random weights: decoding cost depends on the steps, not the weights; "
+                     f"CoCa may not end before {LENGTH} tokens (ARC's untrained beams run to the limit too).")
+    return sec

@@ -1,0 +1,76 @@
+"""The benchmark suite runs and writes its files (figures are printed, never asserted), and its helpers."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import mdc
+from conftest import ROOT
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def _quick(tmp_path, *only):
+    cmd = [sys.executable, "-m", "benchmarks", "--quick", "--threads", "1", "--out", str(tmp_path)]
+    done = subprocess.run(cmd + (["--only", *only] if only else []), cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "benchmarks.json").read_text())
+    markdown = (tmp_path / "benchmarks.md").read_text()
+    for name, section in results["sections"].items():
+        assert section["rows"] and section["title"] in markdown and section["title"] in done.stdout, name
+    return results
+
+
+def test_quick_run_writes_table_json_and_markdown(tmp_path):
+    results = _quick(tmp_path, "scoring", "data", "gpu")
+    assert list(results["sections"]) == ["scoring", "data", "gpu"] and results["meta"]["quick"]
+    rows = {r["name"]: r for r in results["sections"]["data"]["rows"]}
+    assert rows["shards written, npy, 1 process"]["target"] == ">= 2000"
+    assert all(isinstance(r["met"], bool) for r in rows.values() if r["target"])
+    if not torch.cuda.is_available():
+        assert results["sections"]["gpu"]["rows"][0]["value"] == "skipped: no CUDA"
+
+
+@pytest.mark.slow
+def test_quick_run_of_every_section(tmp_path):
+    results = _quick(tmp_path)
+    assert list(results["sections"]) == ["train", "sampling", "scoring", "data", "gpu"]
+    sampling = {r["name"]: r for r in results["sections"]["sampling"]["rows"]}
+    assert sampling["MDC cache speedup, tiny"]["note"] == "same captions"
+
+
+@pytest.mark.slow
+def test_gpu_section_code_path_on_cpu():
+    from benchmarks.common import Context
+    from benchmarks.gpu import measure, peak_flops
+
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("a GPU nobody knows") is None
+    rows = {r.name: r for r in measure(Context(quick=True), torch.device("cpu")).rows}
+    assert rows["model FLOPs utilisation"].value is None and rows["achieved"].value >= 0
+    assert "TFLOP per step" in next(r.note for name, r in rows.items() if name.startswith("training"))
+
+
+def test_samples_to_match_interpolates_in_log_log():
+    from benchmarks.scoring import samples_to_match
+
+    sizes = [32, 128, 1024]
+    iid = [1 / math.sqrt(s) for s in sizes]
+    assert samples_to_match(sizes, iid, iid[-1]) == pytest.approx(1024)
+    assert samples_to_match(sizes, [v / 4 for v in iid], iid[-1]) == pytest.approx(64)  # 16x less variance
+    assert samples_to_match(sizes, [v / 16 for v in iid], iid[-1]) == pytest.approx(4)  # below the smallest size
+    assert samples_to_match(sizes, [v * 2 for v in iid], iid[-1]) == pytest.approx(4096)  # beyond the largest
+
+
+def test_plain_sampling_loop_is_the_cached_samplers_result():
+    from benchmarks.sampling import plain_mdc_sample
+    from conftest import SMALL
+
+    model = mdc.create_model("tiny", "mdc", **SMALL).eval()
+    images = torch.randn(3, 3, 32, 32)
+    assert torch.equal(plain_mdc_sample(model, images, 6), mdc.generate(model, images, 6, return_tokens=True))
