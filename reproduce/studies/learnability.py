@@ -61,6 +61,10 @@ CONFIGS: dict[str, dict] = {
                   warmup=100),
     "s32b32": dict(model=dict(BASE, image_size=32, patch_size=8), style="descriptive", steps=2000, batch=32,
                    lr=1e-3, warmup=100),
+    # the cost of descriptive captions is mostly the text decoder (4 layers: ~75% of a step): a deeper
+    # vision tower and a 2-layer decoder, for about the cost of s32
+    "s32v6t2": dict(model=dict(BASE, image_size=32, patch_size=8, vision_layers=6, text_layers=2),
+                    style="descriptive", steps=1400, batch=64, lr=2e-3, warmup=100),
     # finer patches at 32 px: 64 tokens
     "s32p4": dict(model=dict(BASE, image_size=32, patch_size=4), style="descriptive", steps=1000, batch=64, lr=1e-3,
                   warmup=50),
