@@ -9,10 +9,11 @@ import pytest
 from PIL import Image
 
 from mdc.data.compositionality import (
-    ARO_SYMMETRIC_RELATIONS, _spacy_nlp, builtin_word_classes, load_order_suite, load_sugarcrepe,
-    load_vg_attribution, load_vg_relation, normalise_caption, order_accuracy, pairwise_correct, perturb_caption,
-    resolve_tagger, sugarcrepe_columns, vg_attribution_accuracy, vg_relation_accuracy, word_classes,
+    ARO_SYMMETRIC_RELATIONS, load_order_suite, load_sugarcrepe, load_vg_attribution, load_vg_relation,
+    normalise_caption, order_accuracy, pairwise_correct, perturb_caption, sugarcrepe_columns, vg_attribution_accuracy,
+    vg_relation_accuracy,
 )
+from mdc.data.tagger import _spacy_nlp, builtin_word_classes, resolve_tagger, word_classes
 from mdc.data.formats import (
     build_probe_dataset, load_coco_captions, load_image, load_image_folder, load_karpathy,
     load_wds_classification,
