@@ -2,7 +2,7 @@
 
 Pretrained captioners are fine-tuned on a captioning set's train split (:func:`finetune`),
 caption its test split (:func:`generate_captions`: MDC greedy at lengths 10/15/20, ARC beam 6),
-and are scored with pycocoevalcap (:func:`caption_metrics`) and, optionally, an LLM judge that
+and are scored with pycocoevalcap (:func:`mdc.eval.metrics.caption_metrics`) and, optionally, an LLM judge that
 picks the best of the four captions per image (:func:`mdc.eval.judge.llm_judge`).
 
 Results (``results`` of the ``captioning`` results file, :mod:`mdc.eval.results`)::
@@ -32,12 +32,9 @@ the paper's units (percent).
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
 import os
-import socket
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -45,16 +42,13 @@ import torch
 
 from mdc.data.formats import Items, load_coco_captions, load_image, load_karpathy, load_karpathy_test
 from mdc.data.pipeline import image_transform
+from mdc.eval.metrics import METRICS, caption_metrics, evaluate_captions  # noqa: F401 (part of this module's API)
 from mdc.optim import make_optimizer, make_scheduler
 from mdc.sampler import check_length, generate
 from mdc.tokenizer import TextStats
 
 logger = logging.getLogger(__name__)
 
-#: pycocoevalcap scorers -> the names they report under.
-METRICS = {"bleu": ("bleu1", "bleu2", "bleu3", "bleu4"), "meteor": ("meteor",), "rouge_l": ("rouge_l",),
-           "cider": ("cider",), "spice": ("spice",)}
-SPICE_DOWNLOAD_TIMEOUT = 60  # seconds per socket operation while SPICE fetches its CoreNLP jars
 #: Table 3: our metric keys -> the paper's column suffixes (rows: :func:`row_label`).
 TABLE3_COLUMNS = {"bleu4": "bleu4", "meteor": "meteor", "cider": "cider", "spice": "spice", "rouge_l": "rougeL"}
 TABLE3_PREFIX = {"coco": "coco", "flickr30k": "flickr"}
@@ -256,124 +250,6 @@ def caption_checkpoint(path: str, objective: str, train_items: Sequence[Mapping]
     captions = generate_captions(model, test_items, lengths=lengths, beam_size=beam_size, batch_size=batch_size,
                                  device=device)
     return captions, info
-
-
-# --------------------------------------------------------------------------- metrics
-def _scorer(metric: str):
-    """A pycocoevalcap scorer, imported at call time."""
-    if metric == "bleu":
-        from pycocoevalcap.bleu.bleu import Bleu
-        return Bleu(4)
-    if metric == "meteor":
-        from pycocoevalcap.meteor.meteor import Meteor
-        return Meteor()
-    if metric == "rouge_l":
-        from pycocoevalcap.rouge.rouge import Rouge
-        return Rouge()
-    if metric == "cider":
-        from pycocoevalcap.cider.cider import Cider
-        return Cider()
-    from pycocoevalcap.spice import spice
-
-    old = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(SPICE_DOWNLOAD_TIMEOUT)  # its jar download has no timeout of its own
-    try:
-        return spice.Spice()
-    except Exception as exn:
-        lib = os.path.join(os.path.dirname(spice.__file__), "lib")
-        raise RuntimeError(f"SPICE needs the Stanford CoreNLP 3.6.0 jars in {lib}, which it downloads on first "
-                           f"use; that failed ({type(exn).__name__}: {exn})") from exn
-    finally:
-        socket.setdefaulttimeout(old)
-
-
-def _close(scorer) -> None:
-    """Stop METEOR's Java process (its own __del__ would hang if a failed call left its lock held)."""
-    process = getattr(scorer, "meteor_p", None)
-    if process is not None:
-        process.kill()
-        process.wait()
-        if scorer.lock.locked():
-            scorer.lock.release()
-
-
-def _ptb_tokenize(captions: Mapping) -> dict:
-    """pycocoevalcap's PTB tokenizer (Java) on ``{key: [captions]}``, checked to keep every caption."""
-    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-
-    flat = {k: [{"caption": " ".join(c.split())} for c in v] for k, v in captions.items()}  # one line each
-    out = PTBTokenizer().tokenize(flat)
-    if any(len(out.get(k, ())) != len(v) for k, v in captions.items()):
-        raise RuntimeError("PTB tokenizer returned fewer lines than captions")
-    return out
-
-
-def evaluate_captions(captions_by_model: Mapping[str, Mapping], references: Mapping[object, Sequence[str]],
-                      metrics: Sequence[str] = tuple(METRICS)) -> dict[str, dict]:
-    """:func:`caption_metrics` of several models at once (one tokenizer run, one METEOR process)."""
-    unknown = set(metrics) - set(METRICS)
-    if unknown:
-        raise ValueError(f"unknown metrics {sorted(unknown)}; choose from {list(METRICS)}")
-    for name, predictions in captions_by_model.items():
-        if not predictions:
-            raise ValueError(f"{name or 'predictions'}: no captions to score")
-        for image_id in predictions:
-            if not references.get(image_id):
-                raise ValueError(f"{name or 'predictions'}: image {image_id!r} has no reference captions")
-    out = {name: {key: None for keys in METRICS.values() for key in keys} | {"unavailable": {}}
-           for name in captions_by_model}
-
-    def unavailable(metric: str, reason: str, names=tuple(out)) -> None:
-        for name in names:
-            out[name]["unavailable"].update({key: reason for key in METRICS[metric]})
-
-    for metric in [m for m in METRICS if m not in metrics]:
-        unavailable(metric, "not requested")
-    ids = sorted({i for p in captions_by_model.values() for i in p}, key=str)
-    try:
-        gts = _ptb_tokenize({i: list(references[i]) for i in ids})
-        res = _ptb_tokenize({(name, i): [c] for name, p in captions_by_model.items() for i, c in p.items()})
-    except Exception as exn:  # Java missing, ...: nothing can be scored on pycocoevalcap's scale
-        reason = f"PTB tokenizer failed ({type(exn).__name__}: {exn})"
-        logger.warning("caption metrics unavailable: %s", reason)
-        for metric in metrics:
-            unavailable(metric, reason)
-        return out
-    for metric in [m for m in METRICS if m in metrics]:
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):  # pycocoevalcap prints progress
-                scorer = _scorer(metric)
-        except Exception as exn:
-            logger.warning("%s unavailable: %s", metric, exn)
-            unavailable(metric, f"{type(exn).__name__}: {exn}")
-            continue
-        try:
-            for name, predictions in captions_by_model.items():
-                keys = sorted(predictions, key=str)
-                try:
-                    with contextlib.redirect_stdout(io.StringIO()):
-                        score, _ = scorer.compute_score({i: gts[i] for i in keys}, {i: res[(name, i)] for i in keys})
-                except Exception as exn:
-                    logger.warning("%s failed for %s: %s", metric, name or "predictions", exn)
-                    unavailable(metric, f"{type(exn).__name__}: {exn}", [name])
-                    continue
-                scores = score if isinstance(score, list) else [score]
-                out[name].update({k: float(s) for k, s in zip(METRICS[metric], scores)})
-        finally:
-            _close(scorer)
-    return out
-
-
-def caption_metrics(predictions: Mapping, references: Mapping[object, Sequence[str]],
-                    metrics: Sequence[str] = tuple(METRICS)) -> dict:
-    """pycocoevalcap's BLEU-1..4, METEOR, ROUGE-L, CIDEr and SPICE of ``{image_id: caption}``
-    against ``{image_id: [references]}`` (the predicted images only), PTB-tokenized as the
-    COCO caption evaluation does; fractions, as pycocoevalcap returns them.
-
-    A metric that cannot be computed (SPICE offline without its CoreNLP jars, METEOR without
-    Java, one not in ``metrics``) is None, with the reason under ``unavailable[name]``, logged.
-    """
-    return evaluate_captions({"": predictions}, references, metrics)[""]
 
 
 # --------------------------------------------------------------------------- tables and figures
