@@ -99,11 +99,25 @@ def load_weights(model, path: str | os.PathLike, map_location="cpu") -> None:
     model.load_state_dict(load_file(os.path.join(path, "model.safetensors"), device=str(map_location)))
 
 
-def load(path: str | os.PathLike, map_location="cpu"):
-    """Rebuild a model from `path/config.json` and load `path/model.safetensors` (no pickle)."""
+def checkpoint_folder(path: str | os.PathLike) -> str:
+    """The checkpoint folder ``path`` is, or the newest checkpoint of the run folder ``path``
+    (``checkpoints/latest.json``, as mdc.train writes it); FileNotFoundError naming what is missing."""
+    from mdc.checkpoint import latest
+
+    path = os.fspath(path)
+    if not os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(path):
+        path = latest(path) or path  # a run folder
     for name in ("config.json", "model.safetensors"):
         if not os.path.isfile(os.path.join(path, name)):
-            raise FileNotFoundError(f"checkpoint file missing: {os.path.join(path, name)}")
+            raise FileNotFoundError(f"checkpoint file missing: {os.path.join(path, name)} (give a checkpoint "
+                                    f"folder or a run folder with checkpoints/latest.json)")
+    return path
+
+
+def load(path: str | os.PathLike, map_location="cpu"):
+    """Rebuild a model from `path/config.json` and load `path/model.safetensors` (no pickle);
+    ``path`` may also be a pretraining run folder (its newest checkpoint is loaded)."""
+    path = checkpoint_folder(path)
     with open(os.path.join(path, "config.json")) as f:
         model = build(ModelConfig.from_json(f.read()))
     load_weights(model, path, map_location)

@@ -197,3 +197,14 @@ def test_folded_context_equals_copied_context(images):
         assert beams.fold == 2 and len(beams) == 8
         torch.testing.assert_close(m.logits(tok.repeat_interleave(2, 0), beams),
                                    m.logits(tok.repeat_interleave(2, 0), ctx.select(torch.arange(4).repeat_interleave(2))))
+
+
+def test_load_accepts_a_run_folder(tmp_path):
+    from mdc.checkpoint import LATEST
+
+    m = small_model()
+    m.save(tmp_path / "run" / "checkpoints" / "step_000007")
+    (tmp_path / "run" / "checkpoints" / LATEST).write_text(json.dumps({"step": 7, "path": "step_000007"}))
+    assert mdc.load(tmp_path / "run").config == m.config
+    with pytest.raises(FileNotFoundError, match="latest.json"):
+        mdc.load(tmp_path / "elsewhere")

@@ -81,15 +81,14 @@ def limit(items: Items, n: int | None) -> Items:
 def resolve_checkpoint(path: str, objective: str, parameter: str = "checkpoint") -> str:
     """The checkpoint folder ``path`` (or a pretraining run folder's latest checkpoint), checked
     from its config to hold an ``objective`` ("mdc" | "arc") captioner; errors name ``parameter``."""
-    from mdc.checkpoint import latest
+    from mdc.factory import checkpoint_folder
 
     if not os.path.isdir(path):
         raise ValueError(f"{parameter} = {path!r}: folder not found")
-    path = latest(path) or path
-    for name in ("config.json", "model.safetensors"):
-        if not os.path.isfile(os.path.join(path, name)):
-            raise ValueError(f"{parameter} = {path!r}: not a checkpoint folder (no {name}; give a folder "
-                             f"written by model.save or a pretraining run folder)")
+    try:
+        path = checkpoint_folder(path)
+    except FileNotFoundError as exn:
+        raise ValueError(f"{parameter} = {path!r}: not a checkpoint folder ({exn})") from exn
     try:
         with open(os.path.join(path, "config.json")) as f:
             got = json.load(f).get("objective")

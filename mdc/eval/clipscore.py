@@ -86,9 +86,10 @@ def load_clip(spec: str, prefix: str | None = None, device: str = "cpu") -> Clip
         from mdc.data.pipeline import image_transform
         from mdc.factory import load
 
-        if not os.path.isfile(os.path.join(spec, "config.json")):
-            raise ValueError(f"clip = {spec!r}: not a checkpoint folder (no config.json)")
-        model = load(spec)
+        try:
+            model = load(spec)  # a checkpoint folder or a pretraining run folder
+        except FileNotFoundError as exn:
+            raise ValueError(f"clip = {spec!r}: not a checkpoint folder ({exn})") from exn
         if model.config.objective != "clip":
             raise ValueError(f"clip = {spec!r} holds an {model.config.objective!r} model; CLIPScore needs "
                              f"objective 'clip' (train one with --objective clip)")

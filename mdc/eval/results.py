@@ -28,8 +28,11 @@ _ID_CACHE: dict[tuple[str, float, int], str] = {}
 
 
 def checkpoint_id(path: str | os.PathLike) -> str:
-    """Content hash (sha256, first 16 hex digits) of a checkpoint folder's ``model.safetensors``."""
-    weights = os.path.join(path, "model.safetensors")
+    """Content hash (sha256, first 16 hex digits) of a checkpoint's ``model.safetensors`` (a
+    checkpoint folder, or a run folder's newest checkpoint)."""
+    from mdc.factory import checkpoint_folder
+
+    weights = os.path.join(checkpoint_folder(path), "model.safetensors")
     st = os.stat(weights)
     key = (os.path.abspath(weights), st.st_mtime, st.st_size)
     if key not in _ID_CACHE:
@@ -61,11 +64,13 @@ def write_results(path: str | os.PathLike, kind: str, results: dict, *, paramete
     """Write a results file (atomically) and return what was written. ``model``: a model or a ModelConfig."""
     from dataclasses import asdict
 
+    from mdc.factory import checkpoint_folder
+
     config = getattr(model, "config", model)
     record = {
         "schema": SCHEMA, "kind": kind, "parameters": parameters or {},
         "model": asdict(config) if config is not None else None,
-        "checkpoint": str(checkpoint) if checkpoint else None,
+        "checkpoint": checkpoint_folder(checkpoint) if checkpoint else None,
         "checkpoint_id": checkpoint_id(checkpoint) if checkpoint else None,
         "runtime_s": runtime_s, "results": results,
     }
