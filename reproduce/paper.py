@@ -23,6 +23,13 @@ def env(name: str) -> str:
     return os.environ.get(name) or f"<set {name}>"
 
 
+def recap_subsets() -> dict[str, str]:
+    """Fig. 5's random Recap-DataComp-1B subsets {pairs: shards}: MDC_RECAP_SUBSETS, else the paper's
+    5M/10M/20M/30M with placeholders that fail naming the variable."""
+    given = json.loads(os.environ.get("MDC_RECAP_SUBSETS") or "{}")
+    return given or {str(n * 10**6): "<set MDC_RECAP_SUBSETS>" for n in (5, 10, 20, 30)}
+
+
 def _pretrain(name, backbone, objective, style, seed, artifacts, labels, **extra) -> Run:
     var, data = DATA[style]
     params = dict(objective=objective, model=backbone, preset=backbone, train_data=env(var),
@@ -69,7 +76,7 @@ def build_paper(seeds: int = 1) -> list[Run]:
         for ratio in (0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0):
             pre.append(_pretrain(f"vit-b-32-bert-r{ratio:.2f}-alt", "vit-b-32", "mdc", "alt", seed, ["fig4"],
                                  dict(method="BERT", style="alt", mask_ratio=ratio), mask_ratio=ratio))
-        subsets = json.loads(os.environ.get("MDC_RECAP_SUBSETS", "{}"))  # Fig. 5: {"5000000": shards, ...}
+        subsets = recap_subsets()
         for pairs, shards in sorted(subsets.items(), key=lambda kv: int(kv[0])):
             run = _pretrain(f"vit-b-32-mdc-recap{int(pairs) // 10**6}m", "vit-b-32", "mdc", "descriptive", seed,
                             ["fig5"], dict(method="MDC", style="descriptive", pairs=int(pairs)))
