@@ -3,8 +3,13 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The tutorials run under nbval: every cell must run; cells marked `# NBVAL_CHECK_OUTPUT` must
+# reproduce their stored output after sanitize.cfg (paths, timings, progress bars, addresses).
+TUTORIALS := notebooks/tutorials
+NBVAL  := --nbval-lax --nbval-current-env --nbval-sanitize-with $(TUTORIALS)/sanitize.cfg --nbval-cell-timeout=600
+LAB_ARGS ?=
 
-.PHONY: install test test-slow bench clean
+.PHONY: install test test-slow test-tutorials browser lab bench clean
 
 install: $(STAMP)
 
@@ -14,11 +19,29 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+test: $(STAMP) browser
+	$(PY) -m pytest -q tests $(TUTORIALS) $(NBVAL)
+
+test-tutorials: $(STAMP)
+	$(PY) -m pytest -q $(TUTORIALS) $(NBVAL)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# Debian's Chromium and ChromeDriver for tests/test_jupyterlab_browser.py (about a minute to
+# install). Installed only when missing and apt-get is usable as root; otherwise the browser
+# test is skipped with its reason, and nothing here fails.
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing Debian's chromium and chromium-driver for the JupyterLab browser test"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+	    || echo "could not install Chromium: the browser test will be skipped"; \
+	else echo "no Chromium and no apt-get as root: the browser test will be skipped"; fi
+
+# JupyterLab on the notebooks (tutorials/ first); e.g. make lab LAB_ARGS="--no-browser --port 8890"
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

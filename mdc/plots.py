@@ -8,7 +8,9 @@ import textwrap
 from typing import Mapping, Sequence
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter, NullLocator
 
 
 class PaperFigure(Figure):
@@ -159,6 +161,60 @@ def plot_guidance_tradeoff(results: Mapping, path: str | None = None,
             ax.plot([100 * base[0][metric]], [base[0]["clipscore"]], "*", color="k", markersize=10, label="unguided")
         name = {"bleu4": "BLEU-4", "meteor": "METEOR", "cider": "CIDEr"}.get(metric, metric)
         ax.set(xlabel=f"{name} (%)", ylabel="CLIPScore" if clip else "guidance scale (no CLIPScore)")
+        ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+    return fig
+
+
+def plot_unmasking(trace: Sequence[Mapping], tokenizer, row: int = 0, path: str | None = None) -> Figure:
+    """Fig. 2(b) from a real run: the unmasking path of one caption, step by step.
+
+    ``trace``: the records of ``mdc.generate(..., trace=trace)`` (:func:`mdc.sampler.mdc_sample`).
+    One line per step, one column per caption position: the colour is the confidence (max
+    probability) of every still-masked position at that step, the token written is the one
+    revealed there (its confidence beside it); revealed positions stay white below.
+    """
+    conf = np.stack([r["confidence"][row].numpy() for r in trace])[:, 1:-1]  # [steps, N'] caption positions
+    revealed = np.stack([r["revealed"][row].numpy() for r in trace])[:, 1:-1]
+    tokens = trace[-1]["tokens"][row, 1:-1].tolist()
+    steps, n = conf.shape
+    grid = np.where(conf >= 0, conf, np.nan)  # masked positions only
+    fig = PaperFigure(figsize=(max(4.0, 0.75 * n + 1.5), 0.36 * steps + 1.2))
+    ax = fig.add_subplot()
+    im = ax.imshow(grid, cmap=colormaps["viridis"].with_extremes(bad="white"), vmin=0, vmax=1, aspect="auto")
+    for s, i in zip(*np.nonzero(revealed)):
+        word = tokenizer.decode([tokens[i]])
+        ax.text(i, s, f"{word}\n{conf[s, i]:.2f}", ha="center", va="center", fontsize=7,
+                color="white" if conf[s, i] < 0.6 else "black", weight="bold")
+    ax.set(xlabel="caption position", ylabel="step", xticks=range(n), xticklabels=range(1, n + 1),
+           yticks=range(steps), yticklabels=range(1, steps + 1))
+    ax.set_title(tokenizer.decode(trace[-1]["tokens"][row]), fontsize=9)
+    fig.colorbar(im, ax=ax, label="confidence of a masked position", fraction=0.03)
+    fig.tight_layout()
+    _save(fig, path)
+    return fig
+
+
+def plot_elbo_spread(spread: Mapping, path: str | None = None) -> Figure:
+    """Spread of the Monte-Carlo ELBO (Eq. 8) against its sample count, from
+    :func:`mdc.tutorial.elbo_spread`: left, one caption's estimate (i.i.d. vs stratified mask
+    counts); right, the true-minus-false difference, also with paired noise; 1/sqrt(S) dotted."""
+    sizes = np.asarray(spread["sizes"], dtype=float)
+    fig = PaperFigure(figsize=(9, 3.4))
+    for k, (what, title, modes) in enumerate((("caption", "ELBO of one caption", ("i.i.d.", "stratified")),
+                                               ("difference", "true minus false ELBO", None))):
+        ax = fig.add_subplot(1, 2, k + 1)
+        for mode in modes or [m for m in spread if m != "sizes"]:
+            ax.plot(sizes, spread[mode][what], "o-", label=mode)
+        first = spread["i.i.d."][what][0]
+        ax.plot(sizes, first * np.sqrt(sizes[0] / sizes), ":", color="gray", label="1/sqrt(S)")
+        ax.set(xscale="log", yscale="log", xlabel="samples S", ylabel="std over seeds (nats)", title=title)
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticks(sizes, [f"{s:g}" for s in sizes])
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+        ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.legend(frameon=False, fontsize=8)
     fig.tight_layout()
     _save(fig, path)

@@ -38,7 +38,7 @@ def check_length(model, length: int) -> None:
 def mdc_sample(model, images, length: int, tokens_per_step: int = 1, temperature: float = 0.0,
                generator: torch.Generator | None = None, guidance: str | None = None,
                guidance_scale: float | None = None, guidance_seed: int = 0,
-               threshold: float | None = None) -> torch.Tensor:
+               threshold: float | None = None, trace: list | None = None) -> torch.Tensor:
     """Greedy confidence unmasking. Returns tokens [B, length + 2] without [MASK].
 
     Each step reveals the ``tokens_per_step`` most confident masked positions, or, with
@@ -46,7 +46,10 @@ def mdc_sample(model, images, length: int, tokens_per_step: int = 1, temperature
     exceeds it, at least the most confident one. The head runs only at still-masked positions.
     ``guidance`` "cfg" | "mcs" ranks and samples under the guided distribution of
     :mod:`mdc.guidance` (CFG: scale 1 is unguided; MCS as printed: scale 0 is unguided);
-    ``guidance_seed`` seeds MCS's partial-condition masks."""
+    ``guidance_seed`` seeds MCS's partial-condition masks. ``trace``: a list that receives one
+    record per step, ``{"revealed": [B, N'+2] bool, "tokens": [B, N'+2] after the step,
+    "confidence": [B, N'+2]}`` (each still-masked position's confidence at that step, -1 at the
+    others); :func:`mdc.plots.plot_unmasking` draws it (nothing is recorded without a list)."""
     check_length(model, length)
     if tokens_per_step < 1:
         raise ValueError(f"tokens_per_step must be >= 1; got {tokens_per_step}")
@@ -74,6 +77,8 @@ def mdc_sample(model, images, length: int, tokens_per_step: int = 1, temperature
             reveal = (conf > threshold) | (conf == conf.max(1, keepdim=True).values)  # at least the best one
             reveal &= still
         x = torch.where(reveal, pred, x)
+        if trace is not None:
+            trace.append({"revealed": reveal.cpu(), "tokens": x.cpu(), "confidence": conf.float().cpu()})
 
 
 def _decode_step(model, tokens, context, cache, start):
@@ -153,7 +158,7 @@ def arc_sample(model, images, max_length: int | None = None, beam_size: int = 1,
 def generate(model, images, length: int = 15, *, beam_size: int = 6, tokens_per_step: int = 1,
              threshold: float | None = None, temperature: float = 0.0, generator=None, return_tokens: bool = False,
              guidance: str | None = None, guidance_scale: float | None = None, guidance_seed: int = 0,
-             precision: str = "auto"):
+             precision: str = "auto", trace: list | None = None):
     """Captions for `images` [B, 3, H, W]: list[str] (or the token tensor).
 
     MDC: exactly `length` tokens by greedy confidence unmasking (``tokens_per_step`` or a confidence
@@ -162,12 +167,17 @@ def generate(model, images, length: int = 15, *, beam_size: int = 6, tokens_per_
     reverse process of mdc/d3pm.py (``generator`` drives it). ``guidance`` "cfg" | "mcs" with
     ``guidance_scale`` (MDC only; mdc/guidance.py): CFG is unguided at 1, MCS (as printed) at 0.
     ``precision``: "auto" (bf16 autocast on CUDA, fp32 elsewhere) | "fp32" | "bf16".
+    ``trace`` (MDC's unmasking sampler only): a list that receives each step's revealed positions,
+    tokens and confidences (see :func:`mdc_sample`).
     """
     objective = model.config.objective
     if objective == "clip":
         raise ValueError("a CLIP model cannot generate captions; use an 'mdc' or 'arc' model")
     model.check_images(images)
     check_guidance(model, guidance, guidance_scale)
+    if trace is not None and (objective != "mdc" or model.config.noise == "mask_replace"):
+        raise ValueError("trace records MDC's unmasking steps; this model samples otherwise "
+                         f"(objective {objective!r}, noise {model.config.noise!r})")
     guided = dict(guidance=guidance, guidance_scale=guidance_scale, guidance_seed=guidance_seed)
     with evaluating(model, precision):
         if objective == "arc":
@@ -178,5 +188,5 @@ def generate(model, images, length: int = 15, *, beam_size: int = 6, tokens_per_
             tokens = d3pm_sample(model, images, length, generator=generator, **guided)
         else:
             tokens = mdc_sample(model, images, length, tokens_per_step, temperature, generator, threshold=threshold,
-                                **guided)
+                                trace=trace, **guided)
     return tokens if return_tokens else model.tokenizer.batch_decode(tokens)

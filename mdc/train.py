@@ -57,7 +57,7 @@ class TrainConfig:
     Every checkpoint stores the resolved configuration (``train_config.json``, plus the model's
     ``config.json``). ``resume`` continues only the same run: any difference outside
     ``RESUME_FREE`` (bookkeeping that does not change what is trained: resume, force_resume,
-    save_every, log_every, keep_last, tensorboard, compile, and output_dir, so that a run
+    save_every, log_every, keep_last, tensorboard, progress, compile, and output_dir, so that a run
     folder may be moved) is refused with a ``ValueError`` naming each field and both values;
     ``force_resume`` continues anyway and logs the differences.
     """
@@ -68,7 +68,7 @@ class TrainConfig:
     objective: str = "mdc"  # "mdc" | "arc" | "clip"
     model_overrides: dict | None = None  # extra ModelConfig fields, e.g. {"image_size": 32}
     vocab_from_data: bool = False  # compact vocabulary = the BPE ids of the training captions (local shards)
-    preset: str | None = None  # paper hyperparameters of a backbone: vit-b-32 | vit-b-16 | vit-l-14
+    preset: str | None = None  # paper hyperparameters of a backbone (vit-b-32 | vit-b-16 | vit-l-14), or mini
     steps: int | None = None  # optimizer steps; or give epochs
     epochs: int | None = None  # passes of samples_per_epoch samples (preset default: 32)
     samples_per_epoch: int | None = None  # default: counted in the (local) shards
@@ -95,6 +95,7 @@ class TrainConfig:
     precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU) | "fp32" | "bf16"
     compile: bool = False  # torch.compile the loss computation
     tensorboard: bool = False  # also log to output_dir/tensorboard (if tensorboard is installed)
+    progress: bool = True  # the progress bar (rank 0); False keeps notebooks' stored outputs short
 
     def resolved(self, world_size: int) -> "TrainConfig":
         """A copy with every default filled in from the preset and checked against the world size.
@@ -163,8 +164,8 @@ class TrainConfig:
 
 
 # TrainConfig fields that may differ between a run and its resumption (see TrainConfig).
-RESUME_FREE = ("resume", "force_resume", "save_every", "log_every", "keep_last", "tensorboard", "compile",
-               "output_dir")
+RESUME_FREE = ("resume", "force_resume", "save_every", "log_every", "keep_last", "tensorboard", "progress",
+               "compile", "output_dir")
 
 
 def run_config(cfg: TrainConfig, world: int) -> dict:
@@ -499,7 +500,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
         checkpoint.atomic_write_text(os.path.join(cfg.output_dir, "train_config.json"),
                                      json.dumps(run_config(cfg, world), indent=1))
     log = checkpoint.MetricsLog(cfg.output_dir, step, cfg.tensorboard) if rank == 0 else None
-    bar = tqdm(total=cfg.steps, initial=step, disable=rank != 0, desc=f"{cfg.objective} {cfg.model}",
+    bar = tqdm(total=cfg.steps, initial=step, disable=rank != 0 or not cfg.progress, desc=f"{cfg.objective} {cfg.model}",
                dynamic_ncols=True)
     loss_value, speeds, warned = float("nan"), [], False
     model.train()
@@ -607,7 +608,8 @@ def parse_args(argv: list[str] | None = None) -> dict:
     p.add_argument("--model-overrides", type=json.loads, help='JSON of ModelConfig fields, e.g. \'{"image_size": 32}\'')
     p.add_argument("--vocab-from-data", action="store_true",
                    help="compact vocabulary from the training captions (local shards), e.g. to train tiny on real data")
-    p.add_argument("--preset", choices=sorted(optim.PRESETS), help="paper hyperparameters of this backbone")
+    p.add_argument("--preset", choices=sorted(optim.PRESETS),
+                   help="paper hyperparameters of this backbone, or mini (the synthetic mini profile)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="optimizer steps")
     length.add_argument("--epochs", type=int, help="epochs of --samples-per-epoch samples")
@@ -638,6 +640,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
                    help="auto: bf16 autocast on CUDA, fp32 on CPU")
     p.add_argument("--compile", action="store_true", help="torch.compile the loss computation")
     p.add_argument("--tensorboard", action="store_true", help="also log to OUTPUT_DIR/tensorboard")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     args = vars(p.parse_args(argv))
     if args["t_interval"] is not None:
         args["t_interval"] = tuple(args["t_interval"])

@@ -211,3 +211,11 @@ def test_count_samples_reads_img2dataset_stats_instead_of_the_tars(shards, tmp_p
     real_open = mdc.train.tarfile.open
     monkeypatch.setattr(mdc.train.tarfile, "open", lambda name, *a, **k: opened.append(name) or real_open(name, *a, **k))
     assert count_samples(pattern) == plain and opened == [str(tmp_path / "000003.tar")]
+
+
+def test_progress_false_draws_no_bar_and_resumes_the_same_run(shards, tmp_path, capfd):
+    train(**run_args(shards, tmp_path, steps=2, workers=0, progress=False))
+    err = capfd.readouterr().err
+    assert "mdc tiny" not in err and "it/s" not in err
+    out = train(**run_args(shards, tmp_path, steps=2, workers=0, progress=True, resume=True))
+    assert out["steps"] == 2  # a bookkeeping field: the same run continues
