@@ -9,7 +9,7 @@ TUTORIALS := notebooks/tutorials
 NBVAL  := --nbval-lax --nbval-current-env --nbval-sanitize-with $(TUTORIALS)/sanitize.cfg --nbval-cell-timeout=600
 LAB_ARGS ?=
 
-.PHONY: install test test-slow test-tutorials browser lab bench clean
+.PHONY: install test test-slow test-tutorials browser lab bench smoke reproduce clean
 
 install: $(STAMP)
 
@@ -35,13 +35,21 @@ browser:
 	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	  echo "installing Debian's chromium and chromium-driver for the JupyterLab browser test"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+	  (timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq chromium chromium-driver >/dev/null) \
 	    || echo "could not install Chromium: the browser test will be skipped"; \
 	else echo "no Chromium and no apt-get as root: the browser test will be skipped"; fi
 
 # JupyterLab on the notebooks (tutorials/ first); e.g. make lab LAB_ARGS="--no-browser --port 8890"
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
+
+# The paper's tables and figures on the synthetic world: every artifact at a handful of steps
+# (smoke, run by CI after make test), or the frozen mini setup into figures/ (the README's results).
+smoke: $(STAMP)
+	$(PY) -m reproduce --profile smoke
+
+reproduce: $(STAMP)
+	$(PY) -m reproduce --profile mini
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

@@ -1,0 +1,212 @@
+"""Helpers of the tutorials (``notebooks/tutorials``): a small world, a small model, seconds of CPU.
+
+The tutorials show the method at work in about a minute each, so everything here is sized
+for a laptop CPU and deterministic for a fixed thread count (:func:`setup` fixes one thread):
+
+- :func:`setup` (one thread, seeded) and :func:`workdir` (a temporary folder);
+- :data:`TUTORIAL_CONFIG`: ``tiny`` made smaller (32 px, patch 8, 2 + 2 layers of width 64,
+  40-token context), the synthetic world's compact vocabulary;
+- :func:`scene_data`: one- and two-object scenes of the synthetic world (fewer objects are
+  learnt faster), rendered and captioned in memory, training and held-out streams disjoint;
+- :func:`train_tiny`: the training loop of Alg. 1 on such data, a few hundred steps;
+- :func:`caption_variants`: a scene's true sentence and ARO / SugarCrepe-style perturbations;
+- :func:`elbo_spread`: how the Monte-Carlo ELBO estimate (Eq. 8) scatters with its sample
+  count under i.i.d., stratified and paired noise.
+"""
+from __future__ import annotations
+
+import tempfile
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import mdc
+from mdc import optim
+from mdc.data.pipeline import CLIP_MEAN, CLIP_STD
+from mdc.data.scene_render import COLOURS, SHAPES, render_array
+from mdc.data.scene_text import BACKGROUND_WORDS, REL_PREP, caption, relation_of, with_article
+from mdc.data.scenes import sample_scene, stream_rng
+
+#: ``tiny`` overrides for the tutorials: a model of ~0.3 M parameters that trains at ~10 steps/s.
+TUTORIAL_CONFIG = dict(image_size=32, patch_size=8, vision_width=64, vision_layers=2, vision_heads=2,
+                       text_width=64, text_layers=2, text_heads=2, embed_dim=64, context_length=40)
+# Random streams (mdc.data.scenes.stream_rng) of the tutorial scenes: apart from the training
+# shards' (0-2), the evaluation sets' (1000-4999) and the benchmarks' (9000).
+STREAM_TRAIN, STREAM_HELD_OUT = 6000, 6100
+
+
+_WORKDIRS: list = []  # kept alive until the process (the notebook's kernel) exits
+
+
+def setup(seed: int = 0, threads: int = 1) -> None:
+    """One torch thread and a seeded global RNG: a re-run gives the same numbers on a CPU."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    # tqdm.auto (imported by timm's dependencies) warns once without ipywidgets; text bars are fine here
+    warnings.filterwarnings("ignore", message="IProgress not found")
+
+
+def workdir(prefix: str = "mdc-tutorial-") -> str:
+    """A new temporary folder for a tutorial's files, removed when the Python process exits."""
+    folder = tempfile.TemporaryDirectory(prefix=prefix)
+    _WORKDIRS.append(folder)
+    return folder.name
+
+
+@dataclass
+class SceneData:
+    """Rendered, captioned scenes held in memory."""
+    scenes: list  # [N] scene graphs (mdc.data.scenes.sample_scene)
+    pixels: np.ndarray  # [N, S, S, 3] uint8, for display
+    images: torch.Tensor  # [N, 3, S, S] float, CLIP-normalised: the model's input
+    captions: list  # [N] str
+
+    def __len__(self) -> int:
+        return len(self.scenes)
+
+
+def normalise(pixels: np.ndarray) -> torch.Tensor:
+    """uint8 [N, S, S, 3] -> CLIP-normalised float [N, 3, S, S] (the eval transform at size S)."""
+    x = torch.from_numpy(np.ascontiguousarray(pixels)).permute(0, 3, 1, 2).float() / 255
+    return (x - torch.tensor(CLIP_MEAN).view(3, 1, 1)) / torch.tensor(CLIP_STD).view(3, 1, 1)
+
+
+def scene_data(n: int, style: str = "descriptive", seed: int = 0, held_out: bool = False,
+               image_size: int = 32, max_objects: int = 2) -> SceneData:
+    """``n`` scenes of 1..``max_objects`` objects with one ``style`` caption each ("descriptive",
+    "alt" or "reference"). ``held_out`` draws from a stream the training data never uses."""
+    stream = STREAM_HELD_OUT if held_out else STREAM_TRAIN
+    scenes = []
+    for i in range(n):
+        rng = stream_rng(seed, stream, i)
+        scenes.append(sample_scene(rng, n_objects=int(rng.integers(1, max_objects + 1))))
+    captions = [caption(s, style, stream_rng(seed, stream + 1, i)) for i, s in enumerate(scenes)]
+    pixels = np.stack([render_array(s, image_size) for s in scenes])
+    return SceneData(scenes, pixels, normalise(pixels), captions)
+
+
+def train_tiny(data: SceneData, objective: str = "mdc", steps: int = 600, batch_size: int = 64, lr: float = 3e-3,
+               seed: int = 0, **overrides):
+    """Train a :data:`TUTORIAL_CONFIG` model on ``data`` (Alg. 1 for MDC: ``model.loss`` draws t and
+    masks). AdamW with 5% warm-up and cosine decay, batches drawn with replacement from a seeded
+    generator. Returns ``(model in eval mode, per-step losses)``."""
+    torch.manual_seed(seed)
+    model = mdc.create_model("tiny", objective, **{**TUTORIAL_CONFIG, **overrides})
+    tokens = model.tokenizer(data.captions)  # [N, context]
+    opt = optim.make_optimizer(model, lr, weight_decay=0.1)
+    sched = optim.make_scheduler(opt, max(1, steps // 20), steps)
+    g = torch.Generator().manual_seed(seed)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        rows = torch.randint(len(data), (batch_size,), generator=g)
+        loss = model.loss(data.images[rows], tokens[rows])
+        loss.backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return model.eval(), losses
+
+
+def caption_variants(scene: dict) -> dict[str, str]:
+    """A two-object scene's true caption and four false ones, in a template of the reference
+    (COCO-like) style: "a pink circle to the left of a yellow crescent on a white background".
+    ``true``; ``relation swap`` (ARO VG-Relation: the two objects exchanged); ``colour swap``
+    (VG-Attribution, SugarCrepe swap-att); ``colour replaced`` (SugarCrepe replace-att: a colour
+    absent from the scene); ``shape replaced`` (replace-obj: an absent shape). Every false
+    caption has the true one's words but one (or two exchanged)."""
+    if len(scene["objects"]) != 2:
+        raise ValueError(f"caption_variants needs a two-object scene; this one has {len(scene['objects'])}")
+    a, b = scene["objects"]
+    prep = REL_PREP[relation_of(scene, 0, 1)][0]
+    bg = BACKGROUND_WORDS[scene["background"]["kind"]][0]
+    absent = next(c for c in COLOURS if c not in (a["colour"], b["colour"]))
+    other = next(s for s in SHAPES if s not in (a["shape"], b["shape"]))
+
+    def text(ca, sa, cb, sb):
+        return f"{with_article(f'{ca} {sa}')} {prep} {with_article(f'{cb} {sb}')} on a {bg} background"
+
+    return {"true": text(a["colour"], a["shape"], b["colour"], b["shape"]),
+            "relation swap": text(b["colour"], b["shape"], a["colour"], a["shape"]),
+            "colour swap": text(b["colour"], a["shape"], a["colour"], b["shape"]),
+            "colour replaced": text(absent, a["shape"], b["colour"], b["shape"]),
+            "shape replaced": text(a["colour"], other, b["colour"], b["shape"])}
+
+
+#: score_candidates options of the four estimators compared by :func:`elbo_spread`.
+SPREAD_MODES = {"i.i.d.": dict(stratified=False, paired=False), "stratified": dict(stratified=True, paired=False),
+                "i.i.d. + paired": dict(stratified=False, paired=True),
+                "stratified + paired": dict(stratified=True, paired=True)}
+
+
+@torch.no_grad()
+def elbo_spread(model, images: torch.Tensor, pairs: list, sizes=(4, 16, 64, 256), seeds=range(16)) -> dict:
+    """Standard deviation over ``seeds`` of the ELBO estimate (Eq. 8) with S = ``sizes`` samples.
+
+    ``pairs`` [B] are (true, false) captions of ``images`` [B]. For each mode of
+    :data:`SPREAD_MODES` and each S: ``"caption"``, the std of the true caption's ELBO, and
+    ``"difference"``, the std of true minus false (what a matching benchmark compares); each the
+    root mean square over the B items of the std over seeds. Returns
+    ``{mode: {"caption": [per S], "difference": [per S]}}`` and ``"sizes"``.
+    """
+    out = {"sizes": list(sizes)}
+    for mode, options in SPREAD_MODES.items():
+        out[mode] = {"caption": [], "difference": []}
+        for S in sizes:
+            runs = torch.stack([mdc.score_candidates(model, images, pairs, "elbo", num_samples=S, seed=s, **options)
+                                for s in seeds])  # [seeds, B, 2]
+            rms = lambda x: float(x.std(0).pow(2).mean().sqrt())  # noqa: E731
+            out[mode]["caption"].append(rms(runs[..., 0]))
+            out[mode]["difference"].append(rms(runs[..., 0] - runs[..., 1]))
+    return out
+
+
+def unmasking_steps(trace: list, tokenizer, row: int = 0) -> list[dict]:
+    """The tokens of caption ``row`` in the order the sampler revealed them: ``{step, position
+    (1 = first caption token), token, confidence}``, from ``mdc.generate(..., trace=trace)``."""
+    out = []
+    for step, record in enumerate(trace, 1):
+        for pos in record["revealed"][row].nonzero().flatten().tolist():
+            out.append({"step": step, "position": pos, "token": tokenizer.decode([int(record["tokens"][row, pos])]),
+                        "confidence": float(record["confidence"][row, pos])})
+    return out
+
+
+def steps_per_caption(trace: list) -> torch.Tensor:
+    """[B] decoder calls each caption of a traced batch needed (its rows revealed something)."""
+    return torch.stack([record["revealed"].any(1) for record in trace]).sum(0)
+
+
+def write_example_dataset(folder: str, n_train: int = 1000, n_val: int = 4, seed: int = 0, image_size: int = 64,
+                          captions_per_image: int = 3) -> dict:
+    """Stand-in for *your* data: JPEG photos in ``folder/images`` and COCO captions files
+    ``folder/captions_train.json`` / ``captions_val.json`` (the official format: ``images`` with
+    ``id`` and ``file_name``, ``annotations`` with ``image_id`` and ``caption``), several
+    reference-style captions per image. Returns the three paths."""
+    import json
+    import os
+
+    from PIL import Image
+
+    from mdc.data.scene_text import references
+
+    os.makedirs(os.path.join(folder, "images"), exist_ok=True)
+    paths = {"images": os.path.join(folder, "images")}
+    for split, n, stream in (("train", n_train, STREAM_TRAIN + 50), ("val", n_val, STREAM_HELD_OUT + 50)):
+        images, annotations = [], []
+        for i in range(n):
+            rng = stream_rng(seed, stream, i)
+            scene = sample_scene(rng, n_objects=int(rng.integers(1, 3)))
+            name = f"{split}_{i:06d}.jpg"
+            Image.fromarray(render_array(scene, image_size)).save(os.path.join(folder, "images", name), quality=95)
+            image_id = len(images) + (0 if split == "train" else 10**6)
+            images.append({"id": image_id, "file_name": name, "width": image_size, "height": image_size})
+            for text in references(scene, stream_rng(seed, stream + 1, i), captions_per_image):
+                annotations.append({"id": len(annotations), "image_id": image_id, "caption": text})
+        paths[split] = os.path.join(folder, f"captions_{split}.json")
+        with open(paths[split], "w") as f:
+            json.dump({"images": images, "annotations": annotations}, f)
+    return paths
