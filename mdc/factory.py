@@ -15,6 +15,11 @@ _ARCHS: dict[str, dict] = {
     "tiny": dict(image_size=64, patch_size=8, vision_width=128, vision_layers=4, vision_heads=4,
                  text_width=128, text_layers=4, text_heads=4, embed_dim=128, context_length=64,
                  vocab="scenes"),
+    # tiny at 32 px, patch 8 (16 image tokens): the `mini` reproduction profile's model, frozen by the
+    # learnability study (reproduce/studies/learnability.md) with the training preset "mini".
+    "mini": dict(image_size=32, patch_size=8, vision_width=128, vision_layers=4, vision_heads=4,
+                 text_width=128, text_layers=4, text_heads=4, embed_dim=128, context_length=64,
+                 vocab="scenes"),
     "vit-b-32": dict(_VIT_B, patch_size=32),
     "vit-b-16": dict(_VIT_B, patch_size=16),
     "vit-l-14": dict(image_size=224, patch_size=14, vision_width=1024, vision_layers=24, vision_heads=16,

@@ -18,6 +18,9 @@ PRESETS: dict[str, dict] = {
     "vit-b-16": dict(lr=5e-4, weight_decay=0.2),
     "vit-l-14": dict(lr=4e-4, weight_decay=0.2),
 }
+# The `mini` reproduction profile on the synthetic world (model "mini", 2 CPU cores, descriptive
+# captions): the recipe the learnability study froze (reproduce/studies/learnability.md), not the paper's.
+PRESETS["mini"] = dict(lr=3e-3, weight_decay=0.1, steps=560, batch_size=64, global_batch=64, warmup_steps=56)
 PAPER = dict(betas=(0.9, 0.98), global_batch=1024, warmup_steps=10_000, epochs=32)
 CLIPPED = {("vit-l-14", "arc"): 1.0}  # (preset, objective) -> grad-norm clip
 
@@ -26,7 +29,8 @@ _NO_DECAY_NAMES = {"pos", "pos_embed", "cls_token", "reg_token", "logit_scale"}
 
 
 def preset_values(preset: str, objective: str) -> dict:
-    """lr, weight_decay, betas, global_batch, warmup_steps, epochs and grad_clip_norm of a paper preset."""
+    """lr, weight_decay, betas, global_batch, warmup_steps, epochs (or steps and batch_size) and
+    grad_clip_norm of a preset."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     return {**PAPER, **PRESETS[preset], "grad_clip_norm": CLIPPED.get((preset, objective))}

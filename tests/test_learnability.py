@@ -1,0 +1,76 @@
+"""The learnability study's rule and the `mini` configuration it froze (model "mini", preset "mini")."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import mdc
+from mdc.data.scenes import write_shards
+from mdc.factory import model_config
+from mdc.train import TrainConfig
+from reproduce.studies import learnability as study
+
+CHOSEN = "s32q"  # reproduce/studies/learnability/decision.json
+
+
+def test_the_frozen_model_is_the_studied_configuration():
+    frozen, studied = model_config("mini"), model_config("tiny", **study.CONFIGS[CHOSEN]["model"])
+    assert {**vars(frozen), "name": None} == {**vars(studied), "name": None}
+    for objective in ("mdc", "arc", "clip"):
+        model = mdc.create_model("mini", objective=objective)
+        assert model.config.image_size == 32 and model.config.objective == objective
+
+
+def test_the_mini_preset_is_the_studied_recipe():
+    c = TrainConfig(output_dir="x", preset="mini", objective="mdc", train_data="x.tar").resolved(world_size=1)
+    recipe = study.CONFIGS[CHOSEN]
+    assert (c.model, c.steps, c.batch_size, c.accum_steps, c.lr, c.warmup_steps) == \
+        ("mini", recipe["steps"], recipe["batch"], 1, recipe["lr"], recipe["warmup"])
+    assert c.epochs is None and c.weight_decay == 0.1
+
+
+def test_the_decision_file_names_the_frozen_configuration():
+    decision = json.load(open(os.path.join(os.path.dirname(study.__file__), "learnability", "decision.json")))
+    assert decision["choice"] == CHOSEN and decision["rule"]["max_minutes"] == study.RULE["max_minutes"]
+
+
+def _row(config, objective, seed, gap):
+    return {"config": config, "objective": objective, "seed": seed, "gap_mean4": gap}
+
+
+def test_rule_prefers_a_passing_configuration_then_falls_back_to_the_best_weakest_objective(tmp_path, monkeypatch):
+    cfg = dict(model={"image_size": 32}, style="descriptive", batch=64)
+    monkeypatch.setattr(study, "CONFIGS", {"a": dict(cfg, steps=100), "b": dict(cfg, model={"image_size": 48},
+                                                                                  steps=100),
+                                           "a_long": dict(cfg, steps=1000)})
+    rows = [_row("a", o, s, g) for s in range(3) for o, g in (("mdc", 9 + s * 0.1), ("arc", 12), ("clip", 30))]
+    rows += [_row("b", o, s, g) for s in range(3) for o, g in (("mdc", 10), ("arc", 11), ("clip", 10.5 + s))]
+    rows += [_row("a_long", o, 0, 40) for o in ("mdc", "arc", "clip")]  # strong but unaffordable
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    timing = [{"config": "a", "mdc": 1.0, "arc": 1.2, "clip": 1.5}, {"config": "b", "mdc": 1.0, "arc": 1.0, "clip": 1.0}]
+    (tmp_path / "timing.jsonl").write_text("".join(json.dumps(t) + "\n" for t in timing))
+    d = study.decide(str(tmp_path))
+    assert d["by"] == "fallback" and d["choice"] == "b"  # weakest objective: b 10 > a 9.1
+    assert d["configs"]["a_long"]["minutes"] == pytest.approx(1000 * 1.5 / 60)  # a's step cost, 10x the steps
+    assert "a_long" not in d["weakest_gap"]
+    passing = [_row("a", o, s, 25 + 0.5 * s) for s in range(3) for o in ("mdc", "arc", "clip")]
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in passing + rows[9:]))
+    d = study.decide(str(tmp_path))  # a passes (gaps >= 20, std 0.5), b does not
+    assert d["by"] == "rule" and d["choice"] == "a"
+    spread = [_row("a", o, s, 25 + 2 * s) for s in range(3) for o in ("mdc", "arc", "clip")]
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in spread + rows[9:]))
+    assert study.decide(str(tmp_path))["by"] == "fallback"  # std 2 > 1.5
+
+
+def test_train_cli_runs_the_mini_preset(tmp_path):
+    write_shards(str(tmp_path / "shards"), 8, "descriptive", seed=0, image_size=32, shard_size=8)
+    out = subprocess.run([sys.executable, "-m", "mdc.train", "--preset", "mini", "--objective", "mdc",
+                          "--train-data", str(tmp_path / "shards"), "--steps", "2", "--batch-size", "4",
+                          "--global-batch", "4", "--warmup-steps", "1", "--output-dir", str(tmp_path / "run"),
+                          "--workers", "0"], capture_output=True, text=True, env={**os.environ,
+                                                                                   "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    model = mdc.load(str(tmp_path / "run"))
+    assert model.config.name == "mini" and model.config.image_size == 32
