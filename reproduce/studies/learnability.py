@@ -216,8 +216,8 @@ def decide(out: str) -> dict:
             per[objective] = {"seeds": len(gaps), "gap": float(np.mean(gaps)) if gaps else None, "std": std,
                               "passes": bool(gaps) and bool(np.mean(gaps) >= RULE["min_gap"])
                               and (std is not None and std < RULE["max_std"])}
-        minutes = _step_seconds(name, timings)
-        minutes = minutes * CONFIGS[name]["steps"] / 60 if minutes is not None else None
+        seconds = _step_seconds(name, timings)
+        minutes = seconds * CONFIGS[name]["steps"] / 60 if seconds is not None else None
         verdict[name] = {"objectives": per, "minutes": minutes,
                          "passes": all(v["passes"] for v in per.values()) and minutes is not None
                          and minutes <= RULE["max_minutes"]}
