@@ -20,6 +20,36 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("P
 VOCAB = compact_vocab(CAPTIONS + ["a green square", "the red star above a circle"])
 SMALL = dict(vocab=VOCAB, image_size=32, patch_size=8, vision_width=64, vision_layers=2, vision_heads=2,
              text_width=64, text_layers=2, text_heads=2, embed_dim=64, context_length=24)
+# SMALL on the synthetic world's own vocabulary (what the notebooks' data is captioned with)
+WORLD_SMALL = {k: v for k, v in SMALL.items() if k != "vocab"} | {"context_length": 32}
+
+
+def committed_notebook(name: str):
+    """notebooks/<name>.ipynb as committed, checked clean: one ``parameters`` cell, the python3
+    kernel, no outputs. Returns (notebook, its parameters cell)."""
+    import nbformat
+
+    nb = nbformat.read(os.path.join(ROOT, "notebooks", f"{name}.ipynb"), as_version=4)
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and nb.metadata.kernelspec.name == "python3"
+    assert all(not c.get("outputs") and not c.get("execution_count") for c in nb.cells if c.cell_type == "code")
+    return nb, tagged[0]
+
+
+@pytest.fixture
+def run_notebook(tmp_path, monkeypatch):
+    """``run(name, **parameters)`` executes notebooks/<name>.ipynb under papermill in tmp_path, its
+    kernel on one thread; returns the executed notebook."""
+    import papermill
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the kernel inherits the environment
+
+    def run(name: str, **parameters):
+        return papermill.execute_notebook(os.path.join(ROOT, "notebooks", f"{name}.ipynb"), str(tmp_path / "out.ipynb"),
+                                          kernel_name="python3", cwd=str(tmp_path), progress_bar=False,
+                                          parameters=parameters)
+
+    return run
 
 
 @pytest.fixture

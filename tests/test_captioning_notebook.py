@@ -2,48 +2,29 @@
 import json
 import os
 
-import nbformat
 import papermill
 import pytest
 
-from conftest import SMALL, small_model
+from conftest import WORLD_SMALL, committed_notebook, small_model
 from test_eval_captioning import fake_judge  # noqa: F401 (fixture)
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-NOTEBOOK = os.path.join(ROOT, "notebooks", "captioning.ipynb")
-OVERRIDES = {k: v for k, v in SMALL.items() if k != "vocab"} | {"context_length": 32}  # the world's vocabulary
-
-
-@pytest.fixture(autouse=True)
-def _kernel_env(monkeypatch):  # the kernel inherits them
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-
-
-def _run(tmp_path, **parameters):
-    return papermill.execute_notebook(NOTEBOOK, str(tmp_path / "out.ipynb"), kernel_name="python3",
-                                      cwd=str(tmp_path), progress_bar=False, parameters=parameters)
-
 
 @pytest.fixture
 def checkpoints(tmp_path):
     for objective in ("mdc", "arc"):
-        small_model(objective, **OVERRIDES).save(tmp_path / objective)
+        small_model(objective, **WORLD_SMALL).save(tmp_path / objective)
     return str(tmp_path / "mdc"), str(tmp_path / "arc")
 
 
 def test_notebook_is_committed_clean_with_one_parameters_cell():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-    assert len(tagged) == 1 and nb.metadata.kernelspec.name == "python3"
-    assert all(not c.get("outputs") and not c.get("execution_count") for c in nb.cells if c.cell_type == "code")
+    nb, _ = committed_notebook("captioning")
     assert "Table 3" in nb.cells[0].source and "Fig. 6" in nb.cells[0].source
 
 
-def test_captioning_notebook_smoke(tmp_path, checkpoints, fake_judge):  # noqa: F811
+def test_captioning_notebook_smoke(tmp_path, run_notebook, checkpoints, fake_judge):  # noqa: F811
     out = tmp_path / "run"
-    _run(tmp_path, mdc_checkpoint=checkpoints[0], arc_checkpoint=checkpoints[1], max_images=3,
-         synthetic_images=[8, 4], finetune_steps=2, finetune_batch_size=4, metrics=["bleu", "rouge_l", "cider"],
-         judge_endpoint=fake_judge[0], judge_model="fake", output_dir=str(out))
+    run_notebook("captioning", mdc_checkpoint=checkpoints[0], arc_checkpoint=checkpoints[1], max_images=3,
+                 synthetic_images=[8, 4], finetune_steps=2, finetune_batch_size=4, metrics=["bleu", "rouge_l", "cider"],
+                 judge_endpoint=fake_judge[0], judge_model="fake", output_dir=str(out))
     record = json.loads((out / "results.json").read_text())
     assert record["kind"] == "captioning" and record["model"]["objective"] == "mdc"
     results = record["results"]
@@ -68,7 +49,7 @@ def test_captioning_notebook_smoke(tmp_path, checkpoints, fake_judge):  # noqa: 
     assert os.path.isfile(out / "fig6_captions.pdf")
 
 
-def test_captioning_notebook_names_swapped_checkpoints(tmp_path, checkpoints):
+def test_captioning_notebook_names_swapped_checkpoints(tmp_path, run_notebook, checkpoints):
     with pytest.raises(papermill.PapermillExecutionError, match=r"mdc_checkpoint = .* holds an 'arc' captioner, expected 'mdc'"):
-        _run(tmp_path, mdc_checkpoint=checkpoints[1], arc_checkpoint=checkpoints[0], synthetic_images=[4, 4],
-             output_dir=str(tmp_path / "run"))
+        run_notebook("captioning", mdc_checkpoint=checkpoints[1], arc_checkpoint=checkpoints[0],
+                     synthetic_images=[4, 4], output_dir=str(tmp_path / "run"))

@@ -1,12 +1,11 @@
 """notebooks/compositionality.ipynb runs under papermill with smoke settings and writes its results file."""
 import os
 
-import nbformat
 import numpy as np
 import papermill
 import pytest
 
-from conftest import small_model
+from conftest import committed_notebook, small_model
 from mdc.eval.compositionality import COLUMNS
 from mdc.eval.results import read_results
 
@@ -15,29 +14,19 @@ NOTEBOOK = os.path.join(ROOT, "notebooks", "compositionality.ipynb")
 
 
 def test_notebook_is_committed_clean_with_one_parameters_cell():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-    assert len(tagged) == 1 and nb.metadata.kernelspec.name == "python3"
-    assert all(not c.get("outputs") and not c.get("execution_count") for c in nb.cells if c.cell_type == "code")
+    nb, parameters = committed_notebook("compositionality")
     assert "Table 2" in nb.cells[0].source
-    lines = [line for line in tagged[0].source.splitlines() if line.strip()]
+    lines = [line for line in parameters.source.splitlines() if line.strip()]
     assert all(line.count("=") == 1 and "  # " in line for line in lines)  # one literal and a comment per line
     assert len(papermill.inspect_notebook(NOTEBOOK)) == len(lines)  # papermill reads every one
 
 
-def _run(tmp_path, monkeypatch, **parameters):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the kernel inherits the environment
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))  # this checkout's mdc
-    papermill.execute_notebook(NOTEBOOK, str(tmp_path / "out.ipynb"), kernel_name="python3", cwd=str(tmp_path),
-                               progress_bar=False, parameters=parameters)
-
-
-def test_compositionality_notebook_smoke(tmp_path, monkeypatch):
+def test_compositionality_notebook_smoke(tmp_path, run_notebook):
     checkpoint = tmp_path / "ckpt"
     small_model("mdc").save(str(checkpoint))
     out = tmp_path / "run"
-    _run(tmp_path, monkeypatch, checkpoint=str(checkpoint), num_samples=2, n_items=4, attribute_min_count=1,
-         tagger="builtin", batch_size=4, resamples=20, output_dir=str(out))
+    run_notebook("compositionality", checkpoint=str(checkpoint), num_samples=2, n_items=4, attribute_min_count=1,
+                 tagger="builtin", batch_size=4, resamples=20, output_dir=str(out))
     record = read_results(out / "results.json", kind="compositionality")
     results = record["results"]
     assert record["parameters"]["num_samples"] == 2 and record["model"]["objective"] == "mdc"
@@ -57,9 +46,9 @@ def test_compositionality_notebook_smoke(tmp_path, monkeypatch):
     assert (out / "table2.md").read_text().count("| paper:") == 4
 
 
-def test_notebook_names_a_missing_dataset_path(tmp_path, monkeypatch):
+def test_notebook_names_a_missing_dataset_path(tmp_path, run_notebook):
     checkpoint = tmp_path / "ckpt"
     small_model("clip").save(str(checkpoint))
     with pytest.raises(papermill.PapermillExecutionError, match=r"aro_dir: .*no_aro does not exist"):
-        _run(tmp_path, monkeypatch, checkpoint=str(checkpoint), data_dir=None, aro_dir=str(tmp_path / "no_aro"),
-             vg_image_dir=str(tmp_path), output_dir=str(tmp_path / "run"))
+        run_notebook("compositionality", checkpoint=str(checkpoint), data_dir=None, aro_dir=str(tmp_path / "no_aro"),
+                     vg_image_dir=str(tmp_path), output_dir=str(tmp_path / "run"))

@@ -2,43 +2,25 @@
 import json
 import os
 
-import nbformat
 import papermill
 import pytest
 
-from conftest import SMALL, small_model
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-NOTEBOOK = os.path.join(ROOT, "notebooks", "guidance.ipynb")
-OVERRIDES = {k: v for k, v in SMALL.items() if k != "vocab"} | {"context_length": 32}  # the world's vocabulary
-
-
-@pytest.fixture(autouse=True)
-def _kernel_env(monkeypatch):  # the kernel inherits them
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-
-
-def _run(tmp_path, **parameters):
-    return papermill.execute_notebook(NOTEBOOK, str(tmp_path / "out.ipynb"), kernel_name="python3",
-                                      cwd=str(tmp_path), progress_bar=False, parameters=parameters)
+from conftest import WORLD_SMALL, committed_notebook, small_model
 
 
 def test_notebook_is_committed_clean_with_one_parameters_cell():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-    assert len(tagged) == 1 and nb.metadata.kernelspec.name == "python3"
-    assert all(not c.get("outputs") and not c.get("execution_count") for c in nb.cells if c.cell_type == "code")
+    nb, parameters = committed_notebook("guidance")
     assert "MC-Diffusion" in nb.cells[0].source and "write_results" in nb.cells[-1].source
-    assert all("#" in line for line in tagged[0].source.splitlines())  # a comment on every parameter
+    assert all("#" in line for line in parameters.source.splitlines())  # a comment on every parameter
 
 
-def test_guidance_notebook_smoke(tmp_path):
-    small_model(cond_drop_prob=0.1, cond_mask_prob=0.5, **OVERRIDES).save(tmp_path / "mdc")
-    small_model("clip", **OVERRIDES).save(tmp_path / "clip")
+def test_guidance_notebook_smoke(tmp_path, run_notebook):
+    small_model(cond_drop_prob=0.1, cond_mask_prob=0.5, **WORLD_SMALL).save(tmp_path / "mdc")
+    small_model("clip", **WORLD_SMALL).save(tmp_path / "clip")
     out = tmp_path / "run"
-    _run(tmp_path, checkpoint=str(tmp_path / "mdc"), clip_checkpoint=str(tmp_path / "clip"), synthetic_images=3,
-         scales=[1.0, 3.0], length=5, metrics=["bleu", "cider"], composition_items=3, composition_scales=[2.0],
-         output_dir=str(out))
+    run_notebook("guidance", checkpoint=str(tmp_path / "mdc"), clip_checkpoint=str(tmp_path / "clip"),
+                 synthetic_images=3, scales=[1.0, 3.0], length=5, metrics=["bleu", "cider"], composition_items=3,
+                 composition_scales=[2.0], output_dir=str(out))
     record = json.loads((out / "results.json").read_text())
     assert record["kind"] == "guidance" and record["model"]["cond_drop_prob"] == 0.1
     results = record["results"]
@@ -59,7 +41,7 @@ def test_guidance_notebook_smoke(tmp_path):
     assert all(0 <= a <= 1 for row in table.values() for a in row.values() if a is not None)
 
 
-def test_notebook_refuses_a_model_trained_without_guidance(tmp_path):
-    small_model(**OVERRIDES).save(tmp_path / "plain")
+def test_notebook_refuses_a_model_trained_without_guidance(tmp_path, run_notebook):
+    small_model(**WORLD_SMALL).save(tmp_path / "plain")
     with pytest.raises(papermill.PapermillExecutionError, match="needs a model trained with cond_drop_prob > 0"):
-        _run(tmp_path, checkpoint=str(tmp_path / "plain"), output_dir=str(tmp_path / "run"))
+        run_notebook("guidance", checkpoint=str(tmp_path / "plain"), output_dir=str(tmp_path / "run"))
