@@ -128,15 +128,17 @@ def table1(runs: list[dict], paper_dir: str, out: str) -> list[str]:
     groups = _group(runs, "linear_probe", "table1", lambda l: (l.get("style"), l.get("method")))
     paper = paper_table(paper_dir, "table1_linear_probe")
     columns = ["imagenet1k", "food101", "cifar10", "cifar100", "pets"]
+
+    def cells(top1: list[dict], extra: list[str]) -> dict:  # per-column, average and mean4 cells over seeds
+        return {**{c: cell([t.get(c) for t in top1]) for c in columns + extra},
+                "average": cell([np.mean([t[c] for c in columns if c in t]) for t in top1]),
+                "mean4": cell([_informative_mean(t) for t in top1])}
+
     rows = []
     for (style, method), records in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "CLIP-LB")):
         top1 = [_probe_top1(r) for r in records]
-        extra = [c for c in (*EXTRA_TASKS,) if c in top1[0]]
-        row = {"data": style, "method": method, "seeds": str(len(records))}
-        for c in columns + extra:
-            row[c] = cell([t.get(c) for t in top1])
-        row["average"] = cell([np.mean([t[c] for c in columns if c in t]) for t in top1])
-        row["mean4"] = cell([_informative_mean(t) for t in top1])
+        extra = [c for c in EXTRA_TASKS if c in top1[0]]
+        row = {"data": style, "method": method, "seeds": str(len(records)), **cells(top1, extra)}
         ref = next((p for p in paper if p["backbone"] == PAPER_BACKBONE and p["pretrain_data"] == STYLE_DATA.get(style)
                     and p["method"] == method), None)
         row["paper average"] = paper_cell(ref["average"]) if ref else "-"
@@ -146,9 +148,7 @@ def table1(runs: list[dict], paper_dir: str, out: str) -> list[str]:
         if method in ("CLIP", "ARC", "MDC"):  # each method's own random-initialised encoder
             floor = [_probe_top1(r, floor=True) for r in records]
             rows.append({"data": style, "method": f"{method} random init", "seeds": str(len(records)),
-                         **{c: cell([t.get(c) for t in floor]) for c in columns + extra},
-                         "average": cell([np.mean([t[c] for c in columns if c in t]) for t in floor]),
-                         "mean4": cell([_informative_mean(t) for t in floor]), "paper average": "-", "paper": "-"})
+                         **cells(floor, extra), "paper average": "-", "paper": "-"})
     return write_table(rows, os.path.join(out, "table1_linear_probe"),
                        "Table 1: linear probe top-1 (%), mean ± std over seeds; on the synthetic world the columns "
                        "hold the tasks standing in for the paper's datasets (imagenet1k: object, food101: texture, "
