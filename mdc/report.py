@@ -202,9 +202,13 @@ def table3(runs: list[dict], paper_dir: str, out: str) -> list[str]:
             row[c.removeprefix("coco_")] = cell([v.get(c) for v in vals], scale=1.0)
             ref = paper.get(method)
             row[f"{c.removeprefix('coco_')} (paper COCO)"] = paper_cell(ref[c]) if ref else "-"
+        row["grounded words"] = cell([v.get("grounded_words") for v in vals], scale=1.0)
+        row["repeated (%)"] = cell([v.get("repeated") for v in vals], scale=1.0)
         rows.append(row)
     return write_table(rows, os.path.join(out, "table3_captioning"),
-                       "Table 3: captioning on the held-out references (pycocoevalcap, x100); paper: MSCOCO")
+                       "Table 3: captioning on the held-out references (pycocoevalcap, x100); paper: MSCOCO. "
+                       "Beside them (not in the paper): distinct words of a caption found in its image's "
+                       "references, and the share of its words that repeat an earlier one")
 
 
 def _probe_rows(runs, artifact: str, key, columns: dict[str, Callable[[dict], float | None]]) -> dict:

@@ -59,6 +59,18 @@ def test_caption_metrics_equal_pycocoevalcap():
     assert got["unavailable"] == {"meteor": "not requested", "spice": "not requested"}
 
 
+
+def test_descriptiveness_counts_grounded_and_repeated_words():
+    refs = {1: ["a red square above a blue circle", "two shapes on white"], 2: ["a green star"]}
+    got = cap.descriptiveness({1: "a red red square and a yellow cross", 2: "A green, green star."}, refs)
+    # 1: 8 words; content {red, square, yellow, cross}; grounded {red, square}; repeats: red, a -> 2/8
+    # 2: 4 words; content {green, star}, both grounded; repeats: green -> 1/4
+    assert got == pytest.approx({"words": 6.0, "content_words": 3.0, "grounded_words": 2.0,
+                                 "repeated": (2 / 8 + 1 / 4) / 2})
+    with pytest.raises(ValueError, match="image 3"):
+        cap.descriptiveness({3: "a cat"}, refs)
+    assert cap.evaluate_captions({"m": {2: "a green star"}}, refs, metrics=[])["m"]["grounded_words"] == 2.0
+
 @pytest.mark.slow
 def test_meteor_equals_pycocoevalcap(monkeypatch):  # METEOR's Java process takes ~10 s to start
     meteor = meteor_module.Meteor()  # one process for both sides
@@ -249,12 +261,15 @@ def test_llm_judge_skipped_or_failing(tmp_path):
 # ------------------------------------------------------------------ tables and the figure
 def test_table3_rows_and_figure(tmp_path):
     results = {"dataset": {"name": "coco"}, "judge": {"selection_rate": {"mdc-10": 0.25, "arc-beam6": 0.75}},
-               "metrics": {"mdc-10": {"bleu4": 0.2, "meteor": 0.1, "cider": 0.6, "spice": None, "rouge_l": 0.4},
+               "metrics": {"mdc-10": {"bleu4": 0.2, "meteor": 0.1, "cider": 0.6, "spice": None, "rouge_l": 0.4,
+                                      "grounded_words": 2.5, "repeated": 0.125},
                            "arc-beam6": {"bleu4": 0.1, "meteor": 0.2, "cider": 0.5, "spice": 0.1, "rouge_l": 0.3}}}
     rows = cap.table3_rows(results)
     assert [r["method"] for r in rows] == ["ARC (beam 6)", "MDC-10"]
     assert rows[1] == {"method": "MDC-10", "length_coco": 10, "coco_bleu4": 20.0, "coco_meteor": 10.0,
-                       "coco_cider": 60.0, "coco_spice": None, "coco_rougeL": 40.0, "coco_llm_judge": 25.0}
+                       "coco_cider": 60.0, "coco_spice": None, "coco_rougeL": 40.0, "coco_llm_judge": 25.0,
+                       "grounded_words": 2.5, "repeated": 12.5}
+    assert rows[0]["grounded_words"] is None  # results written before the column existed
     assert "flickr_bleu4" in cap.table3_rows(results, "flickr30k")[0]
     items = _items(tmp_path, 3)
     picked = cap.pick_examples(items, {"mdc-10": {i: "a caption " * 9 for i in range(3)},

@@ -42,7 +42,7 @@ import torch
 
 from mdc.data.formats import Items, load_coco_captions, load_image, load_karpathy, load_karpathy_test
 from mdc.data.pipeline import image_transform
-from mdc.eval.metrics import METRICS, caption_metrics, evaluate_captions  # noqa: F401 (part of this module's API)
+from mdc.eval.metrics import METRICS, caption_metrics, descriptiveness, evaluate_captions  # noqa: F401 (part of this module's API)
 from mdc.optim import make_optimizer, make_scheduler
 from mdc.sampler import check_length, generate
 from mdc.tokenizer import TextStats
@@ -265,8 +265,9 @@ def _row_order(name: str) -> tuple:
 
 def table3_rows(results: Mapping, dataset: str | None = None) -> list[dict]:
     """Table 3 rows (ARC, then MDC by length; values in percent, as the paper prints them) from
-    a captioning ``results`` dict: ``method``, ``length_<dataset>`` and ``<prefix>_bleu4, _meteor,
-    _cider, _spice, _rougeL, _llm_judge`` (prefix coco | flickr); None where not computed."""
+    a captioning ``results`` dict: ``method``, ``length_<dataset>``, ``<prefix>_bleu4, _meteor,
+    _cider, _spice, _rougeL, _llm_judge`` (prefix coco | flickr) and, beside the paper's columns,
+    :func:`descriptiveness`' ``grounded_words`` and ``repeated`` (%); None where not computed."""
     dataset = dataset or results["dataset"]["name"]
     prefix = TABLE3_PREFIX[dataset]
     judge = (results.get("judge") or {}).get("selection_rate") or {}
@@ -276,6 +277,8 @@ def table3_rows(results: Mapping, dataset: str | None = None) -> list[dict]:
         row = {"method": row_label(name), f"length_{dataset}": int(name[4:]) if name.startswith("mdc-") else None}
         row |= {f"{prefix}_{col}": None if m.get(k) is None else 100 * m[k] for k, col in TABLE3_COLUMNS.items()}
         row[f"{prefix}_llm_judge"] = 100 * judge[name] if name in judge else None
+        row |= {"grounded_words": m.get("grounded_words"),
+                "repeated": None if m.get("repeated") is None else 100 * m["repeated"]}
         rows.append(row)
     return rows
 

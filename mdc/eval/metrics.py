@@ -11,6 +11,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import socket
 from typing import Mapping, Sequence
 
@@ -20,6 +21,39 @@ logger = logging.getLogger(__name__)
 METRICS = {"bleu": ("bleu1", "bleu2", "bleu3", "bleu4"), "meteor": ("meteor",), "rouge_l": ("rouge_l",),
            "cider": ("cider",), "spice": ("spice",)}
 SPICE_DOWNLOAD_TIMEOUT = 60  # seconds per socket operation while SPICE fetches its CoreNLP jars
+#: Words that name nothing in an image: articles, conjunctions, prepositions, copulas, pronouns.
+FUNCTION_WORDS = frozenset("a an the and or but of on in at to with without from by for as into onto near "
+                           "is are was were be been it its this that these those there their his her".split())
+#: The keys :func:`descriptiveness` adds to every model's metrics.
+DESCRIPTIVENESS = ("words", "content_words", "grounded_words", "repeated")
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def descriptiveness(predictions: Mapping, references: Mapping[object, Sequence[str]]) -> dict[str, float]:
+    """How much of its image a caption names (the paper's Fig. 6 claim that longer MDC captions
+    are more descriptive), averaged over the images of ``{image_id: caption}``:
+
+    - ``words``: words in the caption;
+    - ``content_words``: its distinct words outside :data:`FUNCTION_WORDS`;
+    - ``grounded_words``: those of them that occur in one of the image's references;
+    - ``repeated``: the fraction of its words that repeat an earlier word of the caption.
+
+    A longer caption that is more descriptive names more grounded words without repeating itself.
+    """
+    rows = []
+    for image_id, caption in predictions.items():
+        if not references.get(image_id):
+            raise ValueError(f"image {image_id!r} has no reference captions")
+        words = _words(caption)
+        content = set(words) - FUNCTION_WORDS
+        seen = {w for ref in references[image_id] for w in _words(ref)}
+        rows.append((len(words), len(content), len(content & seen), 1 - len(set(words)) / max(len(words), 1)))
+    if not rows:
+        raise ValueError("no captions to measure")
+    return {key: sum(r[k] for r in rows) / len(rows) for k, key in enumerate(DESCRIPTIVENESS)}
 
 
 def _scorer(metric: str):
@@ -73,7 +107,8 @@ def _ptb_tokenize(captions: Mapping) -> dict:
 
 def evaluate_captions(captions_by_model: Mapping[str, Mapping], references: Mapping[object, Sequence[str]],
                       metrics: Sequence[str] = tuple(METRICS)) -> dict[str, dict]:
-    """:func:`caption_metrics` of several models at once (one tokenizer run, one METEOR process)."""
+    """:func:`caption_metrics` of several models at once (one tokenizer run, one METEOR process),
+    each with its :func:`descriptiveness` (which needs no tokenizer and is always computed)."""
     unknown = set(metrics) - set(METRICS)
     if unknown:
         raise ValueError(f"unknown metrics {sorted(unknown)}; choose from {list(METRICS)}")
@@ -83,8 +118,8 @@ def evaluate_captions(captions_by_model: Mapping[str, Mapping], references: Mapp
         for image_id in predictions:
             if not references.get(image_id):
                 raise ValueError(f"{name or 'predictions'}: image {image_id!r} has no reference captions")
-    out = {name: {key: None for keys in METRICS.values() for key in keys} | {"unavailable": {}}
-           for name in captions_by_model}
+    out = {name: {key: None for keys in METRICS.values() for key in keys} | descriptiveness(predictions, references)
+           | {"unavailable": {}} for name, predictions in captions_by_model.items()}
 
     def unavailable(metric: str, reason: str, names=tuple(out)) -> None:
         for name in names:
@@ -92,6 +127,8 @@ def evaluate_captions(captions_by_model: Mapping[str, Mapping], references: Mapp
 
     for metric in [m for m in METRICS if m not in metrics]:
         unavailable(metric, "not requested")
+    if not metrics:
+        return out
     ids = sorted({i for p in captions_by_model.values() for i in p}, key=str)
     try:
         gts = _ptb_tokenize({i: list(references[i]) for i in ids})
