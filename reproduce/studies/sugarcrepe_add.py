@@ -22,8 +22,6 @@ import json
 import os
 import time
 
-import numpy as np
-
 SUITES = ("sugarcrepe/add_att", "sugarcrepe/add_obj", "sugarcrepe/replace_att")
 CONDITIONS = ("own image", "another item's image")
 
@@ -40,7 +38,7 @@ def study(runs: str, num_samples: int, seed: int) -> dict:
     import mdc.eval.compositionality as comp
     from mdc.data.pipeline import image_transform
 
-    suites = comp.load_suites(os.path.join(runs, "data", "evalsets"), list(SUITES), attribute_min_count=5)
+    suites = comp.load_suites(os.path.join(runs, "data", "evalsets"), list(SUITES))
     rows = []
     for objective in ("mdc", "arc"):
         model = mdc.load(os.path.join(runs, "pretrain", f"{objective}-descriptive-s{seed}")).eval()
