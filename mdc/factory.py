@@ -10,16 +10,14 @@ from mdc.tokenizer import Tokenizer
 # ViT-B: decoder 12 x 512 x 8 heads; ViT-L: 12 x 768 x 12 heads (paper Sec. 4.1).
 _VIT_B = dict(image_size=224, vision_width=768, vision_layers=12, vision_heads=12,
               text_width=512, text_layers=12, text_heads=8, embed_dim=512)
+# CPU-sized model for the synthetic scene world: 64 px images, compact vocabulary.
+_TINY = dict(image_size=64, patch_size=8, vision_width=128, vision_layers=4, vision_heads=4,
+             text_width=128, text_layers=4, text_heads=4, embed_dim=128, context_length=64, vocab="scenes")
 _ARCHS: dict[str, dict] = {
-    # CPU-sized model for the synthetic scene world: 64 px images, compact vocabulary.
-    "tiny": dict(image_size=64, patch_size=8, vision_width=128, vision_layers=4, vision_heads=4,
-                 text_width=128, text_layers=4, text_heads=4, embed_dim=128, context_length=64,
-                 vocab="scenes"),
+    "tiny": _TINY,
     # tiny at 32 px, patch 8 (16 image tokens): the `mini` reproduction profile's model, frozen by the
     # learnability study (reproduce/studies/learnability.md) with the training preset "mini".
-    "mini": dict(image_size=32, patch_size=8, vision_width=128, vision_layers=4, vision_heads=4,
-                 text_width=128, text_layers=4, text_heads=4, embed_dim=128, context_length=64,
-                 vocab="scenes"),
+    "mini": dict(_TINY, image_size=32),
     "vit-b-32": dict(_VIT_B, patch_size=32),
     "vit-b-16": dict(_VIT_B, patch_size=16),
     "vit-l-14": dict(image_size=224, patch_size=14, vision_width=1024, vision_layers=24, vision_heads=16,

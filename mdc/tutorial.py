@@ -152,13 +152,15 @@ def elbo_spread(model, images: torch.Tensor, pairs: list, sizes=(4, 16, 64, 256)
     root mean square over the B items of the std over seeds. Returns
     ``{mode: {"caption": [per S], "difference": [per S]}}`` and ``"sizes"``.
     """
+    def rms(x):  # [seeds, B] -> root mean square over items of the std over seeds
+        return float(x.std(0).pow(2).mean().sqrt())
+
     out = {"sizes": list(sizes)}
     for mode, options in SPREAD_MODES.items():
         out[mode] = {"caption": [], "difference": []}
         for S in sizes:
             runs = torch.stack([mdc.score_candidates(model, images, pairs, "elbo", num_samples=S, seed=s, **options)
                                 for s in seeds])  # [seeds, B, 2]
-            rms = lambda x: float(x.std(0).pow(2).mean().sqrt())  # noqa: E731
             out[mode]["caption"].append(rms(runs[..., 0]))
             out[mode]["difference"].append(rms(runs[..., 0] - runs[..., 1]))
     return out

@@ -166,8 +166,7 @@ def main(argv: list[str] | None = None) -> list[str]:
         items = load_karpathy(args.karpathy, args.images, args.split, on_missing)
     else:
         items = items_from_folder(args.folder)
-    paths = write_shards_from_items(items, args.out, args.shard_size, args.image_size,
-                                    "skip" if args.skip_bad else "error")
+    paths = write_shards_from_items(items, args.out, args.shard_size, args.image_size, on_missing)
     print(json.dumps({"shards": len(paths), "pattern": os.path.join(args.out, f"{{00000..{len(paths) - 1:05d}}}.tar")}))
     return paths
 
