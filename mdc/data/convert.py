@@ -24,8 +24,8 @@ from typing import Iterable, Iterator, Mapping
 
 from PIL import Image
 
-from mdc.data.formats import IMAGE_SUFFIXES
-from mdc.data.scenes import write_tar
+from mdc.data.formats import IMAGE_SUFFIXES, load_coco_captions, load_karpathy
+from mdc.data.writer import write_tar
 
 # image suffix -> shard member extension (img2dataset writes jpg; the training loader reads these)
 MEMBER_EXT = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
@@ -143,8 +143,6 @@ def write_shards_from_items(items: Iterable[Mapping], out_dir: str, shard_size: 
 
 
 def main(argv: list[str] | None = None) -> list[str]:
-    from mdc.data.formats import load_coco_captions, load_karpathy
-
     parser = argparse.ArgumentParser(description="Images + captions -> webdataset shards (img2dataset's layout).")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--coco", help="official COCO captions file (images + annotations)")
