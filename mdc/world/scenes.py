@@ -9,9 +9,9 @@ below) well defined. Scenes render with :func:`render` and are captioned with :f
 
 :func:`write_shards` writes webdataset tar shards in img2dataset's layout (``000000.tar``, ...,
 members ``NNNNNNNNN.png``, ``.txt``, ``.json``), byte-identical for a given seed and image format. Sample ``i`` of
-seed ``s`` draws its scene from the random stream ``(s, 0, i)``, so shards of the two caption
+seed ``s`` draws its scene from the random stream ``(s, 0, i)`` (:mod:`mdc.world.streams`), so shards of the two caption
 styles with the same seed hold the same images: only the captions differ. Evaluation sets
-(:mod:`mdc.data.evalsets`) draw from other streams, so they are held out.
+(:mod:`mdc.world.evalsets`) draw from other streams, so they are held out.
 
 Image formats: ``png`` (the default: small, readable by every tool) or ``npy``, the image as a
 uint8 [H, W, 3] array in NumPy's ``.npy`` format (webdataset's own convention for arrays). ``npy``
@@ -21,7 +21,7 @@ shards about twice as fast; the training pipeline reads both. Shards are indepen
 
 Command line::
 
-    python -m mdc.data.scenes --out DIR --num N --style {alt,descriptive} --seed S [--format npy] [--workers K]
+    python -m mdc.world.scenes --out DIR --num N --style {alt,descriptive} --seed S [--format npy] [--workers K]
 """
 from __future__ import annotations
 
@@ -33,25 +33,19 @@ import os
 import numpy as np
 from PIL import Image
 
-from mdc.data.scene_render import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES, pixel_bbox, render, render_array
-from mdc.data.scene_text import (MAX_OBJECTS, MAX_TOKENS, RELATIONS, STYLES, caption, references,
-                                  vocabulary)
 from mdc.data.writer import npy_bytes, png_bytes, write_tar
+from mdc.world.render import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES, pixel_bbox, render, render_array
+from mdc.world.streams import STREAM_CAPTION, STREAM_REFERENCES, STREAM_SCENE, stream_rng
+from mdc.world.text import MAX_OBJECTS, MAX_TOKENS, RELATIONS, STYLES, caption, references, vocabulary
 
-__all__ = ["sample_scene", "render", "caption", "references", "vocabulary", "write_shards", "write_tar",
-           "scene_record", "png_bytes", "npy_bytes", "stream_rng", "IMAGE_FORMATS", "MAX_TOKENS", "STYLES", "RELATIONS"]
+__all__ = ["sample_scene", "render", "caption", "references", "vocabulary", "write_shards", "scene_record",
+           "stream_rng", "IMAGE_FORMATS", "MAX_TOKENS", "STYLES", "RELATIONS"]
 
 P_LARGE = 0.4  # probability that an object is large
 AXIS_RATIO = 1.5  # every pair: larger axis offset >= AXIS_RATIO * smaller axis offset
 GAP = 0.03  # minimum gap between object discs, fraction of the image side
-STREAM_SCENE, STREAM_CAPTION, STREAM_REFERENCES = 0, 1, 2  # random streams of the training shards
 NUM_REFERENCES = 5
 IMAGE_FORMATS = ("png", "npy")
-
-
-def stream_rng(seed: int, stream: int, index: int) -> np.random.Generator:
-    """Independent generator for item ``index`` of random stream ``stream`` under ``seed``."""
-    return np.random.default_rng([seed, stream, index])
 
 
 def _distinct(rng, values, n: int, first=None) -> list:

@@ -1,7 +1,7 @@
 """Evaluation sets derived from held-out synthetic scenes, written in the published formats.
 
 All scenes here come from random streams ``(seed, stream, i)`` with ``stream >= 1000``, disjoint
-from the training shards' streams 0-2 (:mod:`mdc.data.scenes`), so they are held out even when
+from the training shards' streams 0-2 (:mod:`mdc.world.streams` names them all), so they are held out even when
 the seed value is the same. Layout under ``out``::
 
     probe/<task>/{train,test}/{nshards.txt,0.tar}   CLIP_benchmark ``wds/<name>`` folders
@@ -23,7 +23,7 @@ construction (shapes and colours are unique within a scene; the wrong relation i
 
 Command line::
 
-    python -m mdc.data.evalsets --out DIR --seed S
+    python -m mdc.world.evalsets --out DIR --seed S
 """
 from __future__ import annotations
 
@@ -33,11 +33,13 @@ import os
 
 import numpy as np
 
-from mdc.data.scene_render import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES
-from mdc.data.scene_text import (ARO_ATTRIBUTION, ARO_RELATION, ARO_RELATION_NAMES, BACKGROUND_WORDS, COUNT_WORDS,
-                                 RELATIONS, SIZE_WORDS, SUGAR_BACKGROUND, TEXTURE_ADJ, join_list, pick, references,
-                                 relation_of, with_article, word_tokens)
-from mdc.data.scenes import png_bytes, render, sample_scene, stream_rng, write_tar
+from mdc.data.writer import png_bytes, write_tar
+from mdc.world.render import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES, render
+from mdc.world.scenes import sample_scene
+from mdc.world.streams import STREAM_ARO, STREAM_CAPTIONS, STREAM_PROBE, STREAM_SUGARCREPE, stream_rng
+from mdc.world.text import (ARO_ATTRIBUTION, ARO_RELATION, ARO_RELATION_NAMES, BACKGROUND_WORDS, COUNT_WORDS,
+                            RELATIONS, SIZE_WORDS, SUGAR_BACKGROUND, TEXTURE_ADJ, join_list, pick, references,
+                            relation_of, with_article, word_tokens)
 
 OBJECTS = [f"{c} {s}" for c in COLOURS for s in SHAPES]
 SHAPE_TEXTURES = [f"{t} {s}" for s in SHAPES for t in TEXTURES]
@@ -57,7 +59,6 @@ SUGARCREPE_FILES = ("add_att", "add_obj", "replace_att", "replace_obj", "replace
 # attributes of the (only) large object that a class name spells, in class-name word order
 _LARGE_OBJECT_ATTRS = {"object": ("colour", "shape"), "shape_texture": ("texture", "shape"), "shape": ("shape",),
                        "texture": ("texture",), "colour": ("colour",)}
-STREAM_PROBE, STREAM_ARO, STREAM_SUGARCREPE, STREAM_CAPTIONS = 1000, 2000, 3000, 4000
 
 
 # ------------------------------------------------------------------------------------- probes

@@ -22,7 +22,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from mdc.data.scene_render import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES
+from mdc.tokenizer import compact_vocab
+from mdc.world.render import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES
 
 # ----------------------------------------------------------------- word lists (one entry per value)
 SIZE_WORDS = {"small": ("small", "little"), "large": ("large", "big")}
@@ -245,6 +246,4 @@ def _fragments() -> list[str]:
 @lru_cache(maxsize=1)
 def vocabulary() -> tuple[int, ...]:
     """Sorted CLIP BPE ids of every word and punctuation mark the world can emit (SOT/EOT included)."""
-    from mdc.tokenizer import compact_vocab
-
     return compact_vocab(_fragments())
