@@ -13,7 +13,7 @@ official COCO captions file (:func:`load_coco_captions`) and ARO/BLIP's Karpathy
 (:func:`load_karpathy_test`); all three give ``{image_id, image_path, references}`` items.
 
 The compositionality benchmarks (SugarCrepe, ARO, COCO/Flickr30k-Order) live in
-``mdc.data.compositionality``.
+``mdc.data.benchmarks``.
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from PIL import Image
 from torch.utils.data import Dataset, IterableDataset
+
+from mdc._compat import patch_torchvision
 
 logger = logging.getLogger(__name__)
 ON_MISSING = ("error", "skip")
@@ -291,8 +293,6 @@ def build_probe_dataset(name: str, root: str, split: str, transform: Callable | 
                          f"place the torchvision/CLIP_benchmark layout there)")
     if name == "pets" and split == "train":
         split = "trainval"
-    from mdc._compat import patch_torchvision
-
     patch_torchvision()
     from clip_benchmark.datasets.builder import build_dataset
 

@@ -2,7 +2,7 @@
 
 Shards use img2dataset's layout: tar members ``KEY.jpg|jpeg|png|webp`` + ``KEY.txt``
 (optional ``KEY.json``, ignored). An image may also be a ``KEY.npy`` member: a uint8 [H, W, 3]
-array in NumPy's format (``python -m mdc.data.scenes --format npy``), read without decoding.
+array in NumPy's format (``python -m mdc.world.scenes --format npy``), read without decoding.
 ``urls`` is a brace pattern (``DIR/{000000..000009}.tar``, several joined with ``::``), a list
 of paths, or ``pipe:`` commands.
 

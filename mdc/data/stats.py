@@ -13,6 +13,8 @@ from typing import Iterable, Iterator
 import numpy as np
 from braceexpand import braceexpand
 
+from mdc.tokenizer import Tokenizer
+
 
 def shard_paths(shards: str | Iterable[str]) -> list[str]:
     """Paths of ``shards``: a brace pattern (``DIR/{000000..000009}.tar``), a glob, or a list of them."""
@@ -49,8 +51,6 @@ def caption_lengths(shards: str | Iterable[str], tokenizer=None, max_samples: in
     ``tokenizer`` is anything with ``encode(text) -> list`` (e.g. ``mdc.get_tokenizer(...)``).
     """
     if tokenizer is None:
-        from mdc.tokenizer import Tokenizer
-
         tokenizer = Tokenizer()
     lengths = []
     for text in iter_captions(shards):
