@@ -2,8 +2,8 @@
 item with the model's likelihood (or CLIP's cosine) and count the items whose true caption wins.
 
 Suites (``SUITES``): ARO VG-Relation, VG-Attribution, COCO-Order, Flickr30k-Order and the seven
-SugarCrepe sub-files, read as published (:mod:`mdc.data.compositionality`) or from the synthetic
-sets of :mod:`mdc.data.evalsets` (same formats). Scorers (:data:`mdc.scoring.METHODS`): "exact"
+SugarCrepe sub-files, read as published (:mod:`mdc.data.benchmarks`) or from the synthetic
+sets of :mod:`mdc.world.evalsets` (same formats). Scorers (:data:`mdc.scoring.METHODS`): "exact"
 (ARC), "elbo" and "heuristic" (MDC), "cosine" (CLIP). Each scored method is reported raw and
 length-normalised; "elbo" also as ``elbo_trained_t``, the ELBO summed only over the mask ratios
 the model was trained on (``model.config.t_interval``, or ``mask_ratio`` when fixed).
@@ -53,10 +53,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from mdc.data import compositionality as comp
+from mdc.data import benchmarks as comp
 from mdc.data.formats import load_image
 from mdc.scoring import METHODS, score_candidates
 from mdc.tokenizer import caption_mask
+from mdc.world.evalsets import write_evalsets
 
 SUGARCREPE = tuple(f"sugarcrepe/{s}" for s in comp.SUGARCREPE_SUBSETS)
 SUITES = ("aro_relation", "aro_attribute", "aro_coco_order", "aro_flickr30k_order", *SUGARCREPE)
@@ -411,10 +412,8 @@ def describe(suites: dict[str, Suite]) -> str:
 
 
 def synthetic_data(out_dir: str, seed: int, image_size: int, n_items: int) -> str:
-    """The synthetic ARO/SugarCrepe sets (:func:`mdc.data.evalsets.write_evalsets`, ``n_items``
+    """The synthetic ARO/SugarCrepe sets (:func:`mdc.world.evalsets.write_evalsets`, ``n_items``
     per file; its probe and captioning sets kept tiny) under ``out_dir``, written unless there."""
-    from mdc.data.evalsets import write_evalsets
-
     summary = os.path.join(out_dir, "summary.json")
     if os.path.isfile(summary):
         with open(summary) as f:

@@ -182,12 +182,12 @@ SYNTHETIC_TASKS = ("object", "shape", "texture", "count", "relation", "shape_tex
 
 
 def synthetic_roots(evalsets_dir: str, tasks=SYNTHETIC_TASKS) -> dict[str, str]:
-    """``{"wds/<task>": folder}`` of the synthetic probe tasks written by ``mdc.data.evalsets``."""
+    """``{"wds/<task>": folder}`` of the synthetic probe tasks written by ``mdc.world.evalsets``."""
     roots = {f"wds/{t}": os.path.join(evalsets_dir, "probe", t) for t in tasks}
     missing = [r for r in roots.values() if not os.path.isdir(r)]
     if missing:
         raise ValueError(f"synthetic probe task folder not found: {missing[0]} "
-                         f"(write them with python -m mdc.data.evalsets --out {evalsets_dir})")
+                         f"(write them with python -m mdc.world.evalsets --out {evalsets_dir})")
     return roots
 
 
