@@ -25,16 +25,15 @@ import torch
 import mdc
 from mdc import optim
 from mdc.data.pipeline import CLIP_MEAN, CLIP_STD
-from mdc.data.scene_render import COLOURS, SHAPES, render_array
-from mdc.data.scene_text import BACKGROUND_WORDS, REL_PREP, caption, relation_of, with_article
-from mdc.data.scenes import sample_scene, stream_rng
+from mdc.world.render import COLOURS, SHAPES, render_array
+from mdc.world.scenes import sample_scene
+from mdc.world.streams import (STREAM_TUTORIAL_HELD_OUT as STREAM_HELD_OUT, STREAM_TUTORIAL_TRAIN as STREAM_TRAIN,
+                               stream_rng)
+from mdc.world.text import BACKGROUND_WORDS, REL_PREP, caption, references, relation_of, with_article
 
 #: ``tiny`` overrides for the tutorials: a model of ~0.3 M parameters that trains at ~10 steps/s.
 TUTORIAL_CONFIG = dict(image_size=32, patch_size=8, vision_width=64, vision_layers=2, vision_heads=2,
                        text_width=64, text_layers=2, text_heads=2, embed_dim=64, context_length=40)
-# Random streams (mdc.data.scenes.stream_rng) of the tutorial scenes: apart from the training
-# shards' (0-2), the evaluation sets' (1000-4999) and the benchmarks' (9000).
-STREAM_TRAIN, STREAM_HELD_OUT = 6000, 6100
 
 
 _WORKDIRS: list = []  # kept alive until the process (the notebook's kernel) exits
@@ -58,7 +57,7 @@ def workdir(prefix: str = "mdc-tutorial-") -> str:
 @dataclass
 class SceneData:
     """Rendered, captioned scenes held in memory."""
-    scenes: list  # [N] scene graphs (mdc.data.scenes.sample_scene)
+    scenes: list  # [N] scene graphs (mdc.world.scenes.sample_scene)
     pixels: np.ndarray  # [N, S, S, 3] uint8, for display
     images: torch.Tensor  # [N, 3, S, S] float, CLIP-normalised: the model's input
     captions: list  # [N] str
@@ -192,8 +191,6 @@ def write_example_dataset(folder: str, n_train: int = 1000, n_val: int = 4, seed
     import os
 
     from PIL import Image
-
-    from mdc.data.scene_text import references
 
     os.makedirs(os.path.join(folder, "images"), exist_ok=True)
     paths = {"images": os.path.join(folder, "images")}
