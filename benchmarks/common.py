@@ -14,7 +14,9 @@ from typing import Callable
 import torch
 
 import mdc
-from mdc.data.scenes import caption, sample_scene, stream_rng
+from mdc.world.scenes import sample_scene
+from mdc.world.streams import STREAM_CAPTION, STREAM_SCENE, stream_rng
+from mdc.world.text import caption
 
 
 @dataclass
@@ -98,7 +100,8 @@ def speedup(times: dict[str, list[float]], fast: str, slow: str) -> float:
 
 def scene_captions(n: int, style: str = "alt", seed: int = 0) -> list[str]:
     """``n`` captions of the synthetic scene world."""
-    return [caption(sample_scene(stream_rng(seed, 0, i)), style, stream_rng(seed, 1, i)) for i in range(n)]
+    return [caption(sample_scene(stream_rng(seed, STREAM_SCENE, i)), style, stream_rng(seed, STREAM_CAPTION, i))
+            for i in range(n)]
 
 
 def batch(model, n: int, device=torch.device("cpu"), seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,6 @@
 """Data: synthetic shard writing, the loader's decode rate and resume, beside what training consumes.
 
-Writing: ``mdc.data.scenes.write_shards`` at 64 px, whole shards (scene sampling, rendering,
+Writing: ``mdc.world.scenes.write_shards`` at 64 px, whole shards (scene sampling, rendering,
 captions, references, JSON, image encoding, tar), PNG and npy image members, in one process
 (= per core) and in one process per core. Loading: one full pass of ``make_loader`` over those
 shards (tiny's tokenizer, batch 64) with 0 and 2 workers, after an untimed pass (page cache,
@@ -16,7 +16,9 @@ import time
 import mdc
 from mdc import optim
 from mdc.data.pipeline import SkipStats, StreamPosition, iterate_batches, make_loader
-from mdc.data.scenes import render, sample_scene, stream_rng, write_shards
+from mdc.world.render import render
+from mdc.world.scenes import sample_scene, write_shards
+from mdc.world.streams import STREAM_SCENE, stream_rng
 
 from benchmarks.common import Context, Section, batch, interleaved, median, speedup
 
@@ -54,7 +56,7 @@ def run(ctx: Context) -> Section:
     sec = Section("data", "Data (CPU, 64 px): synthetic shards written, loader decode and resume, training's appetite")
     num, cores = ctx.pick(2000, 100), os.cpu_count() or 1
     start = time.perf_counter()
-    scenes = [sample_scene(stream_rng(0, 0, i)) for i in range(num)]
+    scenes = [sample_scene(stream_rng(0, STREAM_SCENE, i)) for i in range(num)]
     sampled = time.perf_counter() - start
     start = time.perf_counter()
     for scene in scenes:

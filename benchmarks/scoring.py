@@ -18,9 +18,10 @@ import torch
 import mdc
 from mdc import optim
 from mdc.data.pipeline import CLIP_MEAN, CLIP_STD
-from mdc.data.scene_render import render_array
-from mdc.data.scene_text import DESCRIPTIVE_RELATION, REL_VERB, relation_of
-from mdc.data.scenes import caption, sample_scene, stream_rng
+from mdc.world.render import render_array
+from mdc.world.scenes import sample_scene
+from mdc.world.streams import STREAM_BENCHMARK_ITEMS, STREAM_CAPTION, STREAM_SCENE, stream_rng
+from mdc.world.text import DESCRIPTIVE_RELATION, REL_VERB, caption, relation_of
 
 from benchmarks.common import Context, Section, interleaved, median
 
@@ -30,7 +31,6 @@ CONFIGS = {  # label -> score_candidates options
     "paired": dict(paired=True, stratified=False),
     "paired + stratified (default)": dict(paired=True, stratified=True),
 }
-STREAM_ITEMS = 9000  # held out from the training shards' streams (0-2) and the evaluation sets'
 
 
 def _images(scenes: list[dict], size: int) -> torch.Tensor:
@@ -56,9 +56,10 @@ def trained_model(ctx: Context):
         steps, bsz, n = ctx.pick(300, 3), ctx.pick(32, 8), ctx.pick(2048, 64)
         torch.manual_seed(0)
         model = mdc.create_model("tiny", "mdc")
-        scenes = [sample_scene(stream_rng(0, 0, i)) for i in range(n)]
+        scenes = [sample_scene(stream_rng(0, STREAM_SCENE, i)) for i in range(n)]
         images = _images(scenes, model.config.image_size)
-        tokens = model.tokenizer([caption(s, "descriptive", stream_rng(0, 1, i)) for i, s in enumerate(scenes)])
+        captions = [caption(s, "descriptive", stream_rng(0, STREAM_CAPTION, i)) for i, s in enumerate(scenes)]
+        tokens = model.tokenizer(captions)
         opt = optim.make_optimizer(model, 1e-3, 0.1)
         sched = optim.make_scheduler(opt, max(1, steps // 20), steps)
         g, start = torch.Generator().manual_seed(0), time.perf_counter()
@@ -78,7 +79,7 @@ def trained_model(ctx: Context):
 
 def relation_items(k: int, size: int) -> tuple[torch.Tensor, list[list[str]]]:
     """k held-out two-object scenes: images [k, 3, S, S] and [true, swapped] relation sentences."""
-    scenes = [sample_scene(stream_rng(1, STREAM_ITEMS, i), n_objects=2) for i in range(k)]
+    scenes = [sample_scene(stream_rng(1, STREAM_BENCHMARK_ITEMS, i), n_objects=2) for i in range(k)]
     pairs = []
     for s in scenes:
         a, b = (f"{o['colour']} {o['shape']}" for o in s["objects"])
