@@ -23,14 +23,14 @@ TRAIN_SCRIPT = textwrap.dedent('''
     import mdc.train
 
     out, kwargs = sys.argv[1], json.loads(sys.argv[2])
-    save = mdc.train._save
+    save = mdc.train.loop._save
 
     def dump_then_save(cfg, step, model, *rest):
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
         save_file(state, os.path.join(out, f"rank{os.environ['RANK']}_step{step}.safetensors"))
         return save(cfg, step, model, *rest)
 
-    mdc.train._save = dump_then_save
+    mdc.train.loop._save = dump_then_save
     results = mdc.train.train(**kwargs)
     with open(os.path.join(out, f"results{os.environ['RANK']}.json"), "w") as f:
         json.dump(results, f)
@@ -45,7 +45,7 @@ EPOCH_SCRIPT = textwrap.dedent('''
     out, runs = sys.argv[1], json.loads(sys.argv[2])
     dist.init_process_group("gloo")
     current, log = {}, []
-    iterate, take = mdc.train.iterate_batches, mdc.train.DataStream.next
+    iterate, take = mdc.train.stream.iterate_batches, mdc.train.DataStream.next
 
     def tapped(loader, *args, **kw):  # remember the keys of the loader batch handed on last
         def tap():
@@ -59,7 +59,7 @@ EPOCH_SCRIPT = textwrap.dedent('''
         log.append([self.epoch, current["keys"]])
         return batch
 
-    mdc.train.iterate_batches, mdc.train.DataStream.next = tapped, recording
+    mdc.train.stream.iterate_batches, mdc.train.DataStream.next = tapped, recording
     for name, kwargs in runs.items():
         log.clear()
         mdc.train.train(**kwargs)
@@ -109,7 +109,7 @@ COUNT_SCRIPT = textwrap.dedent('''
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     if rank == 1:
-        mdc.train.tarfile.open = lambda *a, **k: 1 / 0  # rank 1 must not read the shards
+        mdc.train.stream.tarfile.open = lambda *a, **k: 1 / 0  # rank 1 must not read the shards
     result = {"count": mdc.train.count_samples(pattern)}
     try:
         mdc.train.count_samples("pipe:cat x.tar")

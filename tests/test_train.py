@@ -208,8 +208,8 @@ def test_count_samples_reads_img2dataset_stats_instead_of_the_tars(shards, tmp_p
     for i in range(3):  # img2dataset's stats files (000003 has none: its tar is counted)
         (tmp_path / f"{i:06d}_stats.json").write_text(json.dumps({"count": 30, "successes": 24, "failed_to_download": 6}))
     opened = []
-    real_open = mdc.train.tarfile.open
-    monkeypatch.setattr(mdc.train.tarfile, "open", lambda name, *a, **k: opened.append(name) or real_open(name, *a, **k))
+    real_open = mdc.train.stream.tarfile.open
+    monkeypatch.setattr(mdc.train.stream.tarfile, "open", lambda name, *a, **k: opened.append(name) or real_open(name, *a, **k))
     assert count_samples(pattern) == plain and opened == [str(tmp_path / "000003.tar")]
 
 

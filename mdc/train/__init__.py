@@ -1,0 +1,31 @@
+"""Pretraining: one loop for MDC, ARC and CLIP, from a laptop CPU to multi-node DDP.
+
+    python -m mdc.train --model tiny --objective mdc --train-data 'DIR/{000000..000009}.tar' \\
+        --steps 200 --batch-size 32 --lr 5e-4 --output-dir runs/x [--resume]
+    torchrun --nproc_per_node=8 -m mdc.train --preset vit-b-16 --objective mdc ...   # same flags
+
+or from Python / a notebook: ``mdc.train.train(train_data=..., steps=200, output_dir=...)``.
+
+One optimizer step consumes ``accum_steps`` micro-batches of ``batch_size`` images on each of
+``world_size`` processes (global batch = their product), with one mask draw per micro-batch.
+Resuming (``--resume``) is exact: the checkpoint holds the optimizer, the LR schedule, every
+rank's RNG states and data-stream position, and the loader replays the stream from the next
+batch (see :mod:`mdc.data.pipeline`), so a killed and resumed run ends with the same weights
+as an uninterrupted one (bitwise on CPU; on GPU up to the kernels' own nondeterminism). It
+continues only the same run: a different configuration is refused (see :class:`TrainConfig`).
+
+The package, one module per concern (each importing only those before it):
+
+- :mod:`mdc.train.stream`: the data stream of a rank, and what is counted in local shards;
+- :mod:`mdc.train.config`: :class:`TrainConfig`, every option documented once, and the resume check;
+- :mod:`mdc.train.loop`: :func:`train`, gradient accumulation, DDP and checkpoints;
+- :mod:`mdc.train.cli`: the command line, generated from :class:`TrainConfig`.
+"""
+from mdc.train.cli import main, make_parser, parse_args
+from mdc.train.config import RESUME_FREE, TrainConfig, check_same_run, run_config, run_differences
+from mdc.train.loop import LossModule, NonFiniteLossError, accumulate, seed_everything, setup_distributed, train
+from mdc.train.stream import DataStream, count_samples, vocab_from_captions
+
+__all__ = ["RESUME_FREE", "DataStream", "LossModule", "NonFiniteLossError", "TrainConfig", "accumulate",
+           "check_same_run", "count_samples", "main", "make_parser", "parse_args", "run_config", "run_differences",
+           "seed_everything", "setup_distributed", "train", "vocab_from_captions"]
