@@ -5,11 +5,11 @@ import pytest
 import torch
 
 import mdc
-from mdc.data import compositionality as comp
-from mdc.data.evalsets import write_evalsets
+from mdc.data import benchmarks as comp
 from mdc.data.formats import load_image, load_karpathy, load_wds_classification
 from mdc.data.pipeline import SkipStats, iterate_batches, make_loader
-from mdc.data.scenes import write_shards
+from mdc.world.evalsets import write_evalsets
+from mdc.world.scenes import write_shards
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 import mdc
-from mdc.data.scenes import vocabulary, write_shards
+from mdc.world.scenes import vocabulary, write_shards
 from conftest import CAPTIONS, SMALL
 
 # The checkout under test comes first on the scripts' path (not whichever mdc is installed).

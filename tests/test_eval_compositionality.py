@@ -9,7 +9,7 @@ from PIL import Image
 
 import mdc.eval.compositionality as C
 from conftest import small_model
-from mdc.data.evalsets import write_evalsets
+from mdc.world.evalsets import write_evalsets
 from mdc.data.pipeline import image_transform
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mdc.data import evalsets, scenes
-from mdc.data.scene_text import relation_of, vocabulary, word_tokens
+from mdc.world import evalsets, scenes
+from mdc.world.text import relation_of, vocabulary, word_tokens
 from mdc import get_tokenizer
 
 SIZES = dict(n_probe_train=128, n_probe_test=64, n_items=40, n_caption_train=20)

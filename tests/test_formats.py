@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mdc.data.compositionality import (
+from mdc.data.benchmarks import (
     ARO_SYMMETRIC_RELATIONS, load_order_suite, load_sugarcrepe, load_vg_attribution, load_vg_relation,
     normalise_caption, order_accuracy, pairwise_correct, perturb_caption, sugarcrepe_columns, vg_attribution_accuracy,
     vg_relation_accuracy,
@@ -18,7 +18,7 @@ from mdc.data.formats import (
     build_probe_dataset, load_coco_captions, load_image, load_image_folder, load_karpathy,
     load_wds_classification,
 )
-from mdc.data.scenes import write_tar
+from mdc.data.writer import write_tar
 
 
 def _image(path, size=(40, 30), color=(200, 10, 10)):

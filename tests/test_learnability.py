@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import mdc
-from mdc.data.scenes import write_shards
+from mdc.world.scenes import write_shards
 from mdc.factory import model_config
 from mdc.train import TrainConfig
 from reproduce.studies import learnability as study

@@ -13,7 +13,7 @@ from mdc.data.pipeline import (
     CLIP_MEAN, SkipStats, StreamPosition, image_transform, iterate_batches, make_dataset, make_loader,
 )
 from mdc.data.shards import fast_forward
-from mdc.data.scenes import write_tar
+from mdc.data.writer import write_tar
 from mdc.tokenizer import TextStats, compact_vocab
 
 SIZE = 16
@@ -95,7 +95,7 @@ def _npy(array) -> bytes:
 
 def test_npy_images_round_trip_bit_exactly(tmp_path, tok):
     """npy shards give the loader exactly the tensors of the PNG shards of the same seed."""
-    from mdc.data.scenes import write_shards
+    from mdc.world.scenes import write_shards
 
     png = write_shards(str(tmp_path / "png"), 10, "alt", seed=1, image_size=24, shard_size=4)
     npy = write_shards(str(tmp_path / "npy"), 10, "alt", seed=1, image_size=24, shard_size=4, image_format="npy")

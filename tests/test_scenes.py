@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mdc.data import scenes
-from mdc.data.scene_render import COLOURS, SHAPES, SIZES
-from mdc.data.scene_text import MAX_TOKENS, caption, references, relation_of, vocabulary
+from mdc.world import scenes
+from mdc.world.render import COLOURS, SHAPES, SIZES
+from mdc.world.text import MAX_TOKENS, caption, references, relation_of, vocabulary
 from mdc.data.stats import caption_lengths, length_histogram
 from mdc import get_tokenizer
 
@@ -192,7 +192,7 @@ def test_cli_and_caption_length_stats(tmp_path, capsys):
 
 
 def test_caption_lengths_skip_bad_captions_and_shards(tmp_path):
-    from mdc.data.scenes import write_tar
+    from mdc.data.writer import write_tar
     from mdc.data.stats import caption_lengths
 
     write_tar(str(tmp_path / "000000.tar"), [("a.txt", b"a red circle"), ("b.txt", b"\xff\xfe bad")])

@@ -5,9 +5,9 @@ import torch
 
 import mdc
 from conftest import SMALL
-from mdc.data.evalsets import _sugar_item
+from mdc.world.evalsets import _sugar_item
 from mdc.data.pipeline import image_transform
-from mdc.data.scenes import caption, render, sample_scene, stream_rng, vocabulary
+from mdc.world.scenes import caption, render, sample_scene, stream_rng, vocabulary
 
 pytestmark = pytest.mark.slow
 

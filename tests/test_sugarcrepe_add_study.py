@@ -4,7 +4,7 @@ import warnings
 
 import mdc.eval.compositionality as C
 from conftest import small_model
-from mdc.data.evalsets import write_evalsets
+from mdc.world.evalsets import write_evalsets
 from reproduce.studies import sugarcrepe_add as study
 
 

@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 
 import mdc
 from mdc import optim
-from mdc.data.scenes import vocabulary, write_shards, write_tar
+from mdc.data.writer import write_tar
+from mdc.world.scenes import vocabulary, write_shards
 from mdc.train import NonFiniteLossError, TrainConfig, train
 from conftest import SMALL
 

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from mdc.data.scenes import vocabulary, write_shards
+from mdc.world.scenes import vocabulary, write_shards
 from mdc.train import LossModule, accumulate, train
 from conftest import CAPTIONS, SMALL, small_model
 

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 import mdc
-from mdc.data.scenes import vocabulary, write_shards
+from mdc.world.scenes import vocabulary, write_shards
 from mdc.train import train
 from conftest import SMALL
 

@@ -8,7 +8,8 @@ import torch
 from PIL import Image
 
 import mdc
-from mdc.data.scenes import vocabulary, write_tar
+from mdc.data.writer import write_tar
+from mdc.world.scenes import vocabulary
 from mdc.train import TrainConfig, train
 from conftest import SMALL
 

@@ -50,8 +50,8 @@ def test_encode_never_moves_the_codebook(scenes):
 
 
 def test_trains_from_any_image_folder(tmp_path):
-    from mdc.data.scene_render import render
-    from mdc.data.scenes import sample_scene, stream_rng
+    from mdc.world.render import render
+    from mdc.world.scenes import sample_scene, stream_rng
 
     for i in range(6):  # nested folders, like CUB's images/<class>/<image>.jpg
         folder = tmp_path / "images" / f"{i % 2:03d}.class"
