@@ -1,8 +1,8 @@
 """Evaluation sets derived from held-out synthetic scenes, written in the published formats.
 
 All scenes here come from random streams ``(seed, stream, i)`` with ``stream >= 1000``, disjoint
-from the training shards' streams 0-2 (:mod:`mdc.world.streams` names them all), so they are held out even when
-the seed value is the same. Layout under ``out``::
+from the training shards' streams 0-2 (:mod:`mdc.world.streams` names them all), so they are
+held out even when the seed value is the same. Layout under ``out``::
 
     probe/<task>/{train,test}/{nshards.txt,0.tar}   CLIP_benchmark ``wds/<name>`` folders
     probe/<task>/classnames.txt                     (members KEY.png + KEY.cls)

@@ -1,4 +1,4 @@
-"""The synthetic scene world: the embedded default image-caption dataset.
+"""Scenes of the synthetic world and its training shards (the embedded default image-caption dataset).
 
 A scene holds 1-4 objects on a background. Each object has a shape, a colour, a size, a texture
 and a position; shapes and colours are unique within a scene, so "the red circle" or "the
@@ -8,10 +8,11 @@ clearly side by side or clearly one above the other (the larger offset is at lea
 below) well defined. Scenes render with :func:`render` and are captioned with :func:`caption`.
 
 :func:`write_shards` writes webdataset tar shards in img2dataset's layout (``000000.tar``, ...,
-members ``NNNNNNNNN.png``, ``.txt``, ``.json``), byte-identical for a given seed and image format. Sample ``i`` of
-seed ``s`` draws its scene from the random stream ``(s, 0, i)`` (:mod:`mdc.world.streams`), so shards of the two caption
-styles with the same seed hold the same images: only the captions differ. Evaluation sets
-(:mod:`mdc.world.evalsets`) draw from other streams, so they are held out.
+members ``NNNNNNNNN.png``, ``.txt``, ``.json``), byte-identical for a given seed and image
+format. Sample ``i`` of seed ``s`` draws its scene from the random stream ``(s, 0, i)``
+(:mod:`mdc.world.streams`), so shards of the two caption styles with the same seed hold the
+same images: only the captions differ. Evaluation sets (:mod:`mdc.world.evalsets`) draw from
+other streams, so they are held out.
 
 Image formats: ``png`` (the default: small, readable by every tool) or ``npy``, the image as a
 uint8 [H, W, 3] array in NumPy's ``.npy`` format (webdataset's own convention for arrays). ``npy``
