@@ -5,11 +5,10 @@
     captions = mdc.generate(model, images, length=15)
     scores = mdc.score(model, images, captions, method="heuristic")
 """
+from mdc.api import generate, score, score_candidates
 from mdc.factory import (create_model, create_model_and_transforms, get_tokenizer, image_transform, list_models,
                          load, model_config)
 from mdc.model import CLIP, Captioner, ModelConfig
-from mdc.sampler import generate
-from mdc.scoring import score, score_candidates
 
 __all__ = ["CLIP", "Captioner", "ModelConfig", "create_model", "create_model_and_transforms", "generate",
            "get_tokenizer", "image_transform", "list_models", "load", "model_config", "score", "score_candidates"]

@@ -1,7 +1,8 @@
 """Mask-and-replace discrete diffusion on captions (D3PM; VQ-Diffusion's transition), MC-Diffusion's noise.
 
-An alternative to MDC's absorbing noise for the captioner: ``ModelConfig(noise="mask_replace")``
-makes ``model.loss`` :func:`d3pm_loss` and ``mdc.generate`` :func:`d3pm_sample`.
+An alternative to MDC's absorbing noise for the captioner, and an extension of the core: with
+``ModelConfig(noise="mask_replace")`` the factory (:func:`mdc.factory.build`) makes ``model.loss``
+:func:`d3pm_loss`, and ``mdc.generate`` (:mod:`mdc.api`) samples with :func:`d3pm_sample`.
 
 States: the K caption tokens (the ids :func:`mdc.diffusion.caption_log_probs` keeps) and
 [MASK]; [SOT], [EOT] and padding never change. One forward step t (the paper's Q_t):
@@ -28,12 +29,13 @@ with lambda = ``aux_loss_weight`` (MC-Diffusion does not give it; 0.01). T * L_{
 unbiased estimate of the whole bound; like the MDC loss the batch sum is divided by the
 number of caption tokens. The decoder predicts p(x_0 | x_t, y) and stays time-independent,
 as in MDC (the share of [MASK] tokens reveals t). The condition variants of
-:mod:`mdc.guidance` (``cond_drop_prob``, ``cond_mask_prob``) apply here as in MDC. The MDC
+:mod:`mdc.condition` (``cond_drop_prob``, ``cond_mask_prob``) apply here as in MDC. The MDC
 scorers (``mdc.score``) still walk the absorbing path: for this model a heuristic.
 
 Sampling: x_T from the stationary distribution, then T ancestral steps x_{t-1} ~ p(x_{t-1} |
-x_t, y) (``generator``); the last step keeps the most probable x_0. Guidance combines the
-log p(x_0 | x_t, .) of the conditional and variant rows as in :mod:`mdc.guidance`.
+x_t, y) (``generator``); the last step keeps the most probable x_0, under the caption
+distribution that ``encode`` makes (MC-Diffusion's guidance combines the log p(x_0 | x_t, .)
+of the conditional and variant rows, :mod:`mdc.guidance`).
 """
 from __future__ import annotations
 
@@ -43,11 +45,11 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from mdc.diffusion import banned_ids, caption_log_probs
-from mdc.guidance import Guide, training_condition
-from mdc.loss import trim_padding
-from mdc.sampler import check_length, masked_row
-from mdc.tokenizer import caption_mask
+from mdc import distribution
+from mdc.condition import training_condition
+from mdc.diffusion import banned_ids, caption_log_probs, masked_row
+from mdc.sampler import check_length
+from mdc.tokenizer import caption_mask, trim_padding
 
 EPS = 1e-30  # floor of probabilities before division and log
 
@@ -145,7 +147,7 @@ def d3pm_loss(model, images, tokens, *, t=None, generator=None):
     if t is None:
         t = torch.randint(1, sched.T + 1, (B,), generator=generator, device=tokens.device)  # [B]
     xt = q_sample(tokens, maskable, t, sched, ids, tok.mask_id, generator)  # [B, L]
-    cond = training_condition(model, B, generator, tokens.device)  # mdc/guidance.py; {} when off
+    cond = training_condition(model, B, generator, tokens.device)  # mdc/condition.py; {} when off
     hidden = model.hidden(xt, model.context(images, **cond))[maskable]  # [P, W]
     logp0 = caption_log_probs(model.head(hidden), tok)  # [P, V] log p(x_0 | x_t, y)
     x0, xt, tp = tokens[maskable], xt[maskable], t[:, None].expand(B, L)[maskable]  # [P]
@@ -158,19 +160,19 @@ def d3pm_loss(model, images, tokens, *, t=None, generator=None):
 
 
 @torch.no_grad()
-def d3pm_sample(model, images, length: int, generator=None, guidance=None, guidance_scale=None,
-                guidance_seed: int = 0) -> torch.Tensor:
-    """The reverse process from x_T: tokens [B, length + 2] without [MASK] (module docstring)."""
+def d3pm_sample(model, images, length: int, generator=None, encode=None) -> torch.Tensor:
+    """The reverse process from x_T: tokens [B, length + 2] without [MASK] (module docstring).
+    ``encode``: the caption distribution's maker, as in :func:`mdc.sampler.generate`."""
     check_length(model, length)
     tok = model.tokenizer
     sched, ids = model_schedule(model), caption_ids(tok)
-    guide = Guide.of(model, images, guidance, guidance_scale, seed=guidance_seed)  # encoded once
+    dist = (encode or distribution.encode)(model, images)  # encoded once
     x = masked_row(tok, len(images), length, images.device)  # [B, N'+2]
     pos = x == tok.mask_id  # caption positions
     T = torch.full((len(x),), sched.T, device=x.device)
     x = q_sample(x.masked_fill(pos, int(ids[0])), pos, T, sched, ids, tok.mask_id, generator)  # x_T (x_0-free)
     for t in range(sched.T, 0, -1):
-        logp0 = guide.log_probs(x, where=pos)  # [B*N', V] log p(x_0 | x_t, y)
+        logp0 = dist.log_probs(x, where=pos)  # [B*N', V] log p(x_0 | x_t, y)
         if t == 1:
             x[pos] = logp0.argmax(-1)
             break

@@ -12,6 +12,9 @@ as one pure function of the clean tokens and given noise, in the two forms the m
 
 Only caption tokens are ever masked; [SOT], [EOT] and padding stay as they are.
 
+Noise is keyed, not streamed, wherever a result must not depend on its batch: :func:`key_seed`
+turns (seed, key) into a generator seed (the ELBO's masks, the partial condition's masks).
+
 Reverse process: :func:`caption_log_probs` is the model's distribution over what a masked
 caption position may hold. Ids that can never be a caption token there ([SOT], [MASK],
 [PAD] of a compact vocabulary, and [EOT] except where an autoregressive caption may end)
@@ -21,8 +24,10 @@ caption token like any other: a real caption may contain one and must remain sco
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
+from typing import Hashable
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +74,21 @@ def corrupt(tokens: torch.Tensor, maskable: torch.Tensor, mask_id: int, *, t: to
         masked = (rank < n[:, None]) & maskable  # the n smallest: a uniform n-subset
         weight = 1.0 / n.clamp(min=1).float()
     return Corrupted(tokens.masked_fill(masked, mask_id), masked, weight)
+
+
+def masked_row(tok, batch: int, length: int, device) -> torch.Tensor:
+    """[SOT] [MASK]*length [EOT] for every row: [B, length + 2] (the fully corrupted caption)."""
+    x = torch.full((batch, length + 2), tok.pad_id, dtype=torch.long, device=device)
+    x[:, 0], x[:, -1] = tok.sot_id, tok.eot_id
+    maskable = torch.ones_like(x, dtype=torch.bool)
+    maskable[:, [0, -1]] = False
+    return corrupt(x, maskable, tok.mask_id).noisy
+
+
+def key_seed(seed: int, key: Hashable) -> int:
+    """A 63-bit generator seed from (seed, key), stable across processes and platforms."""
+    digest = hashlib.blake2b(repr((int(seed), key)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def banned_ids(tok, allow_eot: bool = False) -> list[int]:

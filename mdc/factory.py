@@ -1,11 +1,23 @@
-"""Registry of named architectures (open_clip style): list_models, create_model, load."""
+"""Registry of named architectures (open_clip style): list_models, create_model, load.
+
+The factory is where the extensions are wired in, as open_clip's factory picks a model's loss:
+:func:`build` gives a captioner the VQ-VAE tokens of :mod:`mdc.vqvae` as its visual tower and
+the D3PM loss of :mod:`mdc.d3pm` when its config asks for them. The core never imports them.
+"""
 from __future__ import annotations
 
 import os
 from dataclasses import fields
 
+from safetensors.torch import load_file
+
+from mdc.checkpoint import latest
+from mdc.d3pm import d3pm_loss
+from mdc.data.pipeline import image_transform as _transform
 from mdc.model import CLIP, Captioner, ModelConfig
 from mdc.tokenizer import Tokenizer
+from mdc.vqvae import VQImageTokens, read_config
+from mdc.world.scenes import vocabulary
 
 # ViT-B: decoder 12 x 512 x 8 heads; ViT-L: 12 x 768 x 12 heads (paper Sec. 4.1).
 _VIT_B = dict(image_size=224, vision_width=768, vision_layers=12, vision_heads=12,
@@ -31,8 +43,6 @@ def list_models() -> list[str]:
 
 def _resolve_vocab(vocab):
     if vocab == "scenes":  # the embedded synthetic world's closed vocabulary
-        from mdc.data.scenes import vocabulary
-
         return vocabulary()
     return vocab
 
@@ -47,15 +57,17 @@ def model_config(name: str, objective: str = "mdc", **overrides) -> ModelConfig:
     args = {**_ARCHS[name], **overrides}
     args["vocab"] = _resolve_vocab(args.get("vocab"))
     if isinstance(args.get("vqvae"), (str, os.PathLike)):  # a VQ-VAE folder (mdc/vqvae.py): its config and size
-        from mdc.vqvae import read_config
-
         args["vqvae"] = read_config(args["vqvae"])
         args["image_size"] = overrides.get("image_size", args["vqvae"]["image_size"])
     return ModelConfig(name=name, objective=objective, **args)
 
 
 def build(cfg: ModelConfig):
-    return CLIP(cfg) if cfg.objective == "clip" else Captioner(cfg)
+    """The model of ``cfg``, with the extensions its config names wired in (module docstring)."""
+    if cfg.objective == "clip":
+        return CLIP(cfg)
+    return Captioner(cfg, visual=VQImageTokens(cfg) if cfg.vqvae is not None else None,
+                     diffusion_loss=d3pm_loss if cfg.noise == "mask_replace" else None)
 
 
 def create_model(name: str, objective: str = "mdc", **overrides):
@@ -71,9 +83,7 @@ def image_transform(model, train: bool = False):
     """The image transform of a model (or an image size): PIL image -> normalised FloatTensor
     [3, S, S]. Eval: resize the shorter side to S, centre crop. Train: a mild random-resized
     crop. Both normalise with CLIP's mean/std (see :class:`mdc.data.pipeline.ImageTransform`)."""
-    from mdc.data.pipeline import image_transform as transform
-
-    return transform(model if isinstance(model, int) else model.config.image_size, train)
+    return _transform(model if isinstance(model, int) else model.config.image_size, train)
 
 
 def create_model_and_transforms(name: str, objective: str = "mdc", **overrides):
@@ -97,16 +107,12 @@ def get_tokenizer(model: str | None = None, *, context_length: int | None = None
 
 def load_weights(model, path: str | os.PathLike, map_location="cpu") -> None:
     """Load `path/model.safetensors` into `model` in place."""
-    from safetensors.torch import load_file
-
     model.load_state_dict(load_file(os.path.join(path, "model.safetensors"), device=str(map_location)))
 
 
 def checkpoint_folder(path: str | os.PathLike) -> str:
     """The checkpoint folder ``path`` is, or the newest checkpoint of the run folder ``path``
     (``checkpoints/latest.json``, as mdc.train writes it); FileNotFoundError naming what is missing."""
-    from mdc.checkpoint import latest
-
     path = os.fspath(path)
     if not os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(path):
         path = latest(path) or path  # a run folder

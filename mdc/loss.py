@@ -22,16 +22,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from mdc.condition import training_condition
 from mdc.diffusion import corrupt, sample_t
-from mdc.guidance import training_condition
-from mdc.tokenizer import caption_mask, valid_mask
-
-
-def trim_padding(tokens: torch.Tensor, eot_id: int, multiple: int = 1) -> torch.Tensor:
-    """Drop trailing columns that are padding in every row ([B, L] -> [B, L']); L' is rounded up
-    to ``multiple`` (within L) so that a compiled model sees few distinct lengths."""
-    n = int(valid_mask(tokens, eot_id).sum(1).max())
-    return tokens[:, : min(tokens.shape[1], -(-n // multiple) * multiple)]
+from mdc.tokenizer import caption_mask, trim_padding, valid_mask
 
 
 def mdc_loss(model, images, tokens, *, t=None, noise=None, generator=None):
@@ -45,7 +38,7 @@ def mdc_loss(model, images, tokens, *, t=None, noise=None, generator=None):
     if noise is None:
         noise = torch.rand(B, L, generator=generator, device=tokens.device)  # Alg. 1: p = uniform(B, L)
     c = corrupt(tokens, maskable, tok.mask_id, t=t, noise=noise[:, :L])  # C_t
-    cond = training_condition(model, B, generator, tokens.device)  # MC-Diffusion's null / masked y; {} when off
+    cond = training_condition(model, B, generator, tokens.device)  # null / partial y (mdc/condition.py); {} when off
     hidden = model.hidden(c.noisy, model.context(images, **cond))  # [B, L, W]
     ce = F.cross_entropy(model.head(hidden[c.masked]).float(), tokens[c.masked], reduction="none")  # [M]
     if cfg.time_weighting:

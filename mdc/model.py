@@ -19,48 +19,17 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 from torch import nn
 
 from mdc._compat import patch_torchvision
-from mdc.loss import arc_loss, clip_loss, mdc_loss, trim_padding
-from mdc.tokenizer import Tokenizer, valid_mask
+from mdc.condition import ImageContext, vary_condition
+from mdc.loss import arc_loss, clip_loss, mdc_loss
+from mdc.tokenizer import Tokenizer, trim_padding, valid_mask
+
+__all__ = ["CLIP", "Captioner", "ImageContext", "ModelConfig", "evaluating", "vision_tower"]
 
 OBJECTIVES = ("mdc", "arc", "clip")
-
-
-class ImageContext:
-    """Encoded images as the decoder sees them: every block's cross-attention (keys, values),
-    each [B, heads, T, width/heads]. Encode once (:meth:`Captioner.context`), then decode any
-    number of token rows against it: ``select`` picks image rows, ``repeat`` repeats each k times.
-
-    Repeats are not copied: a context with ``fold`` f stands for f consecutive rows per stored
-    image, and cross-attention folds those f token rows into one longer query sequence against
-    the image's keys/values (exact: cross-attention has no mask, so each query attends alone).
-    Beam search (K beams per image) and the ELBO (S masked copies per caption) rely on it.
-    """
-
-    def __init__(self, kv: list[tuple[torch.Tensor, torch.Tensor]], fold: int = 1):
-        self.kv, self.fold = kv, fold
-
-    def __len__(self) -> int:  # rows it stands for
-        return len(self.kv[0][0]) * self.fold
-
-    def __getitem__(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.kv[block]
-
-    def select(self, rows: torch.Tensor) -> "ImageContext":
-        """The context of rows ``rows`` [R] (indices, repeats allowed); runs of one image that all
-        have the same length f are kept as a fold of f instead of being copied."""
-        images = rows // self.fold  # [R] stored image of each row
-        values, counts = torch.unique_consecutive(images, return_counts=True)
-        if len(counts) and bool((counts == counts[0]).all()):
-            return ImageContext([(k[values], v[values]) for k, v in self.kv], int(counts[0]))
-        return ImageContext([(k[images], v[images]) for k, v in self.kv])
-
-    def repeat(self, k: int) -> "ImageContext":
-        """Each row k times in a row: [R] -> [R * k] (beam search, several captions per image)."""
-        return ImageContext(self.kv, self.fold * k) if self.fold == 1 else \
-            self.select(torch.arange(len(self), device=self.kv[0][0].device).repeat_interleave(k))
 
 
 @dataclass
@@ -86,7 +55,8 @@ class ModelConfig:
     time_weighting: bool = True  # weight by 1/t; False = the "w/o t" (CMLM) ablation
     mask_ratio: float | None = None  # fixed ratio = image-conditioned BERT; 1.0 = parallel decoding
     t_sampling: str = "uniform"  # "uniform" | "stratified" (low-discrepancy t across the batch)
-    # MC-Diffusion (mdc/guidance.py, mdc/d3pm.py, mdc/vqvae.py): the defaults are plain MDC, with no new weights
+    # MC-Diffusion (mdc/condition.py, mdc/guidance.py, mdc/d3pm.py, mdc/vqvae.py): the defaults are plain MDC,
+    # with no new weights; the factory (mdc/factory.py) wires the extensions in
     cond_drop_prob: float = 0.0  # CFG's P_cond: per caption, the whole image condition -> a learned null condition
     cond_mask_prob: float = 0.0  # MCS's P_mask: each image token of a selected caption -> a learned mask embedding
     cond_mask_select_prob: float = 0.1  # Alg. 1's P_cond for MCS: share of captions whose condition is masked
@@ -302,8 +272,6 @@ class _Model(nn.Module):
 
     def save(self, path: str | os.PathLike) -> None:
         """Write `path/model.safetensors` and `path/config.json` (no pickle)."""
-        from safetensors.torch import save_file
-
         os.makedirs(path, exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, os.path.join(path, "model.safetensors"))
@@ -315,20 +283,25 @@ class _Model(nn.Module):
 
 
 class Captioner(_Model):
-    """Image-conditioned text decoder: MDC (bidirectional) or ARC (causal)."""
+    """Image-conditioned text decoder: MDC (bidirectional) or ARC (causal).
 
-    def __init__(self, cfg: ModelConfig):
+    ``visual`` (default: a ViT from scratch) and ``diffusion_loss`` (default: the MDC loss) are
+    where extensions plug in; :func:`mdc.factory.build` passes the VQ-VAE tokens of
+    :mod:`mdc.vqvae` and the D3PM loss of :mod:`mdc.d3pm` when the config asks for them."""
+
+    def __init__(self, cfg: ModelConfig, visual: nn.Module | None = None, diffusion_loss=None):
         super().__init__(cfg)
-        if cfg.vqvae is None:
-            self.visual = vision_tower(cfg, class_token=False)
-        else:  # MC-Diffusion: embedded codes of a frozen VQ-VAE stand in for the ViT tokens
-            from mdc.vqvae import VQImageTokens
-
-            self.visual = VQImageTokens(cfg)
+        for option, unwired in (("vqvae", cfg.vqvae is not None and visual is None),
+                                ("noise", cfg.noise != "absorbing" and diffusion_loss is None)):
+            if unwired:
+                raise ValueError(f"{option} = {getattr(cfg, option)!r} is an extension: build the model with "
+                                 "mdc.create_model / mdc.factory.build, which wires it in")
+        self.visual = visual if visual is not None else vision_tower(cfg, class_token=False)
+        self.diffusion_loss = diffusion_loss or mdc_loss
         self.image_proj = nn.Linear(cfg.vision_width, cfg.text_width)
         self.decoder = TextTransformer(cfg, self.tokenizer.vocab_size, cross=True)
         self.head = nn.Linear(cfg.text_width, self.tokenizer.vocab_size, bias=False)
-        # MC-Diffusion's condition variants (mdc/guidance.py): only with their option on, so old checkpoints load
+        # the condition's variants (mdc/condition.py): only with their option on, so old checkpoints load
         self.cond_null = nn.Parameter(0.02 * torch.randn(cfg.text_width)) if cfg.cond_drop_prob > 0 else None  # [W]
         self.cond_mask = nn.Parameter(0.02 * torch.randn(cfg.text_width)) if cfg.cond_mask_prob > 0 else None  # [W]
 
@@ -342,13 +315,8 @@ class Captioner(_Model):
 
     def context(self, images: torch.Tensor, null=None, token_mask=None) -> ImageContext:
         """Encode once: every block's cross-attention keys/values of the projected image tokens.
-        ``null`` [B] / ``token_mask`` [B, T] (bool): MC-Diffusion's condition variants (mdc/guidance.py)."""
-        v = self.condition(images)  # [B, T, W]
-        if null is not None or token_mask is not None:
-            from mdc.guidance import vary_condition
-
-            v = vary_condition(self, v, null, token_mask)
-        return self.kv_context(v)
+        ``null`` [B] / ``token_mask`` [B, T] (bool): the condition's variants (mdc/condition.py)."""
+        return self.kv_context(vary_condition(self, self.condition(images), null, token_mask))  # [B, T, W]
 
     def kv_context(self, v: torch.Tensor) -> ImageContext:
         """The cross-attention keys/values of condition tokens ``v`` [B, T, W]."""
@@ -368,13 +336,9 @@ class Captioner(_Model):
         return self.logits(tokens, self.context(images))
 
     def loss(self, images, tokens, **kw):
-        """ARC teacher forcing (causal), the MDC loss (kw: t, noise, generator) or, with
-        ``noise="mask_replace"``, the D3PM loss of mdc/d3pm.py (kw: t, generator)."""
-        if self.config.noise == "mask_replace":
-            from mdc.d3pm import d3pm_loss
-
-            return d3pm_loss(self, images, tokens, **kw)
-        return (arc_loss if self.causal else mdc_loss)(self, images, tokens, **kw)
+        """ARC teacher forcing (causal) or the diffusion loss: MDC's (kw: t, noise, generator) or,
+        with ``noise="mask_replace"``, the D3PM loss of mdc/d3pm.py (kw: t, generator)."""
+        return (arc_loss if self.causal else self.diffusion_loss)(self, images, tokens, **kw)
 
 
 class CLIP(_Model):

@@ -6,7 +6,11 @@ distribution of :func:`mdc.diffusion.caption_log_probs` (ids a caption never hol
 the rest renormalised; the heuristic scorer ranks by the same numbers), and reveals the k
 most confident masked positions (k = 1 by default: N' steps, Eq. 6). Revealed tokens stay
 fixed. The image is encoded and every block's cross-attention keys/values are computed once
-per batch (:class:`mdc.model.ImageContext`); only the text is re-run.
+per batch (:class:`mdc.condition.ImageContext`); only the text is re-run.
+
+The sampler queries a :class:`mdc.distribution.CaptionDistribution` made by an ``encode``
+function (default: the plain model's); MC-Diffusion's guidance passes its guided one
+(:func:`mdc.api.generate` wires it in).
 """
 from __future__ import annotations
 
@@ -14,18 +18,11 @@ import math
 
 import torch
 
-from mdc.diffusion import caption_log_probs, corrupt
-from mdc.guidance import Guide, check_guidance
+from mdc import distribution
+from mdc.diffusion import caption_log_probs, masked_row
 from mdc.model import evaluating
 
-
-def masked_row(tok, batch: int, length: int, device) -> torch.Tensor:
-    """[SOT] [MASK]*length [EOT] for every row: [B, length + 2] (the fully corrupted caption)."""
-    x = torch.full((batch, length + 2), tok.pad_id, dtype=torch.long, device=device)
-    x[:, 0], x[:, -1] = tok.sot_id, tok.eot_id
-    maskable = torch.ones_like(x, dtype=torch.bool)
-    maskable[:, [0, -1]] = False
-    return corrupt(x, maskable, tok.mask_id).noisy
+__all__ = ["arc_sample", "check_length", "generate", "masked_row", "mdc_sample"]
 
 
 def check_length(model, length: int) -> None:
@@ -36,17 +33,15 @@ def check_length(model, length: int) -> None:
 
 @torch.no_grad()
 def mdc_sample(model, images, length: int, tokens_per_step: int = 1, temperature: float = 0.0,
-               generator: torch.Generator | None = None, guidance: str | None = None,
-               guidance_scale: float | None = None, guidance_seed: int = 0,
-               threshold: float | None = None, trace: list | None = None) -> torch.Tensor:
+               generator: torch.Generator | None = None, threshold: float | None = None,
+               trace: list | None = None, encode=None) -> torch.Tensor:
     """Greedy confidence unmasking. Returns tokens [B, length + 2] without [MASK].
 
     Each step reveals the ``tokens_per_step`` most confident masked positions, or, with
     ``threshold`` (parallel decoding after Fast-dLLM), every masked position whose confidence
     exceeds it, at least the most confident one. The head runs only at still-masked positions.
-    ``guidance`` "cfg" | "mcs" ranks and samples under the guided distribution of
-    :mod:`mdc.guidance` (CFG: scale 1 is unguided; MCS as printed: scale 0 is unguided);
-    ``guidance_seed`` seeds MCS's partial-condition masks. ``trace``: a list that receives one
+    ``encode(images)`` makes the distribution ranked and sampled (default: the plain model's;
+    MC-Diffusion's guided one from :func:`mdc.guidance.encoder`). ``trace``: a list that receives one
     record per step, ``{"revealed": [B, N'+2] bool, "tokens": [B, N'+2] after the step,
     "confidence": [B, N'+2]}`` (each still-masked position's confidence at that step, -1 at the
     others); :func:`mdc.plots.plot_unmasking` draws it (nothing is recorded without a list)."""
@@ -56,13 +51,13 @@ def mdc_sample(model, images, length: int, tokens_per_step: int = 1, temperature
     if threshold is not None and not 0.0 < threshold <= 1.0:
         raise ValueError(f"threshold must lie in (0, 1]; got {threshold}")
     tok = model.tokenizer
-    guide = Guide.of(model, images, guidance, guidance_scale, seed=guidance_seed)  # encoder + cross-attn K/V, once
+    dist = (encode or distribution.encode)(model, images)  # encoder + cross-attn K/V, once
     x = masked_row(tok, len(images), length, images.device)  # [B, N'+2]
     while True:
         still = x == tok.mask_id  # [B, N'+2]
         if not bool(still.any()):
             return x
-        logp = guide.log_probs(x, where=still, temperature=temperature or None)  # [M, V] masked positions only
+        logp = dist.log_probs(x, where=still, temperature=temperature or None)  # [M, V] masked positions only
         if temperature > 0:
             p = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)  # [M]
             c = logp.gather(-1, p[:, None]).squeeze(1).exp()
@@ -98,7 +93,7 @@ def arc_sample(model, images, max_length: int | None = None, beam_size: int = 1,
     stopping) and leaves the batch; at `max_length` caption tokens every live hypothesis is
     closed with [EOT]. Beam 1 reproduces greedy decoding. The bookkeeping is tensor operations
     (no per-candidate Python loop or device synchronisation); beams share their image's
-    keys/values (a folded :class:`mdc.model.ImageContext`).
+    keys/values (a folded :class:`mdc.condition.ImageContext`).
     """
     tok = model.tokenizer
     max_length = max_length or model.config.context_length - 2
@@ -157,36 +152,33 @@ def arc_sample(model, images, max_length: int | None = None, beam_size: int = 1,
 
 def generate(model, images, length: int = 15, *, beam_size: int = 6, tokens_per_step: int = 1,
              threshold: float | None = None, temperature: float = 0.0, generator=None, return_tokens: bool = False,
-             guidance: str | None = None, guidance_scale: float | None = None, guidance_seed: int = 0,
-             precision: str = "auto", trace: list | None = None):
+             precision: str = "auto", trace: list | None = None, encode=None, diffusion_sampler=None):
     """Captions for `images` [B, 3, H, W]: list[str] (or the token tensor).
 
     MDC: exactly `length` tokens by greedy confidence unmasking (``tokens_per_step`` or a confidence
     ``threshold`` reveal several per step). ARC: at most `length` tokens,
-    beam search with `beam_size` (1 = greedy). MDC with ``noise="mask_replace"``: the D3PM
-    reverse process of mdc/d3pm.py (``generator`` drives it). ``guidance`` "cfg" | "mcs" with
-    ``guidance_scale`` (MDC only; mdc/guidance.py): CFG is unguided at 1, MCS (as printed) at 0.
-    ``precision``: "auto" (bf16 autocast on CUDA, fp32 elsewhere) | "fp32" | "bf16".
-    ``trace`` (MDC's unmasking sampler only): a list that receives each step's revealed positions,
-    tokens and confidences (see :func:`mdc_sample`).
+    beam search with `beam_size` (1 = greedy). ``precision``: "auto" (bf16 autocast on CUDA,
+    fp32 elsewhere) | "fp32" | "bf16". ``trace`` (MDC's unmasking sampler only): a list that
+    receives each step's revealed positions, tokens and confidences (see :func:`mdc_sample`).
+    Extensions (wired by :func:`mdc.api.generate`): ``encode`` makes the caption distribution of
+    the images (MC-Diffusion's guidance); ``diffusion_sampler(model, images, length, generator=,
+    encode=)`` replaces the unmasking sampler (the D3PM reverse process of a ``mask_replace`` model).
     """
     objective = model.config.objective
     if objective == "clip":
         raise ValueError("a CLIP model cannot generate captions; use an 'mdc' or 'arc' model")
+    if model.config.noise != "absorbing" and diffusion_sampler is None:
+        raise ValueError(f"noise {model.config.noise!r} needs its own sampler: use mdc.generate, which wires it in")
     model.check_images(images)
-    check_guidance(model, guidance, guidance_scale)
-    if trace is not None and (objective != "mdc" or model.config.noise == "mask_replace"):
+    if trace is not None and (objective != "mdc" or diffusion_sampler is not None):
         raise ValueError("trace records MDC's unmasking steps; this model samples otherwise "
                          f"(objective {objective!r}, noise {model.config.noise!r})")
-    guided = dict(guidance=guidance, guidance_scale=guidance_scale, guidance_seed=guidance_seed)
     with evaluating(model, precision):
         if objective == "arc":
             tokens = arc_sample(model, images, max_length=length, beam_size=beam_size)
-        elif model.config.noise == "mask_replace":
-            from mdc.d3pm import d3pm_sample
-
-            tokens = d3pm_sample(model, images, length, generator=generator, **guided)
+        elif diffusion_sampler is not None:
+            tokens = diffusion_sampler(model, images, length, generator=generator, encode=encode)
         else:
             tokens = mdc_sample(model, images, length, tokens_per_step, temperature, generator, threshold=threshold,
-                                trace=trace, **guided)
+                                trace=trace, encode=encode)
     return tokens if return_tokens else model.tokenizer.batch_decode(tokens)

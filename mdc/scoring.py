@@ -23,21 +23,22 @@ else is in the batch, and captions that share a key share their noise: same mask
 where their lengths allow, the same masked positions (common random numbers). Comparing the
 candidates of an item with one key (:func:`score_candidates`, ``paired=True``) removes most of
 the Monte-Carlo noise from their *difference*, which is all a matching benchmark looks at.
+
+The MDC scorers query a :class:`mdc.distribution.CaptionDistribution` made by ``encode``
+(default: the plain model's); MC-Diffusion's guidance passes its guided one (:func:`mdc.api.score`).
 """
 from __future__ import annotations
 
-import hashlib
-import math
 import warnings
 from typing import Hashable, Sequence
 
 import torch
 
-from mdc.diffusion import caption_log_probs, corrupt
-from mdc.guidance import Guide, as_guide
-from mdc.loss import trim_padding
+from mdc import distribution
+from mdc.diffusion import caption_log_probs, corrupt, key_seed
+from mdc.distribution import as_distribution
 from mdc.model import evaluating
-from mdc.tokenizer import caption_mask, valid_mask
+from mdc.tokenizer import caption_mask, trim_padding, valid_mask
 
 METHODS = {"arc": ("exact",), "mdc": ("elbo", "heuristic"), "clip": ("cosine",)}
 DEFAULT = {"arc": "exact", "mdc": "heuristic", "clip": "cosine"}
@@ -53,15 +54,15 @@ def exact_loglik(model, context, rows, tokens):
 
 def heuristic_score(model, context, rows, tokens):
     """Greedy-order sum of ground-truth log-probabilities [R] (paper Sec. 4.2).
-    ``context``: an ImageContext, or a (guided) :class:`mdc.guidance.Guide`."""
+    ``context``: an ImageContext, or a :class:`mdc.distribution.CaptionDistribution`."""
     tok = model.tokenizer
-    guide = as_guide(model, context).select(rows)
+    dist = as_distribution(model, context).select(rows)
     todo = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] still masked
     x = corrupt(tokens, todo, tok.mask_id).noisy  # every caption token masked
     total = torch.zeros(len(tokens), device=tokens.device)
     r = torch.arange(len(tokens), device=tokens.device)
     for _ in range(int(todo.sum(1).max())):
-        logp = guide.log_probs(x, where=todo)  # [M, V] at the still-masked positions only
+        logp = dist.log_probs(x, where=todo)  # [M, V] at the still-masked positions only
         conf = torch.full(x.shape, -torch.inf, device=x.device).masked_scatter_(todo, logp.max(-1).values)  # [R, L]
         truth_ll = torch.zeros(x.shape, device=x.device).masked_scatter_(
             todo, logp.gather(-1, tokens[todo][:, None]).squeeze(-1))  # [R, L] log p(ground truth)
@@ -74,19 +75,13 @@ def heuristic_score(model, context, rows, tokens):
     return total
 
 
-def _key_seed(seed: int, key: Hashable) -> int:
-    """A 63-bit generator seed from (seed, key), stable across processes and platforms."""
-    digest = hashlib.blake2b(repr((int(seed), key)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
 def elbo_noise(keys: Sequence[Hashable], seed: int, num_samples: int, width: int,
                stratified: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Per caption, from its key: the uniforms v [R, S] that pick the mask counts and the position
     noise [R, S, width]. Stratified: v_s = (s + u) / S with one offset u; else S i.i.d. uniforms."""
     levels, noise = [], []
     for key in keys:
-        g = torch.Generator().manual_seed(_key_seed(seed, key))
+        g = torch.Generator().manual_seed(key_seed(seed, key))
         u = torch.rand(1 if stratified else num_samples, generator=g)
         levels.append((torch.arange(num_samples) + u) / num_samples if stratified else u)
         noise.append(torch.rand(num_samples, width, generator=g))
@@ -106,8 +101,8 @@ def _chunks(R: int, S: int, max_rows: int):
 def elbo_score(model, context, rows, tokens, num_samples=1024, seed=0, max_rows=256, keys=None,
                t_interval=(0.0, 1.0), stratified=True):
     """Monte-Carlo estimate [R] of the Eq. 8 lower bound; `max_rows` bounds each forward pass.
-    ``context``: an ImageContext, or a (guided) :class:`mdc.guidance.Guide`."""
-    tok, guide = model.tokenizer, as_guide(model, context)
+    ``context``: an ImageContext, or a :class:`mdc.distribution.CaptionDistribution`."""
+    tok, dist = model.tokenizer, as_distribution(model, context)
     R, L = tokens.shape
     S, dev = num_samples, tokens.device
     maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] positions 1..N
@@ -126,7 +121,7 @@ def elbo_score(model, context, rows, tokens, num_samples=1024, seed=0, max_rows=
     for chunk in _chunks(R, S, max_rows):
         b = caption_of[chunk].to(dev)
         c = corrupt(tokens[b], maskable[b], tok.mask_id, n=n[chunk].to(dev), noise=noise[chunk].to(dev))
-        logp = guide.select(rows[b]).log_probs(c.noisy, where=c.masked)  # [M, V]
+        logp = dist.select(rows[b]).log_probs(c.noisy, where=c.masked)  # [M, V]
         ll = torch.zeros(len(b), L, device=dev)
         ll[c.masked] = logp.gather(-1, tokens[b][c.masked][:, None]).squeeze(-1)
         total.index_add_(0, b, ll.sum(1) * c.weight)  # (1/n) sum over the masked tokens
@@ -149,7 +144,8 @@ def _tokenize(model, captions: Sequence[str]) -> torch.Tensor:
 
 
 def _image_keys(rows: torch.Tensor, keys, n_images: int) -> list:
-    """Per image, the noise key of its first caption (default keys: caption indices): MCS's mask key."""
+    """Per image, the noise key of its first caption (default keys: caption indices): the key of
+    any noise the caption distribution draws per image (MC-Diffusion's partial-condition masks)."""
     first: dict[int, int] = {}
     for r, b in enumerate(rows.tolist()):
         first.setdefault(b, r)
@@ -158,7 +154,7 @@ def _image_keys(rows: torch.Tensor, keys, n_images: int) -> list:
 
 
 def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0, max_rows=256,
-           t_interval=(0.0, 1.0), stratified=True, guidance=None, guidance_scale=None, precision="auto"):
+           t_interval=(0.0, 1.0), stratified=True, precision="auto", encode=None):
     """Scores [R] of captions[r] against images[rows[r]]: checks, tokenises, encodes every image once."""
     objective = model.config.objective
     method = method or DEFAULT[objective]
@@ -171,8 +167,9 @@ def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0
         raise ValueError(f"got {len(keys)} keys for {len(captions)} captions")
     if not 0.0 <= t_interval[0] <= t_interval[1] <= 1.0:
         raise ValueError(f"t_interval must satisfy 0 <= w_l <= w_u <= 1; got {t_interval}")
-    if guidance is not None and method not in ("heuristic", "elbo"):
-        raise ValueError(f"guidance applies to the MDC scorers 'heuristic' and 'elbo'; got method {method!r}")
+    if encode is not None and method not in ("heuristic", "elbo"):
+        raise ValueError(f"a caption distribution (encode) applies to the MDC scorers 'heuristic' and 'elbo'; "
+                         f"got method {method!r}")
     model.check_images(images)
     tokens = _tokenize(model, captions).to(images.device)
     with evaluating(model, precision):
@@ -180,33 +177,32 @@ def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0
             return (model.image_embedding(images)[rows] * model.text_embedding(tokens)).float().sum(-1)
         if method == "exact":
             return exact_loglik(model, model.context(images), rows, tokens)  # each image encoded once
-        context = Guide.of(model, images, guidance, guidance_scale, seed=seed,  # mdc/guidance.py
-                           keys=_image_keys(rows, keys, len(images)))
+        dist = (encode or distribution.encode)(model, images, _image_keys(rows, keys, len(images)))
         if method == "heuristic":
-            return heuristic_score(model, context, rows, tokens)
-        return elbo_score(model, context, rows, tokens, num_samples, seed, max_rows, keys, t_interval, stratified)
+            return heuristic_score(model, dist, rows, tokens)
+        return elbo_score(model, dist, rows, tokens, num_samples, seed, max_rows, keys, t_interval, stratified)
 
 
 @torch.no_grad()
 def score(model, images, captions: Sequence[str], method: str | None = None, *, num_samples: int = 1024,
           seed: int = 0, max_rows: int = 256, keys: Sequence[Hashable] | None = None,
-          t_interval: tuple[float, float] = (0.0, 1.0), stratified: bool = True, guidance: str | None = None,
-          guidance_scale: float | None = None, precision: str = "auto") -> torch.Tensor:
+          t_interval: tuple[float, float] = (0.0, 1.0), stratified: bool = True, precision: str = "auto",
+          encode=None) -> torch.Tensor:
     """Score each (image, caption) pair: Tensor [B]; higher = better match.
 
     ELBO only: ``num_samples`` masked copies per caption, ``keys`` [B] name each caption's
     noise (default: its index in this call), ``t_interval`` restricts the mask ratios summed
     (default: all, Eq. 8), ``stratified`` spreads the mask counts evenly (False: i.i.d.);
-    ``max_rows`` bounds the rows of one forward pass. MDC scorers: ``guidance`` "cfg" | "mcs"
-    with ``guidance_scale`` score under the guided distribution of :mod:`mdc.guidance`
-    (MCS masks keyed by (seed, the image's first caption key)). ``precision``: "auto" (bf16
-    autocast on CUDA, fp32 elsewhere) | "fp32" | "bf16".
+    ``max_rows`` bounds the rows of one forward pass. ``precision``: "auto" (bf16 autocast on
+    CUDA, fp32 elsewhere) | "fp32" | "bf16". MDC scorers: ``encode(model, images, keys)`` makes the
+    caption distribution (default: the plain model's; ``keys`` [B]: each image's first caption key),
+    as :func:`mdc.api.score` does for MC-Diffusion's guidance.
     """
     if len(captions) != len(images):
         raise ValueError(f"got {len(images)} images but {len(captions)} captions")
     rows = torch.arange(len(images), device=images.device)
     return _score(model, images, rows, captions, method, keys, num_samples, seed, max_rows, t_interval, stratified,
-                  guidance, guidance_scale, precision)
+                  precision, encode)
 
 
 @torch.no_grad()
@@ -217,8 +213,7 @@ def score_candidates(model, images, candidates: Sequence[Sequence[str]], method:
     ``paired``: all candidates of an item share one noise key (common random numbers for the
     ELBO); else every candidate has its own. ``item_keys`` [B] (default: the item's index in
     this call) fix an item's noise whatever else is in the call. Each image is encoded once.
-    ``kw``: num_samples, seed, max_rows, t_interval, stratified, guidance, guidance_scale, precision as in
-    :func:`score`.
+    ``kw``: num_samples, seed, max_rows, t_interval, stratified, precision, encode as in :func:`score`.
     """
     if len(candidates) != len(images):
         raise ValueError(f"got {len(images)} images but {len(candidates)} candidate lists")

@@ -193,6 +193,13 @@ def caption_mask(tokens: torch.Tensor, sot_id: int, eot_id: int) -> torch.Tensor
     return valid_mask(tokens, eot_id) & (tokens != sot_id) & (tokens != eot_id)
 
 
+def trim_padding(tokens: torch.Tensor, eot_id: int, multiple: int = 1) -> torch.Tensor:
+    """Drop trailing columns that are padding in every row ([B, L] -> [B, L']); L' is rounded up
+    to ``multiple`` (within L) so that a compiled model sees few distinct lengths."""
+    n = int(valid_mask(tokens, eot_id).sum(1).max())
+    return tokens[:, : min(tokens.shape[1], -(-n // multiple) * multiple)]
+
+
 def compact_vocab(texts: Iterable[str]) -> tuple[int, ...]:
     """The sorted BPE ids occurring in ``texts`` (plus SOT/EOT): a compact vocabulary."""
     bpe = _bpe()

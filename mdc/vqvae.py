@@ -34,7 +34,14 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
+
+from mdc.data.formats import IMAGE_SUFFIXES, load_image
+from mdc.data.pipeline import image_transform
+from mdc.world.render import render
+from mdc.world.scenes import sample_scene
+from mdc.world.streams import STREAM_SCENE, stream_rng
 
 
 @dataclass
@@ -149,8 +156,6 @@ class VQVAE(nn.Module):
 
     def save(self, path: str | os.PathLike) -> None:
         """``path/vqvae.safetensors`` and ``path/config.json`` (no pickle)."""
-        from safetensors.torch import save_file
-
         os.makedirs(path, exist_ok=True)
         save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()},
                   os.path.join(path, "vqvae.safetensors"))
@@ -172,8 +177,6 @@ def read_config(path: str | os.PathLike) -> dict:
 
 
 def load_vqvae(path: str | os.PathLike, map_location="cpu") -> VQVAE:
-    from safetensors.torch import load_file
-
     vq = VQVAE(VQConfig(**read_config(path)))
     vq.load_state_dict(load_file(os.path.join(path, "vqvae.safetensors"), device=str(map_location)))
     return vq.eval()
@@ -217,10 +220,6 @@ class VQImageTokens(nn.Module):
 # ----------------------------------------------------------------------------- training
 def synthetic_images(n: int, image_size: int = 64, seed: int = 0) -> torch.Tensor:
     """[n, 3, S, S] scenes of the synthetic world (the training shards' scenes), normalised as the models'."""
-    from mdc.data.pipeline import image_transform
-    from mdc.data.scene_render import render
-    from mdc.data.scenes import STREAM_SCENE, sample_scene, stream_rng
-
     transform = image_transform(image_size, train=False)
     return torch.stack([transform(render(sample_scene(stream_rng(seed, STREAM_SCENE, i)), image_size))
                         for i in range(n)])
@@ -230,9 +229,6 @@ class _Folder(torch.utils.data.Dataset):
     """Every image under ``root`` (any depth), with the eval transform."""
 
     def __init__(self, root: str, image_size: int):
-        from mdc.data.formats import IMAGE_SUFFIXES
-        from mdc.data.pipeline import image_transform
-
         self.paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
                             if f.lower().endswith(IMAGE_SUFFIXES))
         if not self.paths:
@@ -243,8 +239,6 @@ class _Folder(torch.utils.data.Dataset):
         return len(self.paths)
 
     def __getitem__(self, i):
-        from mdc.data.formats import load_image
-
         return self.transform(load_image({"image_path": self.paths[i]}))
 
 

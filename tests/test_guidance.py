@@ -7,7 +7,7 @@ import torch
 import mdc
 from conftest import CAPTIONS, small_model
 from mdc.diffusion import banned_ids, caption_log_probs
-from mdc.guidance import Guide, mcs_token_mask, training_condition
+from mdc.guidance import Guide, encoder, mcs_token_mask, training_condition
 from mdc.sampler import masked_row, mdc_sample
 
 GUIDED = dict(cond_drop_prob=0.1, cond_mask_prob=0.1)
@@ -135,7 +135,7 @@ def test_guided_sampling_batches_one_decoder_call_on_2b_rows(images):
     model = guided_model()
     calls, hidden = [], model.hidden
     model.hidden = lambda x, ctx: (calls.append(len(x)), hidden(x, ctx))[1]
-    out = mdc_sample(model, images, 6, guidance="cfg", guidance_scale=3.0)
+    out = mdc_sample(model, images, 6, encode=encoder(model, "cfg", 3.0))
     assert calls == [2 * len(images)] * 6
     assert out.shape == (len(images), 8) and not (out == model.tokenizer.mask_id).any()
 
@@ -152,9 +152,9 @@ def test_mcs_masks_are_seeded(images):
 def test_temperature_sampling_under_guidance(images):
     model = guided_model()
     g = lambda: torch.Generator().manual_seed(5)  # noqa: E731
-    a = mdc_sample(model, images, 6, temperature=0.7, generator=g(), guidance="cfg", guidance_scale=2.0)
-    assert torch.equal(a, mdc_sample(model, images, 6, temperature=0.7, generator=g(), guidance="cfg",
-                                     guidance_scale=2.0))
+    a = mdc_sample(model, images, 6, temperature=0.7, generator=g(), encode=encoder(model, "cfg", 2.0))
+    assert torch.equal(a, mdc_sample(model, images, 6, temperature=0.7, generator=g(),
+                                     encode=encoder(model, "cfg", 2.0)))
 
 
 # ------------------------------------------------------------------ guided scoring
@@ -221,7 +221,7 @@ def _results(clip=True):
 
 @pytest.mark.parametrize("clip", [True, False])
 def test_tradeoff_figure_and_table(tmp_path, clip):
-    from mdc.guidance import runs_markdown
+    from mdc.eval.guidance import runs_markdown
     from mdc.plots import plot_guidance_tradeoff
 
     fig = plot_guidance_tradeoff(_results(clip), path=str(tmp_path / "fig.png"))
@@ -233,7 +233,7 @@ def test_tradeoff_figure_and_table(tmp_path, clip):
 
 
 def test_sweep_settings_and_missing_clip():
-    from mdc.guidance import clipscore_sweep, sweep_settings
+    from mdc.eval.guidance import clipscore_sweep, sweep_settings
 
     assert sweep_settings([1, 2], ["mcs"]) == [(None, None), ("mcs", 1.0), ("mcs", 2.0)]
     with pytest.raises(ValueError, match="unknown guidance 'pag'"):

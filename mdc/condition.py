@@ -1,0 +1,104 @@
+"""The image condition y as the decoder sees it, and its two variants (inputs of the network).
+
+y is the projected image tokens [B, T, W] (:meth:`mdc.model.Captioner.condition`). Every
+decoder block cross-attends to it; :class:`ImageContext` holds those keys/values, computed
+once per batch of images and shared by any number of token rows.
+
+Variants, learned only by models trained with the option on (so older checkpoints load
+unchanged); MC-Diffusion's guidance (:mod:`mdc.guidance`) combines them with y:
+
+- null condition (``cond_drop_prob`` = P_cond): every token of y replaced by ``cond_null`` [W];
+- partial condition (``cond_mask_prob`` = P_mask): each token of y replaced by ``cond_mask`` [W]
+  with probability P_mask.
+
+Training (:func:`training_condition`, drawn by the MDC and D3PM losses). Per caption one
+uniform u: u < P_cond(CFG) -> null condition; P_cond(CFG) <= u < P_cond(CFG) + P_cond(MCS)
+-> partial condition (MC-Diffusion's Algorithm 1, P_cond(MCS) = ``cond_mask_select_prob``);
+otherwise the full condition. The two events are disjoint, so one checkpoint serves both
+guidance rules. Both options off: no draw at all.
+"""
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import torch
+
+from mdc.diffusion import key_seed
+
+
+class ImageContext:
+    """Encoded images as the decoder sees them: every block's cross-attention (keys, values),
+    each [B, heads, T, width/heads]. Encode once (:meth:`mdc.model.Captioner.context`), then decode
+    any number of token rows against it: ``select`` picks image rows, ``repeat`` repeats each k times.
+
+    Repeats are not copied: a context with ``fold`` f stands for f consecutive rows per stored
+    image, and cross-attention folds those f token rows into one longer query sequence against
+    the image's keys/values (exact: cross-attention has no mask, so each query attends alone).
+    Beam search (K beams per image) and the ELBO (S masked copies per caption) rely on it.
+    """
+
+    def __init__(self, kv: list[tuple[torch.Tensor, torch.Tensor]], fold: int = 1):
+        self.kv, self.fold = kv, fold
+
+    def __len__(self) -> int:  # rows it stands for
+        return len(self.kv[0][0]) * self.fold
+
+    def __getitem__(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.kv[block]
+
+    def select(self, rows: torch.Tensor) -> "ImageContext":
+        """The context of rows ``rows`` [R] (indices, repeats allowed); runs of one image that all
+        have the same length f are kept as a fold of f instead of being copied."""
+        images = rows // self.fold  # [R] stored image of each row
+        values, counts = torch.unique_consecutive(images, return_counts=True)
+        if len(counts) and bool((counts == counts[0]).all()):
+            return ImageContext([(k[values], v[values]) for k, v in self.kv], int(counts[0]))
+        return ImageContext([(k[images], v[images]) for k, v in self.kv])
+
+    def repeat(self, k: int) -> "ImageContext":
+        """Each row k times in a row: [R] -> [R * k] (beam search, several captions per image)."""
+        return ImageContext(self.kv, self.fold * k) if self.fold == 1 else \
+            self.select(torch.arange(len(self), device=self.kv[0][0].device).repeat_interleave(k))
+
+
+def num_image_tokens(model) -> int:
+    """T, the number of condition tokens per image."""
+    return getattr(model.visual, "num_tokens", None) or model.visual.patch_embed.num_patches
+
+
+def vary_condition(model, v: torch.Tensor, null=None, token_mask=None) -> torch.Tensor:
+    """y [B, T, W] with the rows ``null`` [B] replaced by the null condition and the tokens
+    ``token_mask`` [B, T] by the mask embedding. ``torch.where`` keeps both vectors in the graph
+    (zero gradient where unused), so DDP sees every parameter used."""
+    if null is not None:
+        v = torch.where(null[:, None, None], model.cond_null.to(v.dtype), v)
+    if token_mask is not None:
+        v = torch.where(token_mask[..., None], model.cond_mask.to(v.dtype), v)
+    return v
+
+
+def training_condition(model, batch: int, generator=None, device=None) -> dict:
+    """``model.context`` keywords for one training batch (module docstring): {} when both
+    options are off, else ``null`` [B] and/or ``token_mask`` [B, T] (bool)."""
+    cfg = model.config
+    if cfg.cond_drop_prob == 0 and cfg.cond_mask_prob == 0:
+        return {}
+    u = torch.rand(batch, generator=generator, device=device)  # [B] one draw per caption
+    out = {}
+    if cfg.cond_drop_prob > 0:
+        out["null"] = u < cfg.cond_drop_prob
+    if cfg.cond_mask_prob > 0:
+        selected = (u >= cfg.cond_drop_prob) & (u < cfg.cond_drop_prob + cfg.cond_mask_select_prob)  # [B]
+        p = torch.rand(batch, num_image_tokens(model), generator=generator, device=device)  # [B, T]
+        out["token_mask"] = selected[:, None] & (p < cfg.cond_mask_prob)
+    return out
+
+
+def partial_mask(model, batch: int, seed: int = 0, keys: Sequence[Hashable] | None = None) -> torch.Tensor:
+    """Partial-condition masks [B, T] (bool, CPU): each token with probability P_mask. From one
+    generator seeded by ``seed``, or, given ``keys`` [B], one generator per (seed, key)."""
+    T, p = num_image_tokens(model), model.config.cond_mask_prob
+    if keys is None:
+        return torch.rand(batch, T, generator=torch.Generator().manual_seed(seed)) < p
+    return torch.stack([torch.rand(T, generator=torch.Generator().manual_seed(key_seed(seed, ("mcs", k)))) < p
+                        for k in keys])
