@@ -73,3 +73,37 @@ def warmup_cosine(warmup_steps: int, total_steps: int):
 
 def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(warmup_steps, total_steps))
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, grad_clip_norm: float | None = None):
+    """The end of a training step, once the gradients are in: clip their norm (if ``grad_clip_norm``),
+    step the optimizer and the LR schedule, and drop the gradients."""
+    if grad_clip_norm:
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def fit(model: nn.Module, next_batch, steps: int, lr: float, weight_decay: float = 0.1, warmup_steps: int | None = None,
+        grad_clip_norm: float | None = None, loss_kwargs: dict | None = None) -> list[float]:
+    """Train ``model`` in memory: ``steps`` AdamW steps on ``model.loss(*next_batch(), **loss_kwargs)``.
+
+    ``next_batch()`` returns the loss's inputs (images, tokens); AdamW with :func:`param_groups`,
+    ``warmup_steps`` of linear warm-up (default 5% of the steps, at least 1) then cosine decay to 0,
+    gradient-norm clipping if ``grad_clip_norm``. The loop of the tutorials and of captioning
+    fine-tuning; pretraining (:mod:`mdc.train`) adds accumulation, DDP and checkpoints around the
+    same :func:`optimizer_step`. Returns the per-step losses; the model is left in eval mode.
+    """
+    optimizer = make_optimizer(model, lr, weight_decay)
+    scheduler = make_scheduler(optimizer, max(1, steps // 20) if warmup_steps is None else warmup_steps, steps)
+    losses = []
+    model.train()
+    optimizer.zero_grad(set_to_none=True)  # no gradient left over from before
+    for _ in range(steps):
+        loss = model.loss(*next_batch(), **(loss_kwargs or {}))
+        loss.backward()
+        optimizer_step(model, optimizer, scheduler, grad_clip_norm)
+        losses.append(loss.item())
+    model.eval()
+    return losses

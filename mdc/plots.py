@@ -11,6 +11,9 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, NullLocator
+from PIL import Image
+
+from mdc.eval.captioning import row_label
 
 
 class PaperFigure(Figure):
@@ -38,10 +41,6 @@ def plot_captions(images: Sequence, captions_by_model: Mapping[str, Sequence[str
     ``images``: PIL images, HxWx3 arrays or file paths. Saves ``path`` as .png and .pdf when
     given; returns the figure (a matplotlib Figure).
     """
-    from PIL import Image
-
-    from mdc.eval.captioning import row_label
-
     for name, captions in captions_by_model.items():
         if len(captions) != len(images):
             raise ValueError(f"captions_by_model[{name!r}] holds {len(captions)} captions for {len(images)} images")

@@ -89,25 +89,19 @@ def scene_data(n: int, style: str = "descriptive", seed: int = 0, held_out: bool
 def train_tiny(data: SceneData, objective: str = "mdc", steps: int = 600, batch_size: int = 64, lr: float = 3e-3,
                seed: int = 0, **overrides):
     """Train a :data:`TUTORIAL_CONFIG` model on ``data`` (Alg. 1 for MDC: ``model.loss`` draws t and
-    masks). AdamW with 5% warm-up and cosine decay, batches drawn with replacement from a seeded
-    generator. Returns ``(model in eval mode, per-step losses)``."""
+    masks). :func:`mdc.optim.fit`: AdamW with 5% warm-up and cosine decay, batches drawn with
+    replacement from a seeded generator. Returns ``(model in eval mode, per-step losses)``."""
     torch.manual_seed(seed)
     model = mdc.create_model("tiny", objective, **{**TUTORIAL_CONFIG, **overrides})
     tokens = model.tokenizer(data.captions)  # [N, context]
-    opt = optim.make_optimizer(model, lr, weight_decay=0.1)
-    sched = optim.make_scheduler(opt, max(1, steps // 20), steps)
     g = torch.Generator().manual_seed(seed)
-    losses = []
-    model.train()
-    for _ in range(steps):
+
+    def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
         rows = torch.randint(len(data), (batch_size,), generator=g)
-        loss = model.loss(data.images[rows], tokens[rows])
-        loss.backward()
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return model.eval(), losses
+        return data.images[rows], tokens[rows]
+
+    losses = optim.fit(model, next_batch, steps, lr, weight_decay=0.1)
+    return model, losses
 
 
 def caption_variants(scene: dict) -> dict[str, str]:

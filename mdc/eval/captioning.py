@@ -43,7 +43,7 @@ import torch
 from mdc.data.formats import Items, load_coco_captions, load_image, load_karpathy, load_karpathy_test
 from mdc.data.pipeline import image_transform
 from mdc.eval.metrics import METRICS, caption_metrics, descriptiveness, evaluate_captions  # noqa: F401 (part of this module's API)
-from mdc.optim import make_optimizer, make_scheduler
+from mdc.optim import fit
 from mdc.sampler import check_length, generate
 from mdc.tokenizer import TextStats
 
@@ -140,9 +140,9 @@ def finetune(model, items: Sequence[Mapping], *, steps: int, batch_size: int = 3
     """Fine-tune a captioner with its own ``model.loss`` on ``items`` (image + references).
 
     Each draw pairs an image with one reference picked uniformly; images are visited in seeded
-    random epochs. AdamW (the pretraining parameter groups), ``warmup_steps`` linear warm-up
-    (default 5% of the steps) then cosine decay to 0. Images get the model's eval transform and
-    are decoded once when the set holds at most ``cache_limit`` images, else per batch.
+    random epochs. :func:`mdc.optim.fit`: AdamW (the pretraining parameter groups), ``warmup_steps``
+    linear warm-up (default 5% of the steps) then cosine decay to 0. Images get the model's eval
+    transform and are decoded once when the set holds at most ``cache_limit`` images, else per batch.
     Returns ``(model, log)`` with ``log = {"loss": [per step], "text": TextStats counts}``;
     the model is left in eval mode on ``device``.
     """
@@ -150,16 +150,13 @@ def finetune(model, items: Sequence[Mapping], *, steps: int, batch_size: int = 3
     _check_items(items)
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1; got {steps}, {batch_size}")
-    model.to(device).train()
+    model.to(device)
     transform = image_transform(model.config.image_size, train=False)
     cache: dict[int, torch.Tensor] | None = {} if len(items) <= cache_limit else None
     rng = np.random.default_rng(seed)
     generator = torch.Generator(device=device).manual_seed(seed)  # MDC masking
-    optimizer = make_optimizer(model, lr, weight_decay)
-    warmup = max(1, steps // 20) if warmup_steps is None else warmup_steps
-    scheduler = make_scheduler(optimizer, warmup, steps)
-    order: list[int] = []
-    losses, text = [], TextStats()
+    order: list[int] = []  # what is left of the current random epoch
+    text = TextStats()
 
     def image(i: int) -> torch.Tensor:
         if cache is None:
@@ -168,25 +165,19 @@ def finetune(model, items: Sequence[Mapping], *, steps: int, batch_size: int = 3
             cache[i] = transform(load_image(items[i]))
         return cache[i]
 
-    for _ in range(steps):
+    def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
         batch = []
         while len(batch) < batch_size:
-            order = order or rng.permutation(len(items)).tolist()
+            if not order:
+                order.extend(rng.permutation(len(items)).tolist())
             batch.append(order.pop())
         captions = [items[i]["references"][rng.integers(len(items[i]["references"]))] for i in batch]
         tokens, stats = model.tokenizer.tokenize(captions)
         text.merge(stats)
-        images = torch.stack([image(i) for i in batch]).to(device)
-        kw = {"generator": generator} if objective == "mdc" else {}
-        loss = model.loss(images, tokens.to(device), **kw)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if grad_clip_norm:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip_norm)
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-    model.eval()
+        return torch.stack([image(i) for i in batch]).to(device), tokens.to(device)
+
+    losses = fit(model, next_batch, steps, lr, weight_decay, warmup_steps, grad_clip_norm,
+                 loss_kwargs={"generator": generator} if objective == "mdc" else None)
     return model, {"loss": losses, "text": text.as_dict()}
 
 

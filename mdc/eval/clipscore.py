@@ -24,6 +24,10 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from mdc._compat import patch_torchvision
+from mdc.api import generate
+from mdc.factory import image_transform, load
+
 W = 2.5  # CLIPScore's rescaling weight
 OPENAI_PREFIX = "A photo depicts "
 
@@ -76,16 +80,11 @@ def load_clip(spec: str, prefix: str | None = None, device: str = "cpu") -> Clip
                              f"(weights are never downloaded)")
         import open_clip
 
-        from mdc._compat import patch_torchvision
-
         patch_torchvision()
         model, _, preprocess = open_clip.create_model_and_transforms(arch, pretrained=weights, pretrained_text=False)
         clip = Clip(model, model.encode_image, model.encode_text, preprocess, open_clip.get_tokenizer(arch), "open_clip",
                     spec, OPENAI_PREFIX if prefix is None else prefix)
     else:
-        from mdc.data.pipeline import image_transform
-        from mdc.factory import load
-
         try:
             model = load(spec)  # a checkpoint folder or a pretraining run folder
         except FileNotFoundError as exn:
@@ -93,7 +92,7 @@ def load_clip(spec: str, prefix: str | None = None, device: str = "cpu") -> Clip
         if model.config.objective != "clip":
             raise ValueError(f"clip = {spec!r} holds an {model.config.objective!r} model; CLIPScore needs "
                              f"objective 'clip' (train one with --objective clip)")
-        clip = Clip(model, model.image_embedding, model.text_embedding, image_transform(model.config.image_size, train=False),
+        clip = Clip(model, model.image_embedding, model.text_embedding, image_transform(model),
                     model.tokenizer, "mdc", spec, "" if prefix is None else prefix)
     return clip.to(device)
 
@@ -121,9 +120,6 @@ def clip_rerank(model, clip: Clip, images: Sequence, *, k: int = 8, length: int 
     D3PM sampler for ``noise="mask_replace"``; ``guidance``: guidance, guidance_scale as in
     ``mdc.generate``) and keep the one with the best CLIPScore. Returns (best [B], candidates
     [B][k], CLIPScores [B, k])."""
-    from mdc.factory import image_transform
-    from mdc.sampler import generate
-
     if model.config.objective != "mdc":
         raise ValueError(f"CLIP reranking samples MDC captions; got objective {model.config.objective!r}")
     if k < 1 or temperature <= 0:

@@ -53,9 +53,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from mdc.api import score_candidates
 from mdc.data import benchmarks as comp
 from mdc.data.formats import load_image
-from mdc.scoring import METHODS, score_candidates
+from mdc.scoring import METHODS
 from mdc.tokenizer import caption_mask
 from mdc.world.evalsets import write_evalsets
 
@@ -243,20 +244,40 @@ class _Images(torch.utils.data.Dataset):
         return self.transform(load_image(self.items[i]))  # [3, S, S]; VG items cropped to their bbox
 
 
-@torch.no_grad()
+def method_variants(model, methods, *, num_samples=1024, seed=0, elbo_trained_t=True, stratified=True,
+                    max_rows=256) -> dict[str, dict]:
+    """The score variants of ``methods`` (:func:`variants`) as :func:`mdc.score_candidates` keywords:
+    ``{variant: {"method": ..., ...}}``; the ELBO's keyed noise and intervals as in :func:`score_suite`."""
+    elbo = dict(method="elbo", num_samples=num_samples, seed=seed, max_rows=max_rows, stratified=stratified)
+    intervals = {"elbo": (0.0, 1.0), "elbo_trained_t": trained_t_interval(model.config)}
+    return {v: dict(elbo, t_interval=intervals[v]) if v in intervals else dict(method=v)
+            for v in variants(resolve_methods(model.config.objective, methods), elbo_trained_t)}
+
+
 def score_suite(model, transform, suite: Suite, methods: Sequence[str], *, num_samples=1024, paired=True, seed=0,
                 batch_size=32, device="cpu", elbo_trained_t=True, stratified=True, max_rows=256,
                 workers=0) -> SuiteScores:
-    """Score every candidate of every item: the candidates of ``batch_size`` items in one call per
-    variant (each image encoded once per call). ELBO noise is keyed by the item's id
-    (:meth:`Suite.keys`) and shared by its candidates when ``paired`` (common random numbers);
-    ``max_rows`` bounds the masked copies in one forward pass."""
-    methods = resolve_methods(model.config.objective, methods)
+    """Score every candidate of every item with each method's variants (:func:`method_variants`).
+    ELBO noise is keyed by the item's id (:meth:`Suite.keys`) and shared by its candidates when
+    ``paired`` (common random numbers); ``max_rows`` bounds the masked copies in one forward pass."""
+    scoring = method_variants(model, methods, num_samples=num_samples, seed=seed, elbo_trained_t=elbo_trained_t,
+                              stratified=stratified, max_rows=max_rows)
+    return score_variants(model, transform, suite, scoring, paired=paired, batch_size=batch_size, device=device,
+                          workers=workers)
+
+
+@torch.no_grad()
+def score_variants(model, transform, suite: Suite, scoring: dict[str, dict], *, paired=True, batch_size=32,
+                   device="cpu", workers=0) -> SuiteScores:
+    """Score every candidate of every item under each variant of ``scoring``, ``{name: keywords of
+    mdc.score_candidates}`` (``method`` and its options, e.g. ``guidance``): the candidates of
+    ``batch_size`` items in one call per variant, each image encoded once per call. A variant whose
+    keywords equal an earlier one's reuses its scores (e.g. ``elbo_trained_t`` of a model trained
+    on t in [0, 1] is ``elbo``)."""
     start, model = time.time(), model.to(device)
     keys, tok = suite.keys(), model.tokenizer
-    t_trained = trained_t_interval(model.config)
-    intervals = {"elbo": (0.0, 1.0), "elbo_trained_t": t_trained}
-    out, tokens = SuiteScores(suite, {v: [] for v in variants(methods, elbo_trained_t)}), []
+    same = {v: next(u for u in scoring if scoring[u] == kw) for v, kw in scoring.items()}  # first equal variant
+    out, tokens = SuiteScores(suite, {v: [] for v in scoring}), []
     loader = torch.utils.data.DataLoader(_Images(suite.items, transform), batch_size=batch_size, num_workers=workers)
     first = 0
     for images in loader:  # [B, 3, S, S]
@@ -264,14 +285,11 @@ def score_suite(model, transform, suite: Suite, methods: Sequence[str], *, num_s
         cands, first = suite.candidates[rows], first + len(images)
         ids = tok.tokenize([c for cs in cands for c in cs])[0]  # [B*K, L]
         tokens.append(caption_mask(ids, tok.sot_id, tok.eot_id).sum(1).view(len(cands), -1).numpy())
-        for v in out.scores:
-            if v == "elbo_trained_t" and t_trained == (0.0, 1.0):
-                out.scores[v].append(out.scores["elbo"][-1])  # the same bound: no need to score twice
+        for v, kw in scoring.items():
+            if same[v] != v:  # the same scores: no need to score twice
+                out.scores[v].append(out.scores[same[v]][-1])
                 continue
-            kw = dict(num_samples=num_samples, seed=seed, max_rows=max_rows, stratified=stratified,
-                      t_interval=intervals[v]) if v in intervals else {}
-            s = score_candidates(model, images, cands, "elbo" if v in intervals else v, paired=paired,
-                                 item_keys=keys[rows], **kw)  # [B, K]
+            s = score_candidates(model, images, cands, paired=paired, item_keys=keys[rows], **kw)  # [B, K]
             out.scores[v].append(s.double().cpu().numpy())
     K = len(suite.candidates[0]) if suite.candidates else 0
     out.scores = {v: np.concatenate(s) if s else np.zeros((0, K)) for v, s in out.scores.items()}

@@ -42,6 +42,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mdc.data.formats import build_probe_dataset
+from mdc.factory import build
+
 
 @dataclass
 class ProbeConfig:
@@ -193,8 +196,6 @@ def synthetic_roots(evalsets_dir: str, tasks=SYNTHETIC_TASKS) -> dict[str, str]:
 
 def random_init_like(model, seed: int = 0):
     """The same architecture (config) as ``model`` at a seeded random initialisation."""
-    from mdc.factory import build
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return build(model.config)
@@ -204,8 +205,6 @@ def dataset_fns(roots: Mapping[str, str], transform) -> dict[str, tuple[Callable
     """``{name: (train_fn, test_fn)}`` for :func:`probe_datasets` from ``{name: root}``: CLIP_benchmark
     names (imagenet1k, food101, cifar10, cifar100, pets) or ``wds/<name>`` folders (the synthetic
     probe tasks are ``wds/<task>`` at ``<evalsets>/probe/<task>``)."""
-    from mdc.data.formats import build_probe_dataset
-
     def fns(name, root):
         return (lambda: build_probe_dataset(name, root, "train", transform),
                 lambda: build_probe_dataset(name, root, "test", transform))

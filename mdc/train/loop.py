@@ -195,12 +195,8 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
             if not np.isfinite(loss_value):
                 raise NonFiniteLossError(f"loss is {loss_value} at step {step}; last good checkpoint: "
                                          f"{last_ckpt or 'none written yet'}")
-            if cfg.grad_clip_norm:
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip_norm)
             lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            optim.optimizer_step(model, optimizer, scheduler, cfg.grad_clip_norm)
             speeds.append(global_batch / (time.perf_counter() - start))
             if rank == 0:
                 bar.update(1)
