@@ -19,7 +19,9 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
+# Layers run one way: lint-imports checks pyproject's import contract first (seconds).
 test: $(STAMP) browser
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests $(TUTORIALS) $(NBVAL)
 
 test-tutorials: $(STAMP)

@@ -1,0 +1,47 @@
+"""The package's layers run one way (pyproject's import-linter contract, README "Code organisation")."""
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(root)}  # the tree at root, not the installed one
+    return subprocess.run([str(LINT), "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_layer_contract_holds():
+    out = _lint(ROOT)
+    assert out.returncode == 0, out.stdout[-3000:]
+
+
+def test_the_contract_refuses_a_core_module_importing_an_extension(tmp_path):
+    for name in ("mdc", "reproduce", "benchmarks"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "runs"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    model = tmp_path / "mdc" / "model.py"
+    model.write_text(model.read_text() + "\n\ndef _late():\n    import mdc.guidance  # noqa: F401\n")  # lazy, upward
+    out = _lint(tmp_path)
+    assert out.returncode != 0 and "mdc.model is not allowed to import mdc.guidance" in out.stdout
+
+
+def test_no_function_level_import_of_mdc_inside_the_package():
+    """Lazy imports hide a cycle instead of removing it; only third-party imports may be deferred."""
+    found = []
+    for path in sorted((ROOT / "mdc").rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+                if isinstance(node, ast.ImportFrom) and node.level > 0:
+                    names = ["mdc (relative)"]
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] == "mdc"
+                          or n == "mdc (relative)"]
+    assert not found, found
