@@ -42,9 +42,9 @@ def main(argv=None) -> int:
     runs = registry.with_figures(registry.build(args.profile, args.seeds), os.path.abspath(figures), args.profile)
     runs = registry.select(runs, args.only)
     if args.list:
-        for name, what in registry.ARTIFACTS.items():
+        for name, artifact in registry.ARTIFACTS.items():
             feeding = [r.name for r in runs if name in r.artifacts and r.notebook != "figures"]
-            print(f"{name:10s} {what}\n{'':10s} {len(feeding)} runs: {', '.join(feeding[:6])}"
+            print(f"{name:10s} {artifact.description}\n{'':10s} {len(feeding)} runs: {', '.join(feeding[:6])}"
                   f"{' ...' if len(feeding) > 6 else ''}")
         return 0
     if args.slurm:

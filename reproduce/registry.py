@@ -1,4 +1,5 @@
-"""The experiment registry: every table and figure of the paper as notebook runs, per profile.
+"""The experiment registry: every table and figure of the paper, the notebook runs that feed it
+(per profile) and the builder that writes it from their results (:mod:`reproduce.report`).
 
 Profiles:
 - ``smoke``: every artifact wired end to end with a handful of steps on tiny data (CI).
@@ -16,21 +17,40 @@ run is probed once.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
+from reproduce import report
 from reproduce.runner import Run
 
+
+@dataclass(frozen=True)
+class Artifact:
+    """A table or figure of the paper: what it shows, and the builder that writes it from the runs'
+    results (``builder(runs, paper_dir, out)`` -> the files written; runs as :func:`reproduce.report.load_index`
+    gives them)."""
+
+    description: str
+    builder: Callable[[list[dict], str, str], list[str]]
+
+
+# The one artifact table: runs name the artifacts they feed (Run.artifacts), the figures run builds them.
 ARTIFACTS = {
-    "table1": "Linear probe: CLIP, ARC, MDC per caption style (and CLIP-LB on descriptive captions)",
-    "table2": "Compositionality: ARO and SugarCrepe for CLIP, ARC, MDC (Monte Carlo, heuristic)",
-    "table3": "Captioning: ARC beam 6 vs MDC-10/15/20 (BLEU-4, METEOR, CIDEr, SPICE, ROUGE-L, LLM judge)",
-    "table4": "Ablation of the 1/t weight, both caption styles",
-    "table5": "Noise schedules t ~ U[w_l, w_u] on alt captions",
-    "tables6-8": "Pretraining hyperparameters per backbone (the presets)",
-    "fig3": "Caption length distributions of the pretraining sets",
-    "fig4": "Image-conditioned BERT at fixed masking ratios vs MDC",
-    "fig5": "Linear probe vs number of pretraining pairs",
-    "fig6": "Qualitative captions: MDC-10/15/20 and ARC",
-    "guidance": "MC-Diffusion: reference metrics vs CLIPScore across guidance scales, CFG vs MCS",
+    "table1": Artifact("Linear probe: CLIP, ARC, MDC per caption style (and CLIP-LB on descriptive captions)",
+                       report.table1),
+    "table2": Artifact("Compositionality: ARO and SugarCrepe for CLIP, ARC, MDC (Monte Carlo, heuristic)",
+                       report.table2),
+    "table3": Artifact("Captioning: ARC beam 6 vs MDC-10/15/20 (BLEU-4, METEOR, CIDEr, SPICE, ROUGE-L, LLM judge)",
+                       report.table3),
+    "table4": Artifact("Ablation of the 1/t weight, both caption styles", report.table4),
+    "table5": Artifact("Noise schedules t ~ U[w_l, w_u] on alt captions", report.table5),
+    "tables6-8": Artifact("Pretraining hyperparameters per backbone (the presets)", report.tables6_8),
+    "fig3": Artifact("Caption length distributions of the pretraining sets", report.fig3),
+    "fig4": Artifact("Image-conditioned BERT at fixed masking ratios vs MDC", report.fig4),
+    "fig5": Artifact("Linear probe vs number of pretraining pairs", report.fig5),
+    "fig6": Artifact("Qualitative captions: MDC-10/15/20 and ARC", report.fig6),
+    "guidance": Artifact("MC-Diffusion: reference metrics vs CLIPScore across guidance scales, CFG vs MCS",
+                         report.guidance),
 }
 PROBED = {"table1", "table4", "table5", "fig4", "fig5"}  # artifacts made of linear probes
 STYLES = ("alt", "descriptive")  # the CC12M and Recap-DataComp analogues
@@ -215,13 +235,17 @@ def with_figures(runs: list[Run], figures_dir: str, profile: str) -> list[Run]:
                        deps=tuple(r.name for r in runs), artifacts=tuple(ARTIFACTS), timeout_s=1800)]
 
 
+def _check_artifacts(names) -> None:
+    unknown = set(names or ()) - set(ARTIFACTS)
+    if unknown:
+        raise ValueError(f"unknown artifact(s) {sorted(unknown)}; choose from {sorted(ARTIFACTS)}")
+
+
 def select(runs: list[Run], only: list[str] | None) -> list[Run]:
     """The runs feeding the artifacts in ``only`` plus everything they depend on."""
     if not only:
         return runs
-    unknown = set(only) - set(ARTIFACTS)
-    if unknown:
-        raise ValueError(f"unknown artifact(s) {sorted(unknown)}; choose from {sorted(ARTIFACTS)}")
+    _check_artifacts(only)
     by_name = {r.name: r for r in runs}
     keep: set[str] = set()
 
@@ -238,3 +262,12 @@ def select(runs: list[Run], only: list[str] | None) -> list[Run]:
     figures = [r for r in runs if r.notebook == "figures"]
     return out + [Run(f.name, f.notebook, dict(f.params, only=list(only)), deps=tuple(r.name for r in out),
                       artifacts=tuple(only), timeout_s=f.timeout_s) for f in figures]
+
+
+def build_artifacts(index_path: str, out: str, paper_dir: str, only: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """Rebuild the artifacts (all, or ``only``) into ``out`` from the run index (the figures notebook's
+    work); returns {artifact: files written}."""
+    _check_artifacts(only)
+    runs = report.load_index(index_path)
+    os.makedirs(out, exist_ok=True)
+    return {name: a.builder(runs, paper_dir, out) for name, a in ARTIFACTS.items() if not only or name in only}

@@ -2,14 +2,16 @@
 paper's number in the column beside ours, figures (PNG, PDF). Nothing here trains or scores.
 
 Input: the run index of the reproduction (``index.json``: run name -> notebook, labels, the
-artifacts it feeds and its results file; written by ``python -m reproduce``) and the paper's
+artifacts it feeds and its results file; written by :mod:`reproduce.runner`) and the paper's
 numbers (``reproduce/paper/*.csv``). Over seeds, a cell is "mean ± std" (sample std; "mean"
 alone for one seed). Synthetic probe tasks stand in for the paper's datasets as
 ``mdc.data.evalsets.PROBE_TASKS`` says (object -> ImageNet-1k, texture -> Food101, shape ->
 CIFAR-10, shape_texture -> CIFAR-100, colour -> Pets); a real-data run reports the real ones.
 
-One function per artifact (``table1`` ... ``fig6``, ``tables6_8``), each returning the files it
-wrote; :func:`build` runs the ones asked for.
+One builder per artifact (``table1`` ... ``fig6``, ``tables6_8``, ``guidance``), each taking
+the runs of :func:`load_index`, the paper's numbers and the output folder and returning the
+files it wrote. :data:`reproduce.registry.ARTIFACTS` names the builder of every artifact and
+:func:`reproduce.registry.build_artifacts` runs the ones asked for.
 """
 from __future__ import annotations
 
@@ -20,8 +22,6 @@ from collections import defaultdict
 from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
-
-from mdc.eval.results import read_results
 
 # synthetic probe task -> the paper's Table 1 column it stands in for (mdc.data.evalsets.PROBE_TASKS)
 PROBE_COLUMNS = {"object": "imagenet1k", "texture": "food101", "shape": "cifar10", "shape_texture": "cifar100",
@@ -36,6 +36,8 @@ PAPER_BACKBONE = "ViT-B/32"  # the paper row a synthetic run is printed beside (
 # ----------------------------------------------------------------------------- inputs
 def load_index(index_path: str) -> list[dict]:
     """Runs of the index whose results file exists, each ``{name, notebook, labels, artifacts, record}``."""
+    from mdc.eval.results import read_results  # here, so that the runner's registry imports this without torch
+
     with open(index_path) as f:
         index = json.load(f)
     runs = []
@@ -354,18 +356,3 @@ def guidance(runs: list[dict], paper_dir: str, out: str) -> list[str]:
              "CLIPScore": "-" if r.get("clipscore") is None else f"{r['clipscore']:.3f}"} for r in res["runs"]]
     return [base + ".png", base + ".pdf"] + write_table(
         rows, os.path.join(out, "guidance_tradeoff"), "MC-Diffusion guidance: reference metrics (x100) and CLIPScore")
-
-
-ARTIFACTS: dict[str, Callable] = {"table1": table1, "table2": table2, "table3": table3, "table4": table4,
-                                  "table5": table5, "tables6-8": tables6_8, "fig3": fig3, "fig4": fig4,
-                                  "fig5": fig5, "fig6": fig6, "guidance": guidance}
-
-
-def build(index_path: str, out: str, paper_dir: str, only: Sequence[str] | None = None) -> dict[str, list[str]]:
-    """Rebuild the artifacts (all, or ``only``) into ``out``; returns {artifact: files written}."""
-    unknown = set(only or ()) - set(ARTIFACTS)
-    if unknown:
-        raise ValueError(f"unknown artifact(s) {sorted(unknown)}; choose from {sorted(ARTIFACTS)}")
-    runs = load_index(index_path)
-    os.makedirs(out, exist_ok=True)
-    return {name: fn(runs, paper_dir, out) for name, fn in ARTIFACTS.items() if not only or name in only}
