@@ -1,0 +1,152 @@
+"""The compositionality suites (paper Table 2): every benchmark file read into items and their
+candidate captions, the true caption first.
+
+Suites (``SUITES``): ARO VG-Relation, VG-Attribution, COCO-Order, Flickr30k-Order and the seven
+SugarCrepe sub-files, read as published (:mod:`mdc.data.benchmarks`) or from the synthetic
+sets of :mod:`mdc.world.evalsets` (same formats). :mod:`mdc.eval.compositionality` scores them.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from mdc.data import benchmarks as comp
+from mdc.world.evalsets import write_evalsets
+
+SUGARCREPE = tuple(f"sugarcrepe/{s}" for s in comp.SUGARCREPE_SUBSETS)
+SUITES = ("aro_relation", "aro_attribute", "aro_coco_order", "aro_flickr30k_order", *SUGARCREPE)
+
+@dataclass
+class Suite:
+    """One benchmark file ready to score: items, their candidate captions (true first) and groups."""
+    name: str  # one of SUITES
+    data: str  # "synthetic" | "real"
+    items: list  # [N] dicts with image_path (+ bbox) and id
+    candidates: list  # [N][K] captions, the true caption first
+    groups: list  # [N] aggregation group: relation, attribute pair, or "" (micro average)
+    sources: list
+    total: int
+    missing: int = 0  # items skipped: image absent (order suites: the captions of absent images)
+    excluded: int = 0  # items the suite's rule leaves out
+    chance: float = 0.5
+    identical: np.ndarray | None = None  # [N, K] order suites: candidate == true caption
+    tagger: str | None = None
+
+    def keys(self) -> list[str]:
+        """Stable per-item ids, the ELBO noise keys."""
+        return [f"{self.name}/{item['id']}" for item in self.items]
+
+
+def _pairs(name, data, loaded, kept, true, false, groups) -> Suite:
+    """A two-caption suite of the ``kept`` items out of the ``loaded`` ones (:class:`Items`)."""
+    return Suite(name, data, list(kept), [[it[true], it[false]] for it in kept], groups, [loaded.source],
+                 loaded.total, loaded.total - len(loaded), len(loaded) - len(kept))
+
+
+def _suite(name: str, data: str, path: str, image_dir: str | None, on_missing: str, attribute_min_count: int,
+           order_seed: int, tagger: str) -> Suite:
+    """Read one suite's file; ``path`` is the JSON file (a SugarCrepe folder for sugarcrepe/*)."""
+    if name == "aro_relation":
+        items = comp.load_vg_relation(path, image_dir, on_missing)
+        kept = [it for it in items if it["relation_name"] not in comp.ARO_SYMMETRIC_RELATIONS]
+        return _pairs(name, data, items, kept, "true_caption", "false_caption", [it["relation_name"] for it in kept])
+    if name == "aro_attribute":
+        items = comp.load_vg_attribution(path, image_dir, on_missing)
+        pair = [f"{it['attributes'][0]}_{it['attributes'][1]}" for it in items]
+        counts = Counter(pair)
+        keep = [i for i, g in enumerate(pair) if counts[g] >= attribute_min_count]
+        return _pairs(name, data, items, [items[i] for i in keep], "true_caption", "false_caption",
+                      [pair[i] for i in keep])
+    if name in ("aro_coco_order", "aro_flickr30k_order"):
+        items = comp.load_order_suite(path, image_dir, order_seed, on_missing=on_missing, tagger=tagger)
+        identical = np.array([[False, *it["identical"]] for it in items], dtype=bool).reshape(len(items), 5)
+        return Suite(name, data, list(items), [[it["caption"], *it["perturbed"]] for it in items], [""] * len(items),
+                     [path], items.total, items.total - len(items), 0, 0.2, identical, items.tagger)
+    subset = name.split("/")[1]
+    items = comp.load_sugarcrepe(path, image_dir, [subset], on_missing)[subset]
+    return _pairs(name, data, items, items, "caption", "negative_caption", [""] * len(items))
+
+
+def _expand(suites) -> list[str]:
+    names = SUITES if suites == "all" else [suites] if isinstance(suites, str) else list(suites)
+    out = [s for n in names for s in (SUGARCREPE if n == "sugarcrepe" else [n])]
+    unknown = [n for n in out if n not in SUITES]
+    if unknown:
+        raise ValueError(f"unknown suite(s) {unknown}; choose from {SUITES + ('sugarcrepe',)} or 'all'")
+    return out
+
+
+def load_suites(data_dir: str | None = None, suites="all", *, sugarcrepe_dir="", coco_val2017_dir="", aro_dir="",
+                vg_image_dir="", coco_order_json="", coco_image_dir="", flickr_order_json="", flickr_image_dir="",
+                on_missing="error", attribute_min_count=25, order_seed=0, tagger="auto") -> dict[str, Suite]:
+    """The suites to evaluate: the synthetic sets under ``data_dir`` (None: none) and the real
+    benchmarks whose paths are given ("" = not evaluated). ``suites``: "all" (every suite with
+    data) or names from ``SUITES`` ("sugarcrepe" = its seven sub-files). A given path that does
+    not exist, a path without its partner, a suite asked for without data, or a suite given
+    both synthetic and real data is a ValueError naming it."""
+    real = {"sugarcrepe_dir": sugarcrepe_dir, "coco_val2017_dir": coco_val2017_dir, "aro_dir": aro_dir,
+            "vg_image_dir": vg_image_dir, "coco_order_json": coco_order_json, "coco_image_dir": coco_image_dir,
+            "flickr_order_json": flickr_order_json, "flickr_image_dir": flickr_image_dir}
+    for param, path in real.items():
+        if path and not os.path.exists(path):
+            raise ValueError(f"{param}: {path} does not exist")
+    sources: dict[str, list[tuple]] = {}  # suite -> [(data, path, image_dir)]
+    if data_dir is not None:
+        if not os.path.isdir(data_dir):
+            raise ValueError(f"data_dir: {data_dir} is not a folder of synthetic evaluation sets")
+        aro, sugar = os.path.join(data_dir, "aro"), os.path.join(data_dir, "sugarcrepe")
+        for name, file in (("aro_relation", "visual_genome_relation.json"), ("aro_coco_order", "coco_order_test.json"),
+                           ("aro_attribute", "visual_genome_attribution.json")):
+            sources.setdefault(name, []).append(("synthetic", os.path.join(aro, file), aro))
+        for name in SUGARCREPE:
+            sources.setdefault(name, []).append(("synthetic", sugar, os.path.join(sugar, "images")))
+    pairs = [(("aro_relation", "aro_attribute"), "aro_dir", "vg_image_dir"),
+             (("aro_coco_order",), "coco_order_json", "coco_image_dir"),
+             (("aro_flickr30k_order",), "flickr_order_json", "flickr_image_dir"),
+             (SUGARCREPE, "sugarcrepe_dir", "coco_val2017_dir")]
+    files = {"aro_relation": "visual_genome_relation.json", "aro_attribute": "visual_genome_attribution.json"}
+    for names, data_param, image_param in pairs:
+        if bool(real[data_param]) != bool(real[image_param]):
+            given, needed = (data_param, image_param) if real[data_param] else (image_param, data_param)
+            raise ValueError(f"{given} is set but {needed} is empty; both are needed")
+        for name in names if real[data_param] else ():
+            path = os.path.join(real[data_param], files[name]) if name in files else real[data_param]
+            sources.setdefault(name, []).append(("real", path, real[image_param]))
+    wanted = _expand(suites)
+    out = {}
+    for name in wanted:
+        found = sources.get(name, [])
+        if len(found) > 1:
+            raise ValueError(f"suite {name!r} has both synthetic (data_dir) and real data; "
+                             f"set data_dir=None to evaluate the real benchmark")
+        if not found:
+            if suites == "all":
+                continue
+            raise ValueError(f"suite {name!r} was asked for but has no data: set data_dir or its real-data paths")
+        data, path, image_dir = found[0]
+        out[name] = _suite(name, data, path, image_dir, on_missing, attribute_min_count, order_seed, tagger)
+    return out
+
+
+def describe(suites: dict[str, Suite]) -> str:
+    """One line per suite: data, items evaluated out of the file's, skipped and excluded items."""
+    return "\n".join(f"{n}: {s.data}, {len(s.items)} of {s.total} items evaluated ({s.missing} missing images, "
+                     f"{s.excluded} excluded by the suite's rule), {len(s.candidates[0]) if s.candidates else 0} "
+                     f"captions each" + (f", {s.tagger} tagger" if s.tagger else "") for n, s in suites.items())
+
+
+def synthetic_data(out_dir: str, seed: int, image_size: int, n_items: int) -> str:
+    """The synthetic ARO/SugarCrepe sets (:func:`mdc.world.evalsets.write_evalsets`, ``n_items``
+    per file; its probe and captioning sets kept tiny) under ``out_dir``, written unless there."""
+    summary = os.path.join(out_dir, "summary.json")
+    if os.path.isfile(summary):
+        with open(summary) as f:
+            s = json.load(f)
+        if (s["seed"], s["image_size"], s["aro"]["vg_relation"]) == (seed, image_size, n_items):
+            return out_dir
+    write_evalsets(out_dir, seed, image_size, n_probe_train=1, n_probe_test=1, n_items=n_items, n_caption_train=1)
+    return out_dir
