@@ -1,0 +1,109 @@
+"""reproduce.report: the paper's tables rebuilt from a small synthetic run index, byte for byte.
+
+The index mimics the registry's wiring (two seeds of the probe runs, Table 2's three scorers, two
+captioning runs); the expected digests are those of the tables the builders wrote before they
+moved out of ``mdc`` (mdc/report.py), so a change to any table's bytes shows up here.
+"""
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+from mdc.eval.results import write_results
+from reproduce import registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAPER_DIR = os.path.join(ROOT, "reproduce", "paper")
+TABLES = ["table1", "table2", "table3", "table4", "table5", "tables6-8"]
+TASKS = ("object", "shape", "texture", "count", "relation", "shape_texture", "colour", "background")
+# sha256 (16 hex digits) of every table file written from synthetic_index() by mdc/report.py
+EXPECTED = {
+    "table1_linear_probe.csv": "e9c36bfd2187b61d",
+    "table1_linear_probe.md": "7a19675683c105f7",
+    "table1_linear_probe.tex": "d76783e03245758e",
+    "table2_compositionality.csv": "d7e03bfb219e02d1",
+    "table2_compositionality.md": "4c9ec72bd93a1deb",
+    "table2_compositionality.tex": "dc0022117dde7dd2",
+    "table3_captioning.csv": "2e6384557db7f151",
+    "table3_captioning.md": "759412fe975ede50",
+    "table3_captioning.tex": "6b1cf536494604a9",
+    "table4_time_weighting.csv": "bba00b6b94c15522",
+    "table4_time_weighting.md": "63aacf4f913abe3f",
+    "table4_time_weighting.tex": "0cce0a77195d1fc2",
+    "table5_noise_schedule.csv": "2876b3656ffdf2fd",
+    "table5_noise_schedule.md": "148e25c1919ee3ed",
+    "table5_noise_schedule.tex": "d38bf50c3bac0a59",
+    "tables6-8_hyperparameters.csv": "4446ff45b1b43f9d",
+    "tables6-8_hyperparameters.md": "84c52efe2bf83496",
+    "tables6-8_hyperparameters.tex": "ca5d5698889eaf23",
+}
+
+
+def _probe(rng) -> dict:
+    top1 = lambda lo, hi: {f"wds/{t}": {"top1": float(rng.uniform(lo, hi))} for t in TASKS}  # noqa: E731
+    return {"datasets": top1(0.2, 0.9), "random_init": {"datasets": top1(0.05, 0.3)}}
+
+
+def synthetic_index(folder) -> str:
+    """Results files and their index.json in ``folder``, shaped as a reproduction writes them."""
+    rng = np.random.default_rng(0)
+    index = {}
+
+    def add(name, notebook, results, artifacts, labels):
+        path = os.path.join(folder, name, "results.json")
+        write_results(path, notebook, results)
+        index[name] = {"notebook": notebook, "params": {}, "labels": labels, "artifacts": artifacts,
+                       "results": path}
+
+    for seed in (0, 1):
+        probes = [(f"{m.lower()}-{s}", ["table1"] + (["table4"] if m == "MDC" else [])
+                   + (["table5", "fig4"] if (m, s) == ("MDC", "alt") else [])
+                   + (["fig5"] if (m, s) == ("MDC", "descriptive") else []), dict(method=m, style=s))
+                  for s in ("alt", "descriptive") for m in ("CLIP", "ARC", "MDC")]
+        probes += [("cliplb-descriptive", ["table1"], dict(method="CLIP-LB", style="descriptive"))]
+        probes += [(f"mdc-wot-{s}", ["table4"], dict(method="MDC (w/o t)", style=s)) for s in ("alt", "descriptive")]
+        probes += [(f"mdc-t{lo}-{hi}-alt", ["table5"], dict(method="MDC", style="alt", t_interval=[lo, hi]))
+                   for lo, hi in ((0.0, 1.0), (0.3, 0.8), (0.4, 0.9))]
+        for tag, artifacts, labels in probes:
+            add(f"probe/{tag}-s{seed}", "linear_probe", _probe(rng), artifacts, {**labels, "seed": seed})
+        for method, variants in (("CLIP", ["cosine"]), ("ARC", ["exact"]),
+                                 ("MDC", ["elbo", "elbo_trained_t", "heuristic"])):
+            columns = ("aro_relation", "aro_attribute", "aro_coco_order", "sugarcrepe_add", "sugarcrepe_replace",
+                       "sugarcrepe_swap")
+            table2 = {v + suffix: {c: float(rng.uniform(0.1, 1.0)) for c in columns}
+                      for v in variants for suffix in ("", "_lengthnorm")}
+            add(f"compositionality/{method.lower()}-descriptive-s{seed}", "compositionality", {"table2": table2},
+                ["table2"], dict(method=method, style="descriptive", seed=seed))
+        metrics = {name: {"bleu4": float(rng.uniform(0, 0.4)), "meteor": float(rng.uniform(0, 0.3)),
+                          "cider": float(rng.uniform(0, 1.5)), "spice": None, "rouge_l": float(rng.uniform(0, 0.6)),
+                          "grounded_words": float(rng.uniform(0, 4)), "repeated": float(rng.uniform(0, 0.6))}
+                   for name in ("arc-beam6", "mdc-10", "mdc-15", "mdc-20")}
+        judge = {"selection_rate": {n: 0.25 for n in metrics}} if seed == 0 else None
+        add(f"captioning/alt-s{seed}", "captioning",
+            {"dataset": {"name": "coco"}, "metrics": metrics, "judge": judge, "examples": []},
+            ["table3"], dict(style="alt", seed=seed))
+    path = os.path.join(folder, "index.json")
+    with open(path, "w") as f:
+        json.dump(index, f, indent=1)
+    return path
+
+
+def digests(folder) -> dict[str, str]:
+    return {name: hashlib.sha256(open(os.path.join(folder, name), "rb").read()).hexdigest()[:16]
+            for name in sorted(os.listdir(folder))}
+
+
+def test_tables_from_a_synthetic_index_are_byte_identical(tmp_path):
+    index = synthetic_index(tmp_path / "runs")
+    files = registry.build_artifacts(index, str(tmp_path / "figures"), PAPER_DIR, TABLES)
+    assert list(files) == TABLES and all(len(fs) == 3 for fs in files.values())
+    assert digests(tmp_path / "figures") == EXPECTED
+    table1 = (tmp_path / "figures" / "table1_linear_probe.md").read_text()
+    assert "| descriptive | CLIP-LB | 2 |" in table1 and " ± " in table1  # two seeds: mean ± std
+
+
+def test_unknown_artifacts_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown artifact"):
+        registry.build_artifacts(str(tmp_path / "index.json"), str(tmp_path), PAPER_DIR, ["table9"])
