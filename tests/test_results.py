@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from mdc.eval.results import SCHEMA, checkpoint_id, read_results, write_results
+from mdc.eval.results import SCHEMA, checkpoint_id, parameter_names, read_results, write_results
 from conftest import small_model
 
 
@@ -25,3 +25,12 @@ def test_write_read_round_trip(tmp_path):
     (tmp_path / "x.json").write_text(json.dumps({"a": 1}))
     with pytest.raises(ValueError, match="schema"):
         read_results(tmp_path / "x.json")
+
+
+def test_parameter_names_are_the_notebook_globals_holding_data():
+    # a kernel's globals right after the parameters cell (and papermill's injected cell)
+    namespace = {"__name__": "__main__", "_ih": ["", "a = 1"], "In": ["", "a = 1"], "Out": {}, "_i2": "",
+                 "get_ipython": lambda: None, "exit": object(), "checkpoint": "runs/x", "steps": 3, "lr": None,
+                 "scales": [1.0, 2.0], "overrides": {"k": 1}, "json": json, "parameter_names": parameter_names}
+    assert parameter_names(namespace) == ["checkpoint", "steps", "lr", "scales", "overrides"]
+    assert parameter_names(namespace, exclude=("lr", "overrides")) == ["checkpoint", "steps", "scales"]

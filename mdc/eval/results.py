@@ -21,7 +21,7 @@ import hashlib
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 SCHEMA = "mdc.results/1"
 _ID_CACHE: dict[tuple[str, float, int], str] = {}
@@ -57,6 +57,21 @@ def _clean(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
+
+
+def parameter_names(namespace: Mapping[str, Any], exclude: Iterable[str] = ()) -> list[str]:
+    """The names of a notebook's parameters, in the order they were defined, to record their values
+    in :func:`write_results` (``{name: globals()[name] for name in names}``, when it is written).
+
+    Call it with ``globals()`` in the cell right after the papermill-tagged ``parameters`` cell,
+    before anything else is defined: the globals holding plain data (papermill parameters are
+    literals) are then exactly what that cell and papermill's ``injected-parameters`` cell defined,
+    overrides included. Names starting with ``_``, IPython's history (``In``, ``Out``) and ``exclude``
+    are left out.
+    """
+    skip = {"In", "Out", *exclude}
+    return [name for name, value in namespace.items() if not name.startswith("_") and name not in skip
+            and isinstance(value, (str, int, float, bool, type(None), list, tuple, dict))]
 
 
 def write_results(path: str | os.PathLike, kind: str, results: dict, *, parameters: dict | None = None,
