@@ -21,7 +21,10 @@ import hashlib
 import json
 import math
 import os
+from dataclasses import asdict
 from typing import Any, Iterable, Mapping
+
+from mdc.factory import checkpoint_folder
 
 SCHEMA = "mdc.results/1"
 _ID_CACHE: dict[tuple[str, float, int], str] = {}
@@ -30,8 +33,6 @@ _ID_CACHE: dict[tuple[str, float, int], str] = {}
 def checkpoint_id(path: str | os.PathLike) -> str:
     """Content hash (sha256, first 16 hex digits) of a checkpoint's ``model.safetensors`` (a
     checkpoint folder, or a run folder's newest checkpoint)."""
-    from mdc.factory import checkpoint_folder
-
     weights = os.path.join(checkpoint_folder(path), "model.safetensors")
     st = os.stat(weights)
     key = (os.path.abspath(weights), st.st_mtime, st.st_size)
@@ -77,10 +78,6 @@ def parameter_names(namespace: Mapping[str, Any], exclude: Iterable[str] = ()) -
 def write_results(path: str | os.PathLike, kind: str, results: dict, *, parameters: dict | None = None,
                   checkpoint: str | None = None, model=None, runtime_s: float | None = None) -> dict:
     """Write a results file (atomically) and return what was written. ``model``: a model or a ModelConfig."""
-    from dataclasses import asdict
-
-    from mdc.factory import checkpoint_folder
-
     config = getattr(model, "config", model)
     record = {
         "schema": SCHEMA, "kind": kind, "parameters": parameters or {},
