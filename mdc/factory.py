@@ -17,7 +17,7 @@ from mdc.data.pipeline import image_transform as _transform
 from mdc.model import CLIP, Captioner, ModelConfig
 from mdc.tokenizer import Tokenizer
 from mdc.vqvae import VQImageTokens, read_config
-from mdc.world.scenes import vocabulary
+from mdc.world.text import vocabulary
 
 # ViT-B: decoder 12 x 512 x 8 heads; ViT-L: 12 x 768 x 12 heads (paper Sec. 4.1).
 _VIT_B = dict(image_size=224, vision_width=768, vision_layers=12, vision_heads=12,
