@@ -5,7 +5,7 @@ Input: the run index of the reproduction (``index.json``: run name -> notebook, 
 artifacts it feeds and its results file; written by :mod:`reproduce.runner`) and the paper's
 numbers (``reproduce/paper/*.csv``). Over seeds, a cell is "mean ± std" (sample std; "mean"
 alone for one seed). Synthetic probe tasks stand in for the paper's datasets as
-``mdc.data.evalsets.PROBE_TASKS`` says (object -> ImageNet-1k, texture -> Food101, shape ->
+``mdc.world.evalsets.PROBE_TASKS`` says (object -> ImageNet-1k, texture -> Food101, shape ->
 CIFAR-10, shape_texture -> CIFAR-100, colour -> Pets); a real-data run reports the real ones.
 
 One builder per artifact (``table1`` ... ``fig6``, ``tables6_8``, ``guidance``), each taking
@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-# synthetic probe task -> the paper's Table 1 column it stands in for (mdc.data.evalsets.PROBE_TASKS)
+# synthetic probe task -> the paper's Table 1 column it stands in for (mdc.world.evalsets.PROBE_TASKS)
 PROBE_COLUMNS = {"object": "imagenet1k", "texture": "food101", "shape": "cifar10", "shape_texture": "cifar100",
                  "colour": "pets"}
 REAL_COLUMNS = {"imagenet1k": "imagenet1k", "food101": "food101", "cifar10": "cifar10", "cifar100": "cifar100",
