@@ -84,7 +84,7 @@ def cpu_seconds() -> float:
 
 def shards(root: str, style: str, image_size: int, num: int, seed: int = 0) -> str:
     """Synthetic training shards (written once per style, size and count); returns the brace pattern."""
-    from mdc.data.scenes import write_shards
+    from mdc.world.scenes import write_shards
 
     out = os.path.join(root, f"train-{style}-{image_size}px-{num}")
     size = 1000
@@ -96,7 +96,7 @@ def shards(root: str, style: str, image_size: int, num: int, seed: int = 0) -> s
 
 def evalsets(root: str, image_size: int) -> str:
     """Held-out probe tasks at ``image_size`` (3,000 train / 1,000 test images each)."""
-    from mdc.data.evalsets import write_evalsets
+    from mdc.world.evalsets import write_evalsets
 
     out = os.path.join(root, f"eval-{image_size}px")
     if not os.path.isfile(os.path.join(out, "summary.json")):
