@@ -38,28 +38,33 @@ def generate(model, images, length: int = 15, *, guidance: str | None = None, gu
     return sampler.generate(model, images, length, **kw)
 
 
-def _scoring_encoder(model, method, guidance, guidance_scale, seed):
+def _scoring_encoder(model, method, guidance, guidance_scale, seed, encode):
     if guidance is not None and (method or scoring.DEFAULT[model.config.objective]) not in ("heuristic", "elbo"):
         raise ValueError(f"guidance applies to the MDC scorers 'heuristic' and 'elbo'; got method {method!r}")
-    return encoder(model, guidance, guidance_scale, seed)  # MCS masks keyed by (seed, the image's first key)
+    if guidance is not None and encode is not None:
+        raise ValueError("give either guidance or encode (a caption distribution of your own), not both")
+    return encode or encoder(model, guidance, guidance_scale, seed)  # MCS masks keyed by (seed, the image's first key)
 
 
 @torch.no_grad()
 def score(model, images, captions: Sequence[str], method: str | None = None, *, guidance: str | None = None,
-          guidance_scale: float | None = None, seed: int = 0, **kw) -> torch.Tensor:
+          guidance_scale: float | None = None, seed: int = 0, encode=None, **kw) -> torch.Tensor:
     """Score each (image, caption) pair: Tensor [B]; higher = better match. Methods: "exact" (ARC),
     "elbo" and "heuristic" (MDC), "cosine" (CLIP). ``guidance``/``guidance_scale``: the MDC scorers
-    under the guided distribution. Other keywords (``num_samples``, ``max_rows``, ``keys``,
-    ``t_interval``, ``stratified``, ``precision``) as in :func:`mdc.scoring.score`."""
+    under the guided distribution. ``encode`` (instead of guidance): a caption distribution of your
+    own, e.g. :func:`mdc.distribution.encode_null` for the image-free score. Other keywords
+    (``num_samples``, ``max_rows``, ``keys``, ``t_interval``, ``stratified``, ``precision``) as in
+    :func:`mdc.scoring.score`."""
     return scoring.score(model, images, captions, method, seed=seed,
-                         encode=_scoring_encoder(model, method, guidance, guidance_scale, seed), **kw)
+                         encode=_scoring_encoder(model, method, guidance, guidance_scale, seed, encode), **kw)
 
 
 @torch.no_grad()
 def score_candidates(model, images, candidates: Sequence[Sequence[str]], method: str | None = None, *,
                      guidance: str | None = None, guidance_scale: float | None = None, seed: int = 0,
-                     **kw) -> torch.Tensor:
+                     encode=None, **kw) -> torch.Tensor:
     """Scores [B, K] of K candidate captions per image, as :func:`mdc.scoring.score_candidates`,
-    with ``guidance``/``guidance_scale`` as in :func:`score`."""
+    with ``guidance``/``guidance_scale`` or ``encode`` as in :func:`score`."""
     return scoring.score_candidates(model, images, candidates, method, seed=seed,
-                                    encode=_scoring_encoder(model, method, guidance, guidance_scale, seed), **kw)
+                                    encode=_scoring_encoder(model, method, guidance, guidance_scale, seed, encode),
+                                    **kw)

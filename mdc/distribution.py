@@ -50,6 +50,16 @@ def encode(model, images: torch.Tensor, keys=None) -> CaptionDistribution:
     return CaptionDistribution(model, model.context(images))
 
 
+def encode_null(model, images: torch.Tensor, keys=None) -> CaptionDistribution:
+    """p(x | no image): every image's condition replaced by the learned null condition (a model
+    trained with ``cond_drop_prob`` > 0, :mod:`mdc.condition`); the image-free baseline of a score."""
+    if getattr(model, "cond_null", None) is None:
+        raise ValueError(f"the null condition needs a model trained with cond_drop_prob > 0; this model has "
+                         f"cond_drop_prob = {model.config.cond_drop_prob}")
+    return CaptionDistribution(model, model.context(images, null=torch.ones(len(images), dtype=torch.bool,
+                                                                             device=images.device)))
+
+
 def as_distribution(model, context) -> CaptionDistribution:
     """A :class:`CaptionDistribution` as is; an :class:`ImageContext` as the plain model's."""
     return context if isinstance(context, CaptionDistribution) else CaptionDistribution(model, context)

@@ -34,9 +34,11 @@ def test_compositionality_notebook_smoke(tmp_path, run_notebook):
     assert record["checkpoint_id"] and record["runtime_s"] > 0
     assert set(results) >= {"rules", "settings", "columns", "sugarcrepe_subsets", "table2", "item_scores"}
     assert set(results["columns"]) == set(COLUMNS) - {"aro_flickr30k_order"}  # no Flickr30k in the synthetic world
-    assert results["settings"]["variants"] == ["elbo", "elbo_trained_t", "heuristic"]
-    assert set(results["table2"]) == {"elbo", "elbo_lengthnorm", "elbo_trained_t", "elbo_trained_t_lengthnorm",
-                                      "heuristic", "heuristic_lengthnorm"}
+    raw = ["elbo", "elbo_trained_t", "heuristic"]  # each with its image-free and debiased scores
+    assert results["settings"]["variants"] == [x for v in raw for x in (v, f"{v}_blind")] + [f"{v}_debiased" for v in raw]
+    assert results["settings"]["debias_alpha"] == 1.0
+    assert set(results["table2"]) == {f"{v}{k}{s}" for v in raw for k in ("", "_blind", "_debiased")
+                                      for s in ("", "_lengthnorm")}
     entry = results["columns"]["aro_relation"]
     assert entry["items"] == entry["total"] == 4 and entry["chance"] == 0.5 and entry["data"] == "synthetic"
     assert results["columns"]["aro_coco_order"]["chance"] == 0.2

@@ -208,7 +208,8 @@ def test_end_to_end_on_synthetic_sets(evalsets, objective, tmp_path):
         warnings.simplefilter("ignore")  # long synthetic captions exceed the tiny model's context
         scored = {n: C.score_suite(model, transform, s, methods, num_samples=2, batch_size=4)
                   for n, s in suites.items()}
-    variants = C.variants(methods)
+    variants = list(C.method_variants(model, methods)) + [f"{v}_debiased" for v in C.variants(methods)
+                                                          if objective != "clip"]  # and each one's blind baseline
     for name, s in scored.items():
         N, K = len(suites[name].items), len(suites[name].candidates[0])
         assert set(s.scores) == set(variants) and s.tokens.shape == (N, K) and (s.tokens > 0).all()

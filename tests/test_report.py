@@ -107,3 +107,23 @@ def test_tables_from_a_synthetic_index_are_byte_identical(tmp_path):
 def test_unknown_artifacts_are_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown artifact"):
         registry.build_artifacts(str(tmp_path / "index.json"), str(tmp_path), PAPER_DIR, ["table9"])
+
+
+def test_table2_shows_blind_and_debiased_rows_and_flags_a_text_decided_column(tmp_path):
+    columns = ("aro_relation", "aro_coco_order", "sugarcrepe_add")
+    table2 = {f"heuristic{k}{s}": {c: 0.6 for c in columns} for k in ("", "_blind", "_debiased")
+              for s in ("", "_lengthnorm")}
+    table2["heuristic_blind"]["sugarcrepe_add"] = 0.97  # the longer caption always loses: text decides
+    entries = {c: {"chance": 0.5, "scores": {"heuristic_blind": {"far_from_chance": c == "sugarcrepe_add"}}}
+               for c in columns}
+    path = tmp_path / "run" / "results.json"
+    write_results(str(path), "compositionality", {"table2": table2, "columns": entries})
+    index = tmp_path / "index.json"
+    index.write_text(json.dumps({"c": {"notebook": "compositionality", "params": {}, "labels": {"seed": 0},
+                                       "artifacts": ["table2"], "results": str(path)}}))
+    registry.build_artifacts(str(index), str(tmp_path / "figures"), PAPER_DIR, ["table2"])
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in
+            (tmp_path / "figures" / "table2_compositionality.md").read_text().splitlines() if line.startswith("| MDC")}
+    assert list(rows) == ["MDC (Heuristic)", "MDC (Heuristic) per token", "MDC (Heuristic), no image",
+                          "MDC (Heuristic), image-debiased"]  # per token only for the raw score
+    assert "| 97.0* |" in rows["MDC (Heuristic), no image"] and rows["MDC (Heuristic)"].count("*") == 0

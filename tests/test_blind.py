@@ -1,0 +1,94 @@
+"""Image-free baselines of the compositionality scores: blind and debiased variants, the warning, macro averages."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import mdc
+import mdc.eval.compositionality as C
+from conftest import small_model
+from mdc.data.pipeline import image_transform
+from mdc.distribution import encode_null
+from mdc.world.evalsets import write_evalsets
+
+
+@pytest.fixture(scope="module")
+def evalsets(tmp_path_factory):
+    out = tmp_path_factory.mktemp("evalsets")
+    write_evalsets(str(out), seed=0, image_size=32, n_probe_train=1, n_probe_test=1, n_items=6, n_caption_train=1)
+    return str(out)
+
+
+def _score(model, suite, methods, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # long synthetic captions exceed the tiny model's context
+        return C.score_suite(model.eval(), image_transform(32, train=False), suite, methods, num_samples=2,
+                             batch_size=4, elbo_trained_t=False, **kw)
+
+
+def test_every_likelihood_variant_gets_a_blind_baseline_of_the_right_kind():
+    plain, guided = small_model(), small_model(cond_drop_prob=0.1)
+    assert C.method_variants(plain, "auto")["heuristic_blind"]["image"] == "mean"
+    assert C.method_variants(guided, "auto")["heuristic_blind"]["image"] == "null"  # its learned null condition
+    assert C.method_variants(small_model("arc"), "auto")["exact_blind"] == {"method": "exact", "image": "mean"}
+    assert set(C.method_variants(small_model("clip"), "auto")) == {"cosine"}  # not a likelihood
+    cfg = C.with_blind(guided, {"cfg@2": dict(method="heuristic", guidance="cfg", guidance_scale=2.0)})
+    assert cfg["cfg@2_blind"]["image"] == "mean"  # a guided score's null is part of its rule: the mean image
+
+
+def test_blind_scores_ignore_the_image_and_debiased_is_raw_minus_alpha_blind(evalsets):
+    suite = C.load_suites(evalsets, ["aro_relation"])["aro_relation"]
+    model = small_model(cond_drop_prob=0.1)
+    out = _score(model, suite, ["heuristic"], debias_alpha=0.5)
+    assert set(out.scores) == {"heuristic", "heuristic_blind", "heuristic_debiased"}
+    np.testing.assert_allclose(out.scores["heuristic_debiased"],
+                               out.scores["heuristic"] - 0.5 * out.scores["heuristic_blind"])
+    noise = torch.randn(len(suite.items), 3, 32, 32)  # any images: the null condition does not look at them
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        blind = mdc.score_candidates(model, noise, suite.candidates, "heuristic", encode=encode_null)
+    np.testing.assert_allclose(out.scores["heuristic_blind"], blind.double().numpy(), rtol=1e-6, atol=1e-6)
+    assert not np.allclose(out.scores["heuristic"], out.scores["heuristic_blind"])
+
+
+def test_the_mean_image_stand_in_does_not_depend_on_the_batch(evalsets):
+    suite = C.load_suites(evalsets, ["aro_relation"])["aro_relation"]
+    model = small_model("arc")
+    a = _score(model, suite, ["exact"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        b = C.score_suite(model, image_transform(32, train=False), suite, ["exact"], batch_size=5)
+    np.testing.assert_allclose(a.scores["exact_blind"], b.scores["exact_blind"], rtol=1e-6, atol=1e-6)
+    assert a.methods["exact_blind"] == "exact"  # length normalisation counts [EOT] for every exact variant
+    np.testing.assert_allclose(a.normalised("exact_blind"), a.scores["exact_blind"] / (a.tokens + 1))
+
+
+def test_the_null_condition_needs_a_model_trained_with_one(images):
+    with pytest.raises(ValueError, match="cond_drop_prob > 0; this model has cond_drop_prob = 0.0"):
+        mdc.score(small_model(), images, ["a red circle"] * len(images), "heuristic", encode=encode_null)
+    with pytest.raises(ValueError, match="either guidance or encode"):
+        mdc.score(small_model(cond_drop_prob=0.1), images, ["a"] * len(images), "heuristic", guidance="cfg",
+                  guidance_scale=2.0, encode=encode_null)
+
+
+def _pairs(name, true_wins, blind_wins, same=0):
+    n = len(true_wins)
+    cands = [["a red circle", "a circle red" if i < same else "a blue square"] for i in range(n)]
+    suite = C.Suite(name, "synthetic", [{"id": i} for i in range(n)], cands, [""] * n, [name], n)
+    scores = {v: np.array([[0.0, -1.0] if w else [-1.0, 0.0] for w in wins])
+              for v, wins in (("exact", true_wins), ("exact_blind", blind_wins))}
+    return C.SuiteScores(suite, scores, np.full((n, 2), 3), methods={"exact": "exact", "exact_blind": "exact"})
+
+
+def test_a_blind_accuracy_far_from_chance_is_flagged_and_sugarcrepe_has_its_macro_average():
+    scored = {"sugarcrepe/add_att": _pairs("sugarcrepe/add_att", [1, 1, 1, 1], [1, 1, 1, 1], same=3),  # text decides
+              "sugarcrepe/add_obj": _pairs("sugarcrepe/add_obj", [1, 0], [1, 0])}
+    res = C.summarise(scored, resamples=20)
+    add = res["columns"]["sugarcrepe_add"]
+    assert add["scores"]["exact_blind"]["far_from_chance"] and not add["scores"]["exact"].get("far_from_chance")
+    assert add["scores"]["exact"]["accuracy"] == pytest.approx(5 / 6)  # items pooled
+    assert add["scores"]["exact"]["accuracy_macro"] == pytest.approx((1.0 + 0.5) / 2)  # the sub-files' mean
+    assert res["sugarcrepe_subsets"]["add_obj"]["scores"]["exact_blind"]["far_from_chance"] is False  # 50%: chance
+    assert add["same_words"] == 3 and res["sugarcrepe_subsets"]["add_obj"]["same_words"] == 0
+    assert C.same_words([["the horse eats the grass", "The grass eats the horse."], ["a b", "a c"]]) == 1
