@@ -37,7 +37,8 @@ class TrainConfig:
     output_dir: str = option(help="run folder: checkpoints/, metrics.jsonl, train_config.json")
     # model and objective
     model: str | None = option(None, "registry name (default: the preset's backbone, else tiny)")
-    objective: Literal["mdc", "arc", "clip"] = option("mdc")
+    objective: Literal["mdc", "arc", "clip"] = option("mdc", "masked diffusion captioning, autoregressive "
+                                                             "captioning or contrastive (CLIP)")
     model_overrides: dict | None = option(None, "extra ModelConfig fields (JSON on the command line), "
                                                 "e.g. '{\"image_size\": 32}'")
     vocab_from_data: bool = option(False, "compact vocabulary = the BPE ids of the training captions (local "
@@ -66,7 +67,7 @@ class TrainConfig:
     mask_ratio: float | None = option(None, "MDC: fixed mask ratio (image-conditioned BERT)")
     t_sampling: Literal["uniform", "stratified"] | None = option(None, "MDC: how t is drawn across a batch")
     # randomness and data loading
-    seed: int = option(0)
+    seed: int = option(0, "seed of the initial weights, the masks and noise, and the data order")
     workers: int = option(2, "DataLoader workers per process")
     shuffle_buffer: int = option(1000, "samples in each worker's shuffle buffer")
     # checkpoints and logs
@@ -82,6 +83,7 @@ class TrainConfig:
     tensorboard: bool = option(False, "also log to output_dir/tensorboard (if tensorboard is installed)")
     progress: bool = option(True, "a progress bar (rank 0); off (--no-progress) keeps notebooks' stored "
                                   "outputs short")
+
     def resolved(self, world_size: int) -> "TrainConfig":
         """A copy with every default filled in from the preset and checked against the world size.
 
