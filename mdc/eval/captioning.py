@@ -40,11 +40,14 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
+from mdc.api import generate
 from mdc.data.formats import Items, load_coco_captions, load_image, load_karpathy, load_karpathy_test
 from mdc.data.pipeline import image_transform
 from mdc.eval.metrics import METRICS, caption_metrics, descriptiveness, evaluate_captions  # noqa: F401 (part of this module's API)
+from mdc.eval.results import checkpoint_id
+from mdc.factory import checkpoint_folder, load
 from mdc.optim import fit
-from mdc.sampler import check_length, generate
+from mdc.sampler import check_length
 from mdc.tokenizer import TextStats
 
 logger = logging.getLogger(__name__)
@@ -81,8 +84,6 @@ def limit(items: Items, n: int | None) -> Items:
 def resolve_checkpoint(path: str, objective: str, parameter: str = "checkpoint") -> str:
     """The checkpoint folder ``path`` (or a pretraining run folder's latest checkpoint), checked
     from its config to hold an ``objective`` ("mdc" | "arc") captioner; errors name ``parameter``."""
-    from mdc.factory import checkpoint_folder
-
     if not os.path.isdir(path):
         raise ValueError(f"{parameter} = {path!r}: folder not found")
     try:
@@ -105,8 +106,6 @@ def resolve_checkpoint(path: str, objective: str, parameter: str = "checkpoint")
 
 def load_captioner(path: str, objective: str, parameter: str = "checkpoint"):
     """``mdc.load`` a checkpoint checked by :func:`resolve_checkpoint`; errors name ``parameter``."""
-    from mdc.factory import load
-
     path = resolve_checkpoint(path, objective, parameter)
     try:
         return load(path)
@@ -218,8 +217,6 @@ def caption_checkpoint(path: str, objective: str, train_items: Sequence[Mapping]
     fine-tune it on ``train_items`` if ``finetune_steps`` (saved to ``save_dir/<objective>``) and
     caption ``test_items``. Returns ``(captions, info)``: :func:`generate_captions`' output and
     ``{path, checkpoint_id, config (ModelConfig), finetuned, finetune}`` for the results file."""
-    from mdc.eval.results import checkpoint_id
-
     path = resolve_checkpoint(path, objective, f"{objective}_checkpoint")  # a run folder -> its checkpoint
     model = load_captioner(path, objective, f"{objective}_checkpoint")
     info = {"path": path, "checkpoint_id": checkpoint_id(path), "config": model.config,
