@@ -17,7 +17,7 @@ import torch
 
 import mdc
 from mdc import optim
-from mdc.data.pipeline import CLIP_MEAN, CLIP_STD
+from mdc.data.transforms import CLIP_MEAN, CLIP_STD
 from mdc.world.render import render_array
 from mdc.world.scenes import sample_scene
 from mdc.world.streams import STREAM_BENCHMARK_ITEMS, STREAM_CAPTION, STREAM_SCENE, stream_rng

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from mdc.checkpoint import latest
 from mdc.d3pm import d3pm_loss
-from mdc.data.pipeline import image_transform as _transform
+from mdc.data.transforms import image_transform as _transform
 from mdc.model import CLIP, Captioner, ModelConfig
 from mdc.tokenizer import Tokenizer
 from mdc.vqvae import VQImageTokens, read_config

@@ -24,7 +24,7 @@ import torch
 
 import mdc
 from mdc import optim
-from mdc.data.pipeline import CLIP_MEAN, CLIP_STD
+from mdc.data.transforms import CLIP_MEAN, CLIP_STD
 from mdc.world.render import COLOURS, SHAPES, render_array
 from mdc.world.scenes import sample_scene
 from mdc.world.streams import (STREAM_TUTORIAL_HELD_OUT as STREAM_HELD_OUT, STREAM_TUTORIAL_TRAIN as STREAM_TRAIN,

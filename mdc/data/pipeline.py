@@ -61,12 +61,11 @@ from torch.utils.data import DataLoader, IterableDataset
 from webdataset.utils import make_seed, pytorch_worker_info
 
 from mdc.data.shards import fast_forward, open_at, shard_samples, shuffled
+from mdc.data.transforms import CLIP_MEAN, CLIP_STD, ImageTransform, image_transform  # noqa: F401 (importers use these)
 from mdc.tokenizer import TextStats
 
 logger = logging.getLogger(__name__)
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "npy")
 MAX_CAPTION_CHARS = 10_000
 SKIP_REASONS = (
@@ -178,76 +177,6 @@ def iterate_batches(loader: Iterable, stats: SkipStats, position: StreamPosition
             position.update(meta)
         if len(images):
             yield images, tokens
-
-
-# --------------------------------------------------------------------------- transforms
-class ImageTransform:
-    """PIL image -> FloatTensor [3, size, size], normalised with CLIP's mean/std.
-
-    Train: random-resized crop (area fraction ``crop_scale``, aspect ratio 3/4..4/3, 10
-    tries then a centre crop, as torchvision's RandomResizedCrop) resized bicubically to
-    ``size``; ``crop_scale=None`` means a plain resize to ``size`` (no resize if the image
-    already has that size). Eval: resize the shorter side to ``size``, centre crop.
-    Train randomness comes from ``rng`` (a ``numpy.random.Generator``) when passed to the
-    call, else from the transform's own generator seeded by ``seed``.
-    """
-
-    def __init__(self, image_size: int, train: bool, crop_scale: tuple[float, float] | None = (0.9, 1.0),
-                 ratio: tuple[float, float] = (3 / 4, 4 / 3), seed: int = 0):
-        self.size, self.train, self.crop_scale, self.ratio = image_size, train, crop_scale, ratio
-        self.rng = np.random.default_rng(seed)
-        self.mean = torch.tensor(CLIP_MEAN).view(3, 1, 1)
-        self.std = torch.tensor(CLIP_STD).view(3, 1, 1)
-
-    def __call__(self, image: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
-        image = image.convert("RGB")
-        s = self.size
-        if not self.train:
-            w, h = image.size
-            scale = s / min(w, h)
-            new = (max(s, round(w * scale)), max(s, round(h * scale)))
-            if new != image.size:
-                image = image.resize(new, Image.BICUBIC)
-            left, top = (new[0] - s) // 2, (new[1] - s) // 2
-            image = image.crop((left, top, left + s, top + s))
-        elif self.crop_scale is None:
-            if image.size != (s, s):
-                image = image.resize((s, s), Image.BICUBIC)
-        else:
-            box = self._crop_box(image.size, rng if rng is not None else self.rng)
-            image = image.resize((s, s), Image.BICUBIC, box=box)
-        x = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
-        return (x - self.mean) / self.std
-
-    def _crop_box(self, size: tuple[int, int], rng: np.random.Generator) -> tuple[int, int, int, int]:
-        """(left, top, right, bottom) of a random crop with the configured area and ratio."""
-        width, height = size
-        area = width * height
-        log_ratio = np.log(self.ratio)
-        for _ in range(10):
-            target = area * rng.uniform(*self.crop_scale)
-            aspect = np.exp(rng.uniform(*log_ratio))
-            w = int(round(np.sqrt(target * aspect)))
-            h = int(round(np.sqrt(target / aspect)))
-            if 0 < w <= width and 0 < h <= height:
-                top = int(rng.integers(0, height - h + 1))
-                left = int(rng.integers(0, width - w + 1))
-                return left, top, left + w, top + h
-        aspect = width / height  # fallback: the largest centred crop within the ratio range
-        if aspect < self.ratio[0]:
-            w, h = width, int(round(width / self.ratio[0]))
-        elif aspect > self.ratio[1]:
-            w, h = int(round(height * self.ratio[1])), height
-        else:
-            w, h = width, height
-        left, top = (width - w) // 2, (height - h) // 2
-        return left, top, left + w, top + h
-
-
-def image_transform(image_size: int, train: bool, *, crop_scale: tuple[float, float] | None = (0.9, 1.0),
-                    seed: int = 0) -> ImageTransform:
-    """The CLIP-normalised train/eval image transform (see :class:`ImageTransform`)."""
-    return ImageTransform(image_size, train, crop_scale=crop_scale, seed=seed)
 
 
 # --------------------------------------------------------------------------- stream stages

@@ -42,7 +42,7 @@ import torch
 
 from mdc.api import generate
 from mdc.data.formats import Items, load_coco_captions, load_image, load_karpathy, load_karpathy_test
-from mdc.data.pipeline import image_transform
+from mdc.data.transforms import image_transform
 from mdc.eval.metrics import METRICS, caption_metrics, descriptiveness, evaluate_captions  # noqa: F401 (part of this module's API)
 from mdc.eval.results import checkpoint_id
 from mdc.factory import checkpoint_folder, load

@@ -106,7 +106,7 @@ def evalsets(root: str, image_size: int) -> str:
 
 def probe(model, eval_dir: str, cache: str) -> dict[str, float]:
     """Top-1 (%) per synthetic probe task."""
-    from mdc.data.pipeline import image_transform
+    from mdc.data.transforms import image_transform
     from mdc.eval.probe import dataset_fns, probe_datasets
 
     size = model.config.image_size

@@ -36,7 +36,7 @@ def shifted(suite):
 def study(runs: str, num_samples: int, seed: int) -> dict:
     import mdc
     import mdc.eval.compositionality as comp
-    from mdc.data.pipeline import image_transform
+    from mdc.data.transforms import image_transform
 
     suites = comp.load_suites(os.path.join(runs, "data", "evalsets"), list(SUITES))
     rows = []
