@@ -48,23 +48,24 @@ def _scoring_encoder(model, method, guidance, guidance_scale, seed, encode):
 
 @torch.no_grad()
 def score(model, images, captions: Sequence[str], method: str | None = None, *, guidance: str | None = None,
-          guidance_scale: float | None = None, seed: int = 0, encode=None, **kw) -> torch.Tensor:
+          guidance_scale: float | None = None, seed: int = 0, encode=None, precision: str = "fp32",
+          **kw) -> torch.Tensor:
     """Score each (image, caption) pair: Tensor [B]; higher = better match. Methods: "exact" (ARC),
     "elbo" and "heuristic" (MDC), "cosine" (CLIP). ``guidance``/``guidance_scale``: the MDC scorers
     under the guided distribution. ``encode`` (instead of guidance): a caption distribution of your
     own, e.g. :func:`mdc.distribution.encode_null` for the image-free score. Other keywords
-    (``num_samples``, ``max_rows``, ``keys``, ``t_interval``, ``stratified``, ``precision``) as in
-    :func:`mdc.scoring.score`."""
-    return scoring.score(model, images, captions, method, seed=seed,
+    (``num_samples``, ``max_rows``, ``keys``, ``t_interval``, ``stratified``) and ``precision``
+    (fp32 unless "bf16" is asked for) as in :func:`mdc.scoring.score`."""
+    return scoring.score(model, images, captions, method, seed=seed, precision=precision,
                          encode=_scoring_encoder(model, method, guidance, guidance_scale, seed, encode), **kw)
 
 
 @torch.no_grad()
 def score_candidates(model, images, candidates: Sequence[Sequence[str]], method: str | None = None, *,
                      guidance: str | None = None, guidance_scale: float | None = None, seed: int = 0,
-                     encode=None, **kw) -> torch.Tensor:
+                     encode=None, precision: str = "fp32", **kw) -> torch.Tensor:
     """Scores [B, K] of K candidate captions per image, as :func:`mdc.scoring.score_candidates`,
-    with ``guidance``/``guidance_scale`` or ``encode`` as in :func:`score`."""
-    return scoring.score_candidates(model, images, candidates, method, seed=seed,
+    with ``guidance``/``guidance_scale`` or ``encode`` and ``precision`` as in :func:`score`."""
+    return scoring.score_candidates(model, images, candidates, method, seed=seed, precision=precision,
                                     encode=_scoring_encoder(model, method, guidance, guidance_scale, seed, encode),
                                     **kw)

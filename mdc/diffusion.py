@@ -101,4 +101,4 @@ def caption_log_probs(logits: torch.Tensor, tok, allow_eot: bool = False) -> tor
     """log p over caption tokens [..., V]: banned ids at -inf, the rest renormalised (float32)."""
     logits = logits.float().clone()
     logits[..., banned_ids(tok, allow_eot)] = -math.inf
-    return F.log_softmax(logits, dim=-1)
+    return F.log_softmax(logits, dim=-1, dtype=torch.float32)  # fp32 under any autocast

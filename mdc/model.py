@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mdc._compat import patch_torchvision
-from mdc.condition import ImageContext, vary_condition
+from mdc.condition import ImageContext, masked_features, vary_condition
 from mdc.loss import arc_loss, clip_loss, mdc_loss
 from mdc.tokenizer import Tokenizer, trim_padding, valid_mask
 
@@ -122,21 +122,43 @@ PRECISIONS = ("auto", "fp32", "bf16")
 def evaluating(model: nn.Module, precision: str = "auto"):
     """Eval mode (the previous mode restored afterwards) under the evaluation precision:
     "auto" = bf16 autocast on CUDA and fp32 elsewhere, "fp32", or "bf16" (autocast on any
-    device). Log-probabilities are always taken in fp32 (:func:`mdc.diffusion.caption_log_probs`)."""
+    device); an autocast the caller has entered is switched off for the model's device unless
+    bf16 is asked for. Under bf16 the vocabulary head (:class:`Head`) still runs in fp32, and
+    log-probabilities are always taken in fp32 (:func:`mdc.diffusion.caption_log_probs`). The
+    scorers default to "fp32" (:func:`mdc.scoring.score`), the sampler to "auto"."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
     device = next(model.parameters()).device
     bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
     was_training = model.training
+    heads = [(m, m.fp32) for m in model.modules() if isinstance(m, Head)]
     model.eval()
     try:
+        for head, _ in heads:
+            head.fp32 = True
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             yield
     finally:
+        for head, fp32 in heads:
+            head.fp32 = fp32
         model.train(was_training)
 
 
 # ---------------------------------------------------------------------------- building blocks
+class Head(nn.Linear):
+    """The decoder's vocabulary head: a linear layer (same weights and state dict as ``nn.Linear``).
+    With ``fp32`` set (inside :func:`evaluating`) its matmul runs outside autocast on float32
+    inputs and weights, so bf16 evaluation keeps fp32 logits; training leaves it to autocast."""
+
+    fp32 = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fp32:
+            return super().forward(x)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.linear(x.float(), self.weight.float(), None if self.bias is None else self.bias.float())
+
+
 def _heads(x: torch.Tensor, h: int) -> torch.Tensor:  # [B, L, D] -> [B, h, L, D/h]
     B, L, D = x.shape
     return x.view(B, L, h, D // h).transpose(1, 2)
@@ -300,23 +322,42 @@ class Captioner(_Model):
         self.diffusion_loss = diffusion_loss or mdc_loss
         self.image_proj = nn.Linear(cfg.vision_width, cfg.text_width)
         self.decoder = TextTransformer(cfg, self.tokenizer.vocab_size, cross=True)
-        self.head = nn.Linear(cfg.text_width, self.tokenizer.vocab_size, bias=False)
-        # the condition's variants (mdc/condition.py): only with their option on, so old checkpoints load
+        self.head = Head(cfg.text_width, self.tokenizer.vocab_size, bias=False)
+        # the condition's variants (mdc/condition.py): only with their option on, so old checkpoints load.
+        # MCS's mask is a patch embedding [Dv] (masked before the position embedding); a tower that masks its
+        # own tokens (VQ codes' [MASK] code, mdc/vqvae.py) needs none here
         self.cond_null = nn.Parameter(0.02 * torch.randn(cfg.text_width)) if cfg.cond_drop_prob > 0 else None  # [W]
-        self.cond_mask = nn.Parameter(0.02 * torch.randn(cfg.text_width)) if cfg.cond_mask_prob > 0 else None  # [W]
+        own_mask = hasattr(self.visual, "masked_features")
+        self.cond_mask_token = (nn.Parameter(0.02 * torch.randn(cfg.vision_width))  # [Dv]
+                                if cfg.cond_mask_prob > 0 and not own_mask else None)
 
     @property
     def causal(self) -> bool:
         return self.config.objective == "arc"
 
-    def condition(self, images: torch.Tensor) -> torch.Tensor:
-        """The decoder's condition y: projected image tokens [B, T, W]."""
-        return self.image_proj(self.forward_features(images))
+    def condition(self, images: torch.Tensor, token_mask=None) -> torch.Tensor:
+        """The decoder's condition y: projected image tokens [B, T, W]. ``token_mask`` [B, T] (bool):
+        MCS's partial condition, those tokens' content masked and their positions kept (mdc/condition.py)."""
+        if token_mask is None:
+            return self.image_proj(self.forward_features(images))
+        self.check_images(images)
+        return self.image_proj(masked_features(self, images, token_mask))
 
     def context(self, images: torch.Tensor, null=None, token_mask=None) -> ImageContext:
         """Encode once: every block's cross-attention keys/values of the projected image tokens.
         ``null`` [B] / ``token_mask`` [B, T] (bool): the condition's variants (mdc/condition.py)."""
-        return self.kv_context(vary_condition(self, self.condition(images), null, token_mask))  # [B, T, W]
+        return self.kv_context(vary_condition(self, self.condition(images, token_mask), null))  # [B, T, W]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if prefix + "cond_mask" in state_dict:  # the MCS mask of earlier releases: a different parameter
+            raise ValueError(
+                "this checkpoint holds 'cond_mask' (MCS's mask of an earlier release), a vector that replaced a "
+                "whole condition token after the position embedding, so the decoder could not tell which image "
+                "regions were masked. MCS now masks a token's content and keeps its position (the ViT's "
+                "'cond_mask_token', a patch embedding; VQ codes' [MASK] code), which this checkpoint never "
+                "learnt. Retrain with cond_mask_prob > 0; or, to use it without MCS (plain captioning, CFG), "
+                "delete 'cond_mask' from its model.safetensors and set cond_mask_prob to 0 in its config.json")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def kv_context(self, v: torch.Tensor) -> ImageContext:
         """The cross-attention keys/values of condition tokens ``v`` [B, T, W]."""
