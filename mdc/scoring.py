@@ -107,9 +107,10 @@ def elbo_score(model, context, rows, tokens, num_samples=1024, seed=0, max_rows=
     S, dev = num_samples, tokens.device
     maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] positions 1..N
     N = maskable.sum(1).cpu()  # [R] caption lengths
-    # mask counts n [R, S], stratified over the allowed counts lo..hi (1..N for Eq. 8)
-    lo = torch.clamp(torch.ceil(t_interval[0] * N - 1e-9), min=1).long()
-    hi = torch.maximum(torch.floor(t_interval[1] * N + 1e-9).long(), lo)
+    # mask counts n [R, S], stratified over the allowed counts lo..hi (1..N for Eq. 8): the n with
+    # n / N in [w_l, w_u], bounds in float64 (float32 has ceil(0.6 * 25) = 16), 1e-9 absorbing decimals' rounding
+    lo = torch.clamp(torch.ceil(t_interval[0] * N.double() - 1e-9), min=1).long()
+    hi = torch.maximum(torch.floor(t_interval[1] * N.double() + 1e-9).long(), lo)
     span = hi - lo + 1  # [R]
     v, noise = elbo_noise(range(R) if keys is None else keys, seed, S, model.config.context_length, stratified)
     n = lo[:, None] + (v * span[:, None]).floor().long()  # [R, S] uniform over lo..hi

@@ -252,3 +252,29 @@ def test_bf16_scoring_keeps_the_head_in_fp32(images, objective, method, atol):
     assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)  # the body did run in bf16
     torch.testing.assert_close(bf16, fp32, rtol=0, atol=atol)
     assert model.head.fp32 is False  # training leaves the head to autocast again
+
+
+@pytest.mark.parametrize("N, t_interval, counts", [
+    (25, (0.6, 1.0), range(15, 26)),  # float32: ceil(0.6 * 25) = ceil(15.0000006) = 16
+    (50, (0.3, 1.0), range(15, 51)),
+    (75, (0.36, 0.84), range(27, 64)),  # float32 gets both ends wrong: 28 and 62
+    (20, (0.5, 0.5), range(10, 11)),
+    (6, (1 / 3, 2 / 3), range(2, 5)),
+    (7, (0.0, 0.1), range(1, 2)),  # at least one masked token
+])
+def test_elbo_interval_bounds_are_exact(N, t_interval, counts, monkeypatch):
+    """The mask counts n of elbo_trained_t are exactly those with n / N in [w_l, w_u] (ceil / floor
+    of w * N in exact arithmetic, not float32's)."""
+    import mdc.scoring as scoring
+
+    model = small_model(context_length=77).eval()
+    tok = model.tokenizer
+    word = tok(["red"])[0, 1]
+    tokens = torch.tensor([[tok.sot_id] + [int(word)] * N + [tok.eot_id]])
+    seen = []
+    corrupt = scoring.corrupt
+    monkeypatch.setattr(scoring, "corrupt", lambda *a, n=None, **kw: (seen.append(n), corrupt(*a, n=n, **kw))[1])
+    with torch.no_grad():
+        elbo_score(model, model.context(torch.randn(1, 3, 32, 32)), torch.zeros(1, dtype=torch.long), tokens,
+                   num_samples=4 * len(counts), t_interval=t_interval)
+    assert sorted(set(torch.cat(seen).tolist())) == list(counts)
