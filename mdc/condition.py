@@ -7,15 +7,24 @@ once per batch of images and shared by any number of token rows.
 Variants, learned only by models trained with the option on (so older checkpoints load
 unchanged); MC-Diffusion's guidance (:mod:`mdc.guidance`) combines them with y:
 
-- null condition (``cond_drop_prob`` = P_cond): every token of y replaced by ``cond_null`` [W];
-- partial condition (``cond_mask_prob`` = P_mask): each token of y replaced by ``cond_mask`` [W]
-  with probability P_mask.
+- null condition (``cond_drop_prob`` = P_cond): every token of y replaced by ``cond_null`` [W]
+  (a whole-condition replacement, :func:`vary_condition`);
+- partial condition (``cond_mask_prob`` = P_mask): each image token masked with probability
+  P_mask, y_i = [MASK] at position i (MC-Diffusion, Eq. 11). The token's *content* is masked and
+  its position kept, so the decoder knows which regions are missing: the ViT replaces the patch
+  embedding of a masked patch by the learned ``cond_mask_token`` [vision_width], then adds timm's
+  position embedding and runs the encoder (:func:`masked_vit_features`); VQ codes become the
+  [MASK] code K, embedded like any code before the position embedding is added
+  (:meth:`mdc.vqvae.VQImageTokens.masked_features`). A tower that masks its own tokens has a
+  ``masked_features(images, token_mask)`` method; :func:`masked_features` dispatches.
 
 Training (:func:`training_condition`, drawn by the MDC and D3PM losses). Per caption one
 uniform u: u < P_cond(CFG) -> null condition; P_cond(CFG) <= u < P_cond(CFG) + P_cond(MCS)
 -> partial condition (MC-Diffusion's Algorithm 1, P_cond(MCS) = ``cond_mask_select_prob``);
 otherwise the full condition. The two events are disjoint, so one checkpoint serves both
-guidance rules. Both options off: no draw at all.
+guidance rules. Both options off: no draw at all. With MCS on, every caption goes through the
+masked path (an all-False row is exactly the full condition), so every parameter is in every
+step's graph, as DDP needs.
 """
 from __future__ import annotations
 
@@ -66,15 +75,51 @@ def num_image_tokens(model) -> int:
     return getattr(model.visual, "num_tokens", None) or model.visual.patch_embed.num_patches
 
 
-def vary_condition(model, v: torch.Tensor, null=None, token_mask=None) -> torch.Tensor:
-    """y [B, T, W] with the rows ``null`` [B] replaced by the null condition and the tokens
-    ``token_mask`` [B, T] by the mask embedding. ``torch.where`` keeps both vectors in the graph
-    (zero gradient where unused), so DDP sees every parameter used."""
+def has_token_mask(model) -> bool:
+    """Whether ``model`` learnt MCS's mask (``cond_mask_prob`` > 0): the ViT's ``cond_mask_token``
+    or a visual tower that masks its own tokens (the VQ codes' [MASK] code)."""
+    return getattr(model, "cond_mask_token", None) is not None or \
+        getattr(model.visual, "mask_id", None) is not None
+
+
+def vary_condition(model, v: torch.Tensor, null=None) -> torch.Tensor:
+    """y [B, T, W] with the rows ``null`` [B] replaced by the null condition. ``torch.where`` keeps
+    the vector in the graph (zero gradient where unused), so DDP sees every parameter used. (The
+    partial condition is masked inside the visual tower: :func:`masked_features`.)"""
     if null is not None:
         v = torch.where(null[:, None, None], model.cond_null.to(v.dtype), v)
-    if token_mask is not None:
-        v = torch.where(token_mask[..., None], model.cond_mask.to(v.dtype), v)
     return v
+
+
+def masked_vit_features(vit, images: torch.Tensor, token_mask: torch.Tensor, mask_token: torch.Tensor) -> torch.Tensor:
+    """A timm ViT's ``forward_features`` with the patches ``token_mask`` [B, N] masked: their patch
+    embeddings replaced by ``mask_token`` [D] before the position embedding is added, so a masked
+    patch keeps its position. The same steps as timm's ``forward_features`` (patch_embed, _pos_embed,
+    patch_drop, norm_pre, blocks, norm); an all-False mask gives exactly its output. [B, T, D]."""
+    x = vit.patch_embed(images)  # [B, N, D]
+    if tuple(token_mask.shape) != tuple(x.shape[:2]):
+        raise ValueError(f"token_mask must have shape [B, N] = {list(x.shape[:2])} (one per patch); "
+                         f"got {list(token_mask.shape)}")
+    x = torch.where(token_mask.to(x.device)[..., None], mask_token.to(x.dtype), x)
+    x = vit.norm_pre(vit.patch_drop(vit._pos_embed(x)))
+    if vit.grad_checkpointing and not torch.jit.is_scripting():
+        from timm.models import checkpoint_seq  # timm loads lazily (mdc.model.vision_tower)
+
+        x = checkpoint_seq(vit.blocks, x)
+    else:
+        x = vit.blocks(x)
+    return vit.norm(x)
+
+
+def masked_features(model, images: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+    """The visual tokens [B, T, Dv] of ``images`` with the tokens ``token_mask`` [B, T] masked
+    (module docstring); ValueError for a model that never learnt the mask."""
+    if not has_token_mask(model):
+        raise ValueError(f"the partial condition needs a model trained with cond_mask_prob > 0; this model has "
+                         f"cond_mask_prob = {model.config.cond_mask_prob}")
+    if hasattr(model.visual, "masked_features"):
+        return model.visual.masked_features(images, token_mask)
+    return masked_vit_features(model.visual, images, token_mask, model.cond_mask_token)
 
 
 def training_condition(model, batch: int, generator=None, device=None) -> dict:

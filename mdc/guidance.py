@@ -4,9 +4,10 @@ An extension of the core: it imports the core and the core never imports it. The
 variants it needs are inputs of the core network (:mod:`mdc.condition`): the null condition
 (CFG, ``cond_drop_prob`` = P_cond) and the partial condition (y_[M], y_o) (MCS,
 ``cond_mask_prob`` = P_mask), drawn in training by :func:`mdc.condition.training_condition`
-(Algorithm 1's branch "p < P_cond: mask some entries"). The ViT's tokens are contextualised,
-so a masked token's content still leaks through its neighbours; with VQ-VAE codes
-(:mod:`mdc.vqvae`, MC-Diffusion's setup) tokens are local.
+(Algorithm 1's branch "p < P_cond: mask some entries"). A masked token keeps its position, as
+MC-Diffusion's y_i = [MASK] does: the ViT masks the patch embedding before the position embedding
+and the encoder (so no masked content leaks through the other tokens), VQ-VAE codes
+(:mod:`mdc.vqvae`, MC-Diffusion's setup) become the [MASK] code before theirs.
 
 Sampling and scoring combine log-probabilities over caption tokens (as
 :func:`mdc.diffusion.caption_log_probs`) and renormalise with a log-softmax:
@@ -22,7 +23,7 @@ The partial condition of guided sampling masks each image token with probability
 drawn from a CPU generator seeded by ``guidance_seed`` (the same images and seed give the
 same masks on any device); the scorers key it by the item, like the ELBO noise.
 
-Asking for guidance a model was not trained for (no ``cond_null`` / ``cond_mask``) is a
+Asking for guidance a model was not trained for (no ``cond_null`` / mask token) is a
 ValueError: the variant would be an embedding the model never learnt, so the "guided"
 numbers would mean nothing. Unknown names and negative scales are ValueErrors too.
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from mdc.condition import num_image_tokens, partial_mask, training_condition, vary_condition
+from mdc.condition import has_token_mask, num_image_tokens, partial_mask, training_condition, vary_condition
 from mdc.diffusion import caption_log_probs
 from mdc.distribution import CaptionDistribution, as_distribution
 
@@ -45,7 +46,8 @@ __all__ = ["GUIDANCE", "UNGUIDED", "Guide", "check_guidance", "combine", "encode
 
 GUIDANCE = ("cfg", "mcs")
 UNGUIDED = {"cfg": 1.0, "mcs": 0.0}  # the scale at which each rule is the plain conditional model
-_NEEDS = {"cfg": ("cond_drop_prob", "cond_null", "null condition"), "mcs": ("cond_mask_prob", "cond_mask", "mask embedding")}
+_NEEDS = {"cfg": ("cond_drop_prob", lambda m: getattr(m, "cond_null", None) is not None, "null condition"),
+          "mcs": ("cond_mask_prob", has_token_mask, "mask token")}
 
 
 def check_guidance(model, guidance: str | None, scale: float | None) -> None:
@@ -62,8 +64,8 @@ def check_guidance(model, guidance: str | None, scale: float | None) -> None:
         raise ValueError(f"guidance_scale must be >= 0; got {scale}")
     if model.config.objective != "mdc":
         raise ValueError(f"guidance applies to 'mdc' captioners; got objective {model.config.objective!r}")
-    option, param, what = _NEEDS[guidance]
-    if getattr(model, param, None) is None:
+    option, learnt, what = _NEEDS[guidance]
+    if not learnt(model):
         raise ValueError(f"guidance={guidance!r} needs a model trained with {option} > 0 (its learned {what}); "
                          f"this model has {option} = {getattr(model.config, option)}. Train with e.g. "
                          f"{option}=0.1 (MC-Diffusion's value)")
@@ -98,8 +100,8 @@ class Guide(CaptionDistribution):
         v = model.condition(images)  # [B, T, W]
         if guidance == "cfg":
             variant = vary_condition(model, v, null=torch.ones(len(v), dtype=torch.bool, device=v.device))
-        else:
-            variant = vary_condition(model, v, token_mask=partial_mask(model, len(v), seed, keys).to(v.device))
+        else:  # masked in the visual tower, each masked token keeping its position: a second encoder pass
+            variant = model.condition(images, token_mask=partial_mask(model, len(v), seed, keys).to(v.device))
         return cls(model, model.kv_context(torch.cat([v, variant])), guidance, scale)  # [2B, T, W]
 
     def __len__(self) -> int:  # images

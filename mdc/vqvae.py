@@ -15,7 +15,9 @@ As the captioner's condition (``ModelConfig.vqvae``, :class:`VQImageTokens`, MC-
 discrete-to-discrete setup): the VQ-VAE is frozen (no gradient, always in eval mode), its
 codes [B, N] are embedded by a learned ``nn.Embedding(K, vision_width)`` plus a position
 embedding [N, vision_width] and LayerNorm-ed, and ``Captioner.image_proj`` maps them to the
-decoder width, where the ViT tokens would go. Where the weights live (our choice): inside
+decoder width, where the ViT tokens would go. With MCS (``cond_mask_prob`` > 0) the embedding has
+one more row, the [MASK] code K: a masked code becomes K, is embedded like any code, and its
+position embedding is added, so y_i = [MASK] keeps its position i (MC-Diffusion, Eq. 11). Where the weights live (our choice): inside
 the captioner's checkpoint, so ``mdc.load`` needs nothing else and a moved or retrained
 VQ-VAE folder cannot silently change a captioner. ``mdc.create_model(..., vqvae=folder)``
 reads the VQ-VAE's config from ``folder`` (written by :meth:`VQVAE.save`), takes its image
@@ -193,7 +195,8 @@ class VQImageTokens(nn.Module):
                              f"{cfg.image_size}; make them equal")
         self.vq = VQVAE(vq_cfg).requires_grad_(False).eval()
         self.num_tokens = self.vq.grid ** 2  # N
-        self.embed = nn.Embedding(vq_cfg.codebook_size, cfg.vision_width)
+        self.mask_id = vq_cfg.codebook_size if cfg.cond_mask_prob > 0 else None  # MCS's [MASK] code: K
+        self.embed = nn.Embedding(vq_cfg.codebook_size + (self.mask_id is not None), cfg.vision_width)
         self.pos = nn.Parameter(0.01 * torch.randn(self.num_tokens, cfg.vision_width))
         self.norm = nn.LayerNorm(cfg.vision_width)
         nn.init.normal_(self.embed.weight, std=0.02)
@@ -212,6 +215,16 @@ class VQImageTokens(nn.Module):
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """Embedded codes [B, N, vision_width] (the ViT tokens' place)."""
         return self.norm(self.embed(self.vq.encode(images)) + self.pos)
+
+    def masked_features(self, images: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward_features` with the codes ``token_mask`` [B, N] (bool) replaced by the [MASK]
+        code before the position embedding is added (MCS's partial condition)."""
+        if self.mask_id is None:
+            raise ValueError("the [MASK] code needs a model trained with cond_mask_prob > 0")
+        codes = self.vq.encode(images)  # [B, N]
+        if tuple(token_mask.shape) != tuple(codes.shape):
+            raise ValueError(f"token_mask must have shape [B, N] = {list(codes.shape)}; got {list(token_mask.shape)}")
+        return self.norm(self.embed(codes.masked_fill(token_mask.to(codes.device), self.mask_id)) + self.pos)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = True) -> torch.Tensor:
         return x.mean(1)  # GAP, as the captioners' probe features

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import mdc
-from conftest import CAPTIONS, small_model
+from conftest import CAPTIONS, SMALL, small_model
 from mdc.diffusion import banned_ids, caption_log_probs
 from mdc.guidance import Guide, encoder, mcs_token_mask, training_condition
 from mdc.sampler import masked_row, mdc_sample
@@ -21,7 +21,8 @@ def guided_model(**kw):
 def test_defaults_create_no_new_parameters():
     plain = set(small_model().state_dict())
     assert not any(k.startswith("cond_") for k in plain)
-    assert set(guided_model().state_dict()) - plain == {"cond_null", "cond_mask"}
+    assert set(guided_model().state_dict()) - plain == {"cond_null", "cond_mask_token"}
+    assert guided_model(vision_width=32).cond_mask_token.shape == (32,)  # a patch embedding, not a condition row
     assert set(small_model(cond_drop_prob=0.1).state_dict()) - plain == {"cond_null"}
 
 
@@ -43,7 +44,7 @@ def test_guided_checkpoint_round_trip(tmp_path, images):
     model = guided_model()
     model.save(tmp_path)
     loaded = mdc.load(tmp_path)
-    assert torch.equal(loaded.cond_null, model.cond_null) and torch.equal(loaded.cond_mask, model.cond_mask)
+    assert torch.equal(loaded.cond_null, model.cond_null) and torch.equal(loaded.cond_mask_token, model.cond_mask_token)
     a = mdc.generate(model, images, 5, guidance="mcs", guidance_scale=2.0, return_tokens=True)
     assert torch.equal(mdc.generate(loaded, images, 5, guidance="mcs", guidance_scale=2.0, return_tokens=True), a)
 
@@ -88,7 +89,74 @@ def test_loss_trains_the_condition_variants(images):
     model = small_model(cond_drop_prob=0.5, cond_mask_prob=0.5, cond_mask_select_prob=0.5)
     tokens = model.tokenizer(CAPTIONS * 4)
     model.loss(images.repeat(4, 1, 1, 1), tokens, generator=torch.Generator().manual_seed(0)).backward()
-    assert model.cond_null.grad.abs().sum() > 0 and model.cond_mask.grad.abs().sum() > 0
+    assert model.cond_null.grad.abs().sum() > 0 and model.cond_mask_token.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)  # DDP: every parameter used
+
+
+def test_a_batch_without_masked_tokens_uses_every_parameter(images):
+    """DDP needs every parameter in every step's graph: a batch whose captions all keep the full
+    condition still runs the masked path (mask everywhere False) and is exactly the plain one."""
+    model = small_model(cond_mask_prob=0.1, cond_mask_select_prob=1e-9)
+    tokens = model.tokenizer(CAPTIONS)
+    model.loss(images, tokens, generator=torch.Generator().manual_seed(0)).backward()
+    assert model.cond_mask_token.grad is not None and not model.cond_mask_token.grad.any()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    with torch.no_grad():
+        keep = torch.zeros(len(images), 16, dtype=torch.bool)
+        assert torch.equal(model.context(images, token_mask=keep)[0][0], model.context(images)[0][0])
+
+
+def _keys(model, images, token_mask=None):
+    """The first decoder block's cross-attention keys [B, T, W] of the (masked) condition."""
+    k = model.context(images, token_mask=token_mask)[0][0]  # [B, heads, T, W/heads]
+    return k.transpose(1, 2).flatten(2)
+
+
+def test_mcs_mask_keeps_the_token_position(images):
+    """MC-Diffusion sets y_i = [MASK] and keeps position i: a patch masked at i or at j gives two
+    different decoder inputs, not the same mask vector in a different place (which the decoder's
+    cross-attention, blind to the order of its keys, could not tell apart)."""
+    model = guided_model()
+    flat = torch.zeros(2, 3, 32, 32)  # every patch the same: only the position tells tokens apart
+    i, j = 5, 10
+    mask_i, mask_j = (torch.zeros(2, 16, dtype=torch.bool) for _ in range(2))
+    mask_i[:, i], mask_j[:, j] = True, True
+    with torch.no_grad():
+        plain, at_i, at_j = _keys(model, flat), _keys(model, flat, mask_i), _keys(model, flat, mask_j)
+    assert not torch.allclose(at_i[:, i], at_j[:, j], atol=1e-4)  # the masked token carries its position
+    others = [k for k in range(16) if k not in (i, j)]
+    assert not torch.allclose(at_i[:, others], at_j[:, others], atol=1e-4)  # masked before the encoder: others see it
+    assert not torch.allclose(at_i[:, others], plain[:, others], atol=1e-4)
+
+
+def test_masked_condition_is_the_patch_embedding_masked(images):
+    """The ViT masks at the patch embedding: the learned mask token replaces the patch, then timm's
+    position embedding is added and the encoder runs; the unmasked path is forward_features."""
+    model = guided_model(cond_mask_prob=0.5)
+    mask = mcs_token_mask(model, len(images), seed=0)
+    vit = model.visual
+    with torch.no_grad():
+        x = torch.where(mask[..., None], model.cond_mask_token, vit.patch_embed(images))
+        expected = model.image_proj(vit.norm(vit.blocks(vit.norm_pre(vit.patch_drop(vit._pos_embed(x))))))
+        assert torch.allclose(model.condition(images, token_mask=mask), expected, atol=1e-6)
+        assert torch.equal(model.condition(images), model.image_proj(vit.forward_features(images)))
+
+
+def test_a_checkpoint_of_the_old_mask_fails_loudly(tmp_path):
+    """The old MCS mask replaced a whole condition token after the encoder ('cond_mask' [text_width]);
+    loading it into the position-keeping mask would be wrong, so it is refused with the reason."""
+    from safetensors.torch import load_file, save_file
+
+    model = guided_model()
+    model.save(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    del state["cond_mask_token"]
+    state["cond_mask"] = torch.zeros(SMALL["text_width"])
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="'cond_mask' .* after the position embedding.* cond_mask_prob"):
+        mdc.load(tmp_path)
+    with pytest.raises(ValueError, match="'cond_mask'"):
+        guided_model().load_state_dict(state)
 
 
 def test_null_condition_ignores_the_image(images):

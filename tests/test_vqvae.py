@@ -96,6 +96,34 @@ def test_captioner_on_vq_tokens(tmp_path, vq_folder, scenes):
         assert torch.equal(loaded(images, tokens), model(images, tokens))
 
 
+def test_vq_mask_is_the_mask_code_at_its_position(vq_folder, scenes):
+    """MCS on VQ codes: a masked code becomes [MASK] (id K), embedded by the code embedding like any
+    code, then its position embedding is added; the same mask at two positions gives two different
+    decoder inputs, and the other (local) tokens stay as they were. Without the option: K codes only."""
+    overrides = {k: v for k, v in SMALL.items() if k != "image_size"}
+    plain = mdc.create_model("tiny", vqvae=str(vq_folder), **overrides)
+    assert plain.visual.embed.num_embeddings == 64 and not any(k.startswith("cond_") for k in plain.state_dict())
+    model = mdc.create_model("tiny", vqvae=str(vq_folder), cond_mask_prob=0.1, **overrides).eval()
+    vis = model.visual
+    assert vis.embed.num_embeddings == 65 and vis.mask_id == 64 and getattr(model, "cond_mask_token", None) is None
+    images, (i, j) = scenes[1][:2], (5, 40)
+    mask_i, mask_j = (torch.zeros(2, 64, dtype=torch.bool) for _ in range(2))
+    mask_i[:, i], mask_j[:, j] = True, True
+    keys = lambda m=None: model.context(images, token_mask=m)[0][0].transpose(1, 2).flatten(2)  # noqa: E731
+    with torch.no_grad():
+        at_i, at_j, full = keys(mask_i), keys(mask_j), keys()
+        assert not torch.allclose(at_i[:, i], at_j[:, j], atol=1e-4)
+        others = [k for k in range(64) if k not in (i, j)]
+        assert torch.equal(at_i[:, others], full[:, others])  # codes are local tokens
+        expected = model.image_proj(vis.norm(vis.embed.weight[64] + vis.pos[i]))
+        assert torch.allclose(model.condition(images, token_mask=mask_i)[:, i], expected.expand(2, -1), atol=1e-6)
+    model.train()
+    g = torch.Generator().manual_seed(0)
+    loss = mdc.create_model("tiny", vqvae=str(vq_folder), cond_mask_prob=0.5, cond_mask_select_prob=0.9, **overrides)
+    loss.loss(scenes[1][:4], loss.tokenizer(CAPTIONS), generator=g).backward()
+    assert loss.visual.embed.weight.grad[64].abs().sum() > 0  # training reaches the [MASK] code
+
+
 def test_bad_vqvae_input_is_named(tmp_path, vq_folder):
     with pytest.raises(ValueError, match="downsample must be a power of 2 .* got 3"):
         VQConfig(downsample=3)
