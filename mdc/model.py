@@ -76,6 +76,14 @@ class ModelConfig:
             raise ValueError(f"mask_ratio must lie in (0, 1]; got {self.mask_ratio}")
         if self.t_sampling not in ("uniform", "stratified"):
             raise ValueError(f"t_sampling must be 'uniform' or 'stratified'; got {self.t_sampling!r}")
+        for name in ("image_size", "patch_size", "vision_width", "vision_layers", "vision_heads", "text_width",
+                     "text_layers", "text_heads", "embed_dim"):  # refused here, not as a bare assert deep in timm
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for width, heads in (("vision_width", "vision_heads"), ("text_width", "text_heads")):
+            if getattr(self, width) % getattr(self, heads):
+                raise ValueError(f"{width} {getattr(self, width)} is not divisible by {heads} {getattr(self, heads)} "
+                                 f"(each attention head takes an equal share of the width)")
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
         if self.vocab is not None:

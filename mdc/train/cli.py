@@ -5,6 +5,14 @@ The flag is the field's name with dashes (``--batch-size``), its help the field'
 type follows the annotation: ``int``/``float`` are parsed as such, a ``Literal`` gives the choices,
 a ``tuple[float, float]`` two values, a ``dict`` JSON; a bool field is a switch, ``--name`` when it
 is off by default and ``--no-name`` when on. A field without a default is a required flag.
+
+Errors (:mod:`mdc.errors`): a bad value prints one line, ``error: --batch-size must be >= 1, got 0``,
+and exits with status 2, before anything is written; a run that stops for a reason the user must
+act on (its folder in use, a resume of a different run, a full disk) prints ``error: ...`` and
+exits with status 1. ``--debug`` (or ``MDC_DEBUG=1``) shows the traceback instead. Besides the
+checks of :meth:`TrainConfig.resolved`, the command line refuses flags that contradict each other
+(:func:`check_flags`): MDC's objective flags with another objective, ``--mask-ratio`` with
+``--t-interval`` or ``--t-sampling``.
 """
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ import os
 import types
 import typing
 
+from mdc.errors import ArgumentParser, ConfigError, report
 from mdc.train.config import TrainConfig
 from mdc.train.loop import train
 
@@ -50,8 +59,8 @@ def _flag(field: dataclasses.Field, hint) -> tuple[str, dict]:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mdc.train", description=DESCRIPTION,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(prog="python -m mdc.train", description=DESCRIPTION,
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     groups: dict[str, argparse._MutuallyExclusiveGroup] = {}  # one_of name -> its group
     hints = typing.get_type_hints(TrainConfig)
     for field in dataclasses.fields(TrainConfig):
@@ -60,17 +69,48 @@ def make_parser() -> argparse.ArgumentParser:
         if one_of and one_of not in groups:
             groups[one_of] = parser.add_mutually_exclusive_group()
         (groups[one_of] if one_of else parser).add_argument(flag, **kw)
+    parser.add_argument("--debug", action="store_true", help="on an error, show the traceback (or set MDC_DEBUG=1)")
     return parser
+
+
+def _kwargs(args: argparse.Namespace) -> dict:
+    return {name: tuple(value) if isinstance(value, list) else value for name, value in vars(args).items()
+            if name != "debug"}
 
 
 def parse_args(argv: list[str] | None = None) -> dict:
     """CLI flags (open_clip style) -> keyword arguments of :func:`~mdc.train.loop.train`."""
-    args = vars(make_parser().parse_args(argv))
-    return {name: tuple(value) if isinstance(value, list) else value for name, value in args.items()}
+    return _kwargs(make_parser().parse_args(argv))
+
+
+MDC_FLAGS = ("t_interval", "mask_ratio", "t_sampling")  # flags of the MDC objective (and --no-time-weighting)
+
+
+def check_flags(kwargs: dict) -> None:
+    """Refuse flags that contradict each other (the Python API, which always passes the notebooks'
+    defaults, leaves these to the model): MDC's objective flags with another objective, and
+    ``--mask-ratio`` (a fixed ratio) with ``--t-interval`` or ``--t-sampling`` (how t is drawn)."""
+    given = [n for n in MDC_FLAGS if kwargs.get(n) is not None] + \
+        (["time_weighting"] if kwargs.get("time_weighting") is False else [])
+    if given and kwargs.get("objective", "mdc") != "mdc":
+        raise ConfigError(f"{given[0]} applies to the mdc objective only, not {kwargs['objective']}", given[0])
+    if kwargs.get("mask_ratio") is not None:
+        for other in ("t_interval", "t_sampling"):
+            if kwargs.get(other) is not None:
+                raise ConfigError(f"mask_ratio fixes the mask ratio; {other} contradicts it", "mask_ratio", other)
+
+
+def _train(kwargs: dict) -> dict:
+    check_flags(kwargs)
+    return train(**kwargs)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    results = train(**parse_args(argv))
+    """``python -m mdc.train``: train, print the results as one JSON line (rank 0); see the module
+    docstring for how errors are reported."""
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    results = report(lambda: _train(_kwargs(args)), parser, debug=args.debug)
     if os.environ.get("RANK", "0") == "0":
         print(json.dumps(results))
     return results

@@ -5,17 +5,24 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import math
+import numbers
 import os
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
 from mdc import checkpoint, optim
+from mdc.errors import ConfigError, must
+from mdc.factory import list_models, model_config
 from mdc.train.stream import count_samples, vocab_from_captions
 
 
 def option(default=dataclasses.MISSING, help: str | None = None, **cli) -> dataclasses.Field:
     """A :class:`TrainConfig` field documented by ``help``; ``cli`` adds command-line settings
-    (``choices``, ``metavar``, ``one_of``: the name of a group of mutually exclusive flags)."""
+    (``choices``, ``metavar``, ``one_of``: the name of a group of mutually exclusive flags) and
+    the bound a given value must meet (``ge``: at least; ``gt``: more than)."""
     return field(default=default, metadata={"help": help, **cli})
 
 
@@ -46,20 +53,22 @@ class TrainConfig:
     # length, batch and optimizer
     preset: str | None = option(None, "paper hyperparameters of this backbone, or mini (the synthetic mini profile)",
                                 choices=sorted(optim.PRESETS))
-    steps: int | None = option(None, "optimizer steps (or give epochs)", one_of="length")
-    epochs: int | None = option(None, "passes of samples_per_epoch samples (a preset's default: 32)", one_of="length")
-    samples_per_epoch: int | None = option(None, "epoch size (default: counted in local shards)")
+    steps: int | None = option(None, "optimizer steps (or give epochs)", one_of="length", ge=1)
+    epochs: int | None = option(None, "passes of samples_per_epoch samples (a preset's default: 32)", one_of="length",
+                                ge=1)
+    samples_per_epoch: int | None = option(None, "epoch size (default: counted in local shards)", ge=1)
     resampled: bool = option(False, "draw shards with replacement (an infinite stream)")
-    batch_size: int | None = option(None, "per process and micro-batch (default: the preset's, else 32)")
+    batch_size: int | None = option(None, "per process and micro-batch (default: the preset's, else 32)", ge=1)
     global_batch: int | None = option(None, "batch x processes x accumulation (default: the preset's); "
-                                            "e.g. CLIP-LB = 2x")
+                                            "e.g. CLIP-LB = 2x", ge=1)
     accum_steps: int | None = option(None, "micro-batches per step (preset: global batch 1024 / "
-                                           "(batch x processes))")
-    lr: float | None = option(None, "peak learning rate (default: preset, else 5e-4)")
-    weight_decay: float | None = option(None, "AdamW decay of weight matrices (default: preset, else 0.1)")
-    warmup_steps: int | None = option(None, "linear warm-up steps (default: preset's 10000, else 5% of the steps)")
+                                           "(batch x processes))", ge=1)
+    lr: float | None = option(None, "peak learning rate (default: preset, else 5e-4)", gt=0)
+    weight_decay: float | None = option(None, "AdamW decay of weight matrices (default: preset, else 0.1)", ge=0)
+    warmup_steps: int | None = option(None, "linear warm-up steps (default: preset's 10000, else 5% of the steps)",
+                                      ge=0)
     grad_clip_norm: float | None = option(None, "gradient-norm clip (default: 1.0 for ARC with the vit-l-14 "
-                                                "preset, else off)")
+                                                "preset, else off)", gt=0)
     # the MDC objective (None: the model's default)
     t_interval: tuple[float, float] | None = option(None, "MDC: t ~ U[W_L, W_U] (model default: 0.5 1.0)",
                                                     metavar=("W_L", "W_U"))
@@ -67,13 +76,13 @@ class TrainConfig:
     mask_ratio: float | None = option(None, "MDC: fixed mask ratio (image-conditioned BERT)")
     t_sampling: Literal["uniform", "stratified"] | None = option(None, "MDC: how t is drawn across a batch")
     # randomness and data loading
-    seed: int = option(0, "seed of the initial weights, the masks and noise, and the data order")
-    workers: int = option(2, "DataLoader workers per process")
-    shuffle_buffer: int = option(1000, "samples in each worker's shuffle buffer")
+    seed: int = option(0, "seed of the initial weights, the masks and noise, and the data order", ge=0)
+    workers: int = option(2, "DataLoader workers per process (0: load in the training process)", ge=0)
+    shuffle_buffer: int = option(1000, "samples in each worker's shuffle buffer (1: no shuffling)", ge=1)
     # checkpoints and logs
-    save_every: int = option(1000, "checkpoint every N steps (and at the end)")
-    keep_last: int | None = option(None, "keep only the K newest checkpoints (default: all)", metavar="K")
-    log_every: int = option(1, "metrics.jsonl / TensorBoard line every N steps")
+    save_every: int = option(1000, "checkpoint every N steps (and at the end)", ge=1)
+    keep_last: int | None = option(None, "keep only the K newest checkpoints (default: all)", metavar="K", ge=1)
+    log_every: int = option(1, "metrics.jsonl / TensorBoard line every N steps", ge=1)
     resume: bool = option(False, "continue from checkpoints/latest.json if present (the same run only)")
     force_resume: bool = option(False, "resume even if the checkpoint's run configuration differs (logs the "
                                        "differences)")
@@ -87,67 +96,147 @@ class TrainConfig:
     def resolved(self, world_size: int) -> "TrainConfig":
         """A copy with every default filled in from the preset and checked against the world size.
 
-        A warm-up as long as the run or longer (e.g. a preset's 10,000 steps in a short run) is an
-        error, not silently clipped: the schedule would never reach its peak LR nor decay, so the
-        caller must choose ``warmup_steps`` explicitly.
+        Every value given is checked first and a bad one is refused with a :class:`ConfigError`
+        naming the option and the value (see :func:`check_values`); a default never replaces a
+        value the caller gave (``batch_size=0`` is an error, not 32). A warm-up as long as the run
+        or longer (e.g. a preset's 10,000 steps in a short run) is an error, not silently clipped:
+        the schedule would never reach its peak LR nor decay, so the caller must choose
+        ``warmup_steps`` explicitly.
         """
         c = dataclasses.replace(self)
-        if not c.train_data:
-            raise ValueError("train_data is empty: give a shard pattern such as 'DIR/{000000..000009}.tar'")
+        check_values(c)
         if os.path.isdir(c.train_data):  # a folder of shards: every .tar in it, in name order
             tars = sorted(glob.glob(os.path.join(c.train_data, "*.tar")))
             if not tars:
-                raise ValueError(f"train_data {c.train_data!r} is a folder without .tar shards")
+                raise ConfigError(f"train_data {c.train_data!r} is a folder without .tar shards", "train_data")
             c.train_data = "::".join(tars)
         if c.vocab_from_data:
             if "vocab" in (c.model_overrides or {}):
-                raise ValueError("vocab_from_data builds the vocabulary from the training captions; "
-                                 "drop 'vocab' from model_overrides or vocab_from_data")
+                raise ConfigError("vocab_from_data builds the vocabulary from the training captions; "
+                                  "drop 'vocab' from model_overrides or vocab_from_data",
+                                  "vocab_from_data", "model_overrides")
             c.model_overrides = {**(c.model_overrides or {}), "vocab": vocab_from_captions(c.train_data)}
         paper = optim.preset_values(c.preset, c.objective) if c.preset else {}
         c.model = c.model or c.preset or "tiny"
+        check_model(c)
         c.lr = c.lr if c.lr is not None else paper.get("lr", 5e-4)
         c.weight_decay = c.weight_decay if c.weight_decay is not None else paper.get("weight_decay", 0.1)
         if c.grad_clip_norm is None:
             c.grad_clip_norm = paper.get("grad_clip_norm")
-        c.batch_size = c.batch_size or paper.get("batch_size", 32)
+        if c.batch_size is None:
+            c.batch_size = paper.get("batch_size", 32)
         per_step = c.batch_size * world_size
-        target = c.global_batch or paper.get("global_batch")
+        target = c.global_batch if c.global_batch is not None else paper.get("global_batch")
         if target:
-            what = f"preset {c.preset}" if c.preset and not c.global_batch else "global_batch"
+            what = f"preset {c.preset}" if c.preset and c.global_batch is None else "global_batch"
+            names = ("global_batch", "batch_size", "accum_steps")
             if target % per_step:
-                raise ValueError(f"{what} needs a global batch of {target}, which is not "
-                                 f"divisible by batch_size {c.batch_size} x world_size {world_size}")
+                raise ConfigError(f"{what} needs a global batch of {target}, which is not "
+                                  f"divisible by batch_size {c.batch_size} x world_size {world_size}", *names)
             accum = target // per_step
             if c.accum_steps not in (None, accum):
-                raise ValueError(f"{what}: batch_size {c.batch_size} x world_size {world_size} x "
-                                 f"accum_steps {c.accum_steps} != global batch {target}; "
-                                 f"use --accum-steps {accum} or leave it out")
+                raise ConfigError(f"{what}: batch_size {c.batch_size} x world_size {world_size} x "
+                                  f"accum_steps {c.accum_steps} != global batch {target}; "
+                                  f"use --accum-steps {accum} or leave it out", *names)
             c.accum_steps = accum
         if c.preset and c.steps is None and c.epochs is None:  # the preset's length: steps or epochs
             c.steps, c.epochs = paper.get("steps"), paper.get("epochs") if "steps" not in paper else None
-        c.accum_steps = c.accum_steps or 1
+        if c.accum_steps is None:
+            c.accum_steps = 1
         if (c.steps is None) == (c.epochs is None):
-            raise ValueError("give exactly one of steps or epochs")
+            raise ConfigError("give exactly one of steps or epochs", "steps", "epochs")
         if c.epochs is not None:
             if c.samples_per_epoch is None:
                 if c.resampled:
-                    raise ValueError("a resampled stream has no epochs: give samples_per_epoch")
+                    raise ConfigError("a resampled stream has no epochs: give samples_per_epoch",
+                                      "samples_per_epoch")
                 c.samples_per_epoch = count_samples(c.train_data)
             c.steps = c.epochs * max(1, c.samples_per_epoch // (per_step * c.accum_steps))
         if c.warmup_steps is None:
             c.warmup_steps = paper.get("warmup_steps", round(0.05 * c.steps))
         if c.warmup_steps >= c.steps:  # the LR would never reach its peak nor decay
-            raise ValueError(f"warmup_steps {c.warmup_steps} >= steps {c.steps}: the learning rate would never "
-                             f"peak nor decay; give a shorter warm-up with --warmup-steps (e.g. "
-                             f"{max(1, round(0.05 * c.steps))}) or train longer")
-        if c.precision not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"precision must be auto, fp32 or bf16; got {c.precision!r}")
-        if min(c.steps, c.batch_size, c.accum_steps, c.save_every, c.log_every) < 1:
-            raise ValueError("steps, batch_size, accum_steps, save_every and log_every must be positive")
-        if c.keep_last is not None and c.keep_last < 1:
-            raise ValueError(f"keep_last must be at least 1 (or None to keep every checkpoint); got {c.keep_last}")
+            raise ConfigError(f"warmup_steps {c.warmup_steps} >= steps {c.steps}: the learning rate would never "
+                              f"peak nor decay; give a shorter warm-up with --warmup-steps (e.g. "
+                              f"{max(1, round(0.05 * c.steps))}) or train longer", "warmup_steps", "steps")
         return c
+
+
+# model_overrides may not set what has an option of its own (or is the objective).
+OWN_OPTIONS = ("objective", "name", "t_interval", "time_weighting", "mask_ratio", "t_sampling")
+
+
+def check_values(c: TrainConfig) -> None:
+    """Refuse (:class:`ConfigError`) any given value of the wrong type, outside its bound (the
+    fields' ``ge`` / ``gt``), not among its choices, or contradicting another option."""
+    if not c.train_data:
+        raise ConfigError("train_data is empty: give a shard pattern such as 'DIR/{000000..000009}.tar'",
+                          "train_data")
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        name, value = f.name, getattr(c, f.name)
+        hint = hints[name]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            if type(None) in typing.get_args(hint):  # an optional value left out
+                continue
+            raise must(name, value, "given")
+        kind = args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) else hint
+        choices = sorted(optim.PRESETS) if name == "preset" else f.metadata.get("choices") or \
+            (typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None)
+        if choices is not None:
+            if value not in choices:
+                raise must(name, value, "one of " + ", ".join(map(repr, choices)))
+        elif kind is bool and not isinstance(value, bool):
+            raise must(name, value, "True or False")
+        elif kind is int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise must(name, value, "an integer")
+        elif kind is float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise must(name, value, "a number")
+        elif kind is float and not math.isfinite(value):
+            raise must(name, value, "a finite number")
+        elif kind is str and not isinstance(value, str):
+            raise must(name, value, "a string")
+        elif kind is str and not value:
+            raise ConfigError(f"{name} must not be empty", name)
+        elif kind is dict and not isinstance(value, dict):
+            raise must(name, value, "a dict (a JSON object)")
+        if "ge" in f.metadata and value < f.metadata["ge"]:
+            raise must(name, value, f">= {f.metadata['ge']}")
+        if "gt" in f.metadata and not value > f.metadata["gt"]:
+            raise must(name, value, f"> {f.metadata['gt']}")
+    if c.t_interval is not None:
+        t = tuple(c.t_interval)
+        if len(t) != 2 or not all(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in t) \
+                or not (0.0 <= t[0] <= t[1] <= 1.0 and t[1] > 0.0):
+            raise ConfigError(f"t_interval must satisfy 0 <= W_L <= W_U <= 1 and W_U > 0, got {t!r}", "t_interval")
+    if c.mask_ratio is not None and not 0.0 < c.mask_ratio <= 1.0:
+        raise must("mask_ratio", c.mask_ratio, "in (0, 1]")
+    if c.force_resume and not c.resume:
+        raise ConfigError("force_resume continues a run that resume finds; it needs resume", "force_resume",
+                          "resume")
+    clash = sorted(set(c.model_overrides or {}) & set(OWN_OPTIONS))
+    if clash:
+        own = {"name": "model"}.get(clash[0], clash[0])
+        raise ConfigError(f"model_overrides sets {clash[0]}, which has its own option ({own}); set it there",
+                          "model_overrides", own)
+
+
+def check_model(c: TrainConfig) -> None:
+    """Refuse an unknown model or a model configuration it cannot build (widths that the head count
+    does not divide, sizes below 1, ...), before anything runs."""
+    if c.model not in list_models():
+        raise must("model", c.model, "one of " + ", ".join(map(repr, list_models())))
+    try:
+        model_config(c.model, c.objective, **model_options(c))
+    except (ValueError, TypeError) as exn:
+        raise ConfigError(f"model_overrides: {exn}", "model_overrides") from exn
+
+
+def model_options(c: TrainConfig) -> dict:
+    """The ModelConfig fields a run sets: its objective options (those given) and model_overrides."""
+    given = dict(t_interval=c.t_interval, mask_ratio=c.mask_ratio, t_sampling=c.t_sampling)
+    return {"time_weighting": c.time_weighting, **{k: v for k, v in given.items() if v is not None},
+            **(c.model_overrides or {})}
 
 
 # TrainConfig fields that may differ between a run and its resumption (see TrainConfig).

@@ -17,6 +17,7 @@ from torch import nn
 
 from mdc import checkpoint, optim
 from mdc.data.pipeline import SKIP_REASONS, SkipStats
+from mdc.errors import RunError
 from mdc.factory import create_model, load_weights
 from mdc.tokenizer import TextStats
 from mdc.train.config import TrainConfig, check_same_run, run_config
@@ -30,7 +31,7 @@ UNK_WARN_RATE, UNK_WARN_MIN_TOKENS = 0.01, 250
 TEXT_FIELDS = tuple(TextStats().as_dict())  # captions, tokens, unknown, truncated
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(RunError):
     """The loss became NaN or infinite; the message names the step and the last good checkpoint."""
 
 
