@@ -412,8 +412,15 @@ class CLIP(_Model):
         return F.normalize(self.text_proj(h[torch.arange(len(tokens)), eot]), dim=-1)
 
     def scale(self) -> torch.Tensor:
-        """Learned temperature, clamped like OpenCLIP to at most 100 (here inside the forward)."""
-        return self.logit_scale.clamp(max=math.log(100)).exp()
+        """Learned temperature exp(logit_scale); kept at most 100 by :meth:`clamp_logit_scale`."""
+        return self.logit_scale.exp()
+
+    @torch.no_grad()
+    def clamp_logit_scale(self) -> None:
+        """Clamp the temperature to [1, 100] in place, as open_clip does after every optimizer step
+        (:func:`mdc.optim.optimizer_step`). Not in the forward: there a clamp would give a temperature
+        past 100 a zero gradient for ever."""
+        self.logit_scale.clamp_(0, math.log(100))
 
     def forward(self, images, tokens):
         return self.image_embedding(images), self.text_embedding(tokens), self.scale()

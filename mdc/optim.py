@@ -77,10 +77,14 @@ def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_st
 
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, grad_clip_norm: float | None = None):
     """The end of a training step, once the gradients are in: clip their norm (if ``grad_clip_norm``),
-    step the optimizer and the LR schedule, and drop the gradients."""
+    step the optimizer and the LR schedule, clamp CLIP's temperature in place (open_clip's rule,
+    ``model.clamp_logit_scale``) and drop the gradients. The pretraining loop (:mod:`mdc.train`) and
+    :func:`fit` both end their steps here."""
     if grad_clip_norm:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip_norm)
     optimizer.step()
+    if hasattr(model, "clamp_logit_scale"):
+        model.clamp_logit_scale()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
 

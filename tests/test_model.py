@@ -1,5 +1,6 @@
 """Model construction, shapes, attention direction, bad input and checkpoint round trip."""
 import json
+import math
 
 import pytest
 import torch
@@ -60,6 +61,8 @@ def test_clip_shapes(images):
     torch.testing.assert_close(m.encode_image(images), m.forward_features(images)[:, 0])
     with torch.no_grad():
         m.logit_scale.fill_(10.0)
+        assert m.scale().item() == pytest.approx(math.exp(10.0))  # the forward does not clamp
+        m.clamp_logit_scale()  # after the optimizer step, as open_clip
         assert m.scale().item() == pytest.approx(100.0)  # clamped like OpenCLIP
 
 

@@ -1,10 +1,12 @@
 """CLIP with gradient accumulation contrasts the whole (global) batch, as one big batch would."""
 import json
+import math
 import os
 
 import pytest
 import torch
 
+from mdc import optim
 from mdc.world.scenes import vocabulary, write_shards
 from mdc.train import LossModule, accumulate, train
 from conftest import CAPTIONS, SMALL, small_model
@@ -52,3 +54,25 @@ def test_train_loop_clip_accumulation_logs_the_big_batch_loss(tmp_path):
     assert accum["global_batch"] == big["global_batch"] == 8
     rows = [[json.loads(line)["loss"] for line in open(os.path.join(r["metrics"]))] for r in (big, accum)]
     assert rows[1] == pytest.approx(rows[0], rel=1e-5)
+
+
+@pytest.mark.parametrize("loop", ["trainer", "fit"])
+def test_a_temperature_past_the_clamp_keeps_its_gradient_and_is_clamped_after_the_step(loop):
+    """open_clip clamps logit_scale in place after each optimizer step; a clamp inside the forward
+    would give a temperature past log 100 a zero gradient for ever."""
+    model = small_model("clip")
+    images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    tokens = model.tokenizer(BATCH_CAPTIONS)
+    with torch.no_grad():
+        model.logit_scale.fill_(math.log(200))
+    if loop == "trainer":  # the pretraining loop's step: accumulate, then optim.optimizer_step
+        optimizer = optim.make_optimizer(model, 1e-3, 0.1)
+        accumulate(LossModule(model), model, [(images, tokens)])
+        assert model.logit_scale.grad.abs() > 0
+        optim.optimizer_step(model, optimizer, optim.make_scheduler(optimizer, 1, 10))
+    else:
+        grads = []
+        model.logit_scale.register_hook(grads.append)
+        optim.fit(model, lambda: (images, tokens), steps=1, lr=1e-3)
+        assert grads and grads[0].abs() > 0
+    assert model.logit_scale.item() == torch.tensor(math.log(100)).item()
