@@ -85,9 +85,21 @@ def masked_row(tok, batch: int, length: int, device) -> torch.Tensor:
     return corrupt(x, maskable, tok.mask_id).noisy
 
 
+def plain_key(key: Hashable) -> Hashable:
+    """``key`` in plain Python values: numpy scalars and 0-dim arrays / tensors as their ``.item()``
+    (np.int64(5) -> 5, np.str_("a") -> "a", torch.tensor(5) -> 5), recursively inside tuples."""
+    if type(key) is tuple:
+        return tuple(plain_key(k) for k in key)
+    if getattr(key, "shape", None) == () and hasattr(key, "item"):
+        return key.item()
+    return key
+
+
 def key_seed(seed: int, key: Hashable) -> int:
-    """A 63-bit generator seed from (seed, key), stable across processes and platforms."""
-    digest = hashlib.blake2b(repr((int(seed), key)).encode(), digest_size=8).digest()
+    """A 63-bit generator seed from (seed, key), stable across processes and platforms. The key is
+    hashed as :func:`plain_key`, so 5, np.int64(5) and torch.tensor(5) give the same noise (the seeds
+    of plain int / str / tuple keys are those of the repr they always had)."""
+    digest = hashlib.blake2b(repr((int(seed), plain_key(key))).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 
 

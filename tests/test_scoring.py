@@ -278,3 +278,28 @@ def test_elbo_interval_bounds_are_exact(N, t_interval, counts, monkeypatch):
         elbo_score(model, model.context(torch.randn(1, 3, 32, 32)), torch.zeros(1, dtype=torch.long), tokens,
                    num_samples=4 * len(counts), t_interval=t_interval)
     assert sorted(set(torch.cat(seen).tolist())) == list(counts)
+
+
+def test_noise_keys_are_normalised_before_hashing(images):
+    """np.int64(5), torch.tensor(5) and 5 name the same noise (and np.str_, inside tuples too); the
+    seeds of plain int / str / tuple keys are the ones earlier results were drawn with."""
+    import numpy as np
+
+    from mdc.diffusion import key_seed
+    from mdc.scoring import score_candidates
+
+    old = {(0, 5): 4519827507854173659, (3, "a"): 6205162506511875851, (1, (2, 3)): 3538038486453471504,
+           (0, ("image", 4)): 6214121000306885295, (7, ((5, 1), "x")): 1959311261024472587,
+           (0, True): 1094698476152012343}
+    assert {(seed, key): key_seed(seed, key) for seed, key in old} == old
+    same = [(5, np.int64(5)), (5, np.int32(5)), (5, torch.tensor(5)), ("a", np.str_("a")), (True, np.bool_(True)),
+            ((2, 3), (np.int64(2), torch.tensor(3, dtype=torch.int32))), (("image", 4), (np.str_("image"), np.uint8(4))),
+            (((5, 1), "x"), ((np.int16(5), torch.tensor(1)), np.str_("x"))), (0.5, np.float64(0.5))]
+    for plain, other in same:
+        assert key_seed(0, other) == key_seed(0, plain), (plain, other)
+    assert key_seed(np.int64(3), "a") == old[(3, "a")]
+    model = small_model().eval()
+    cands = [[c, "a green square"] for c in CAPTIONS]
+    a = score_candidates(model, images, cands, method="elbo", num_samples=8, item_keys=[10, 11, 12, 13])
+    b = score_candidates(model, images, cands, method="elbo", num_samples=8, item_keys=np.arange(10, 14))
+    assert torch.equal(a, b)
