@@ -2,10 +2,11 @@
 
 ``mdc.generate`` and ``mdc.score`` / ``mdc.score_candidates`` are :func:`mdc.sampler.generate` and
 :func:`mdc.scoring.score` / :func:`mdc.scoring.score_candidates` plus MC-Diffusion's options:
-``guidance`` "cfg" | "mcs" with ``guidance_scale`` (:mod:`mdc.guidance`: CFG is unguided at 1,
-MCS as printed at 0) and, for a ``noise="mask_replace"`` captioner, the D3PM reverse process
-(:mod:`mdc.d3pm`). The core never imports the extensions; this module picks them, as the
-factory picks a model's visual tower and loss.
+``guidance`` "cfg" | "mcs" | "mcs_mirror" with ``guidance_strength`` s >= 0 (the distance from the
+plain model, 0 for every rule) or ``guidance_scale`` (:mod:`mdc.guidance`: CFG and mirrored MCS are
+unguided at 1, MCS as printed at 0; give one of the two) and, for a ``noise="mask_replace"``
+captioner, the D3PM reverse process (:mod:`mdc.d3pm`). The core never imports the extensions;
+this module picks them, as the factory picks a model's visual tower and loss.
 """
 from __future__ import annotations
 
@@ -21,51 +22,56 @@ __all__ = ["generate", "score", "score_candidates"]
 
 
 def generate(model, images, length: int = 15, *, guidance: str | None = None, guidance_scale: float | None = None,
-             guidance_seed: int = 0, **kw):
+             guidance_seed: int = 0, guidance_strength: float | None = None, **kw):
     """Captions for ``images`` [B, 3, H, W]: list[str] (or tokens with ``return_tokens=True``).
 
     MDC: exactly ``length`` tokens by greedy confidence unmasking; ARC: at most ``length`` tokens by
     beam search (``beam_size``, 1 = greedy); a ``mask_replace`` model: the D3PM reverse process
-    (``generator`` drives it). ``guidance``/``guidance_scale`` (MDC only): sample under the guided
-    distribution; ``guidance_seed`` seeds MCS's partial-condition masks. Other keywords
-    (``beam_size``, ``tokens_per_step``, ``threshold``, ``temperature``, ``generator``,
-    ``return_tokens``, ``precision``, ``trace``) as in :func:`mdc.sampler.generate`.
+    (``generator`` drives it). ``guidance`` with ``guidance_strength`` or ``guidance_scale`` (MDC
+    only, not both; a ValueError names the conflict): sample under the guided distribution;
+    ``guidance_seed`` seeds MCS's partial-condition masks. Other keywords (``beam_size``,
+    ``tokens_per_step``, ``threshold``, ``temperature``, ``generator``, ``return_tokens``,
+    ``precision``, ``trace``) as in :func:`mdc.sampler.generate`.
     """
     if model.config.objective != "clip":  # a CLIP model is refused by the sampler, naming itself
-        kw["encode"] = encoder(model, guidance, guidance_scale, guidance_seed)
+        kw["encode"] = encoder(model, guidance, guidance_scale, guidance_seed, guidance_strength)
         if model.config.noise == "mask_replace":
             kw["diffusion_sampler"] = d3pm_sample
     return sampler.generate(model, images, length, **kw)
 
 
-def _scoring_encoder(model, method, guidance, guidance_scale, seed, encode):
+def _scoring_encoder(model, method, guidance, guidance_scale, seed, encode, guidance_strength=None):
     if guidance is not None and (method or scoring.DEFAULT[model.config.objective]) not in ("heuristic", "elbo"):
         raise ValueError(f"guidance applies to the MDC scorers 'heuristic' and 'elbo'; got method {method!r}")
     if guidance is not None and encode is not None:
         raise ValueError("give either guidance or encode (a caption distribution of your own), not both")
-    return encode or encoder(model, guidance, guidance_scale, seed)  # MCS masks keyed by (seed, the image's first key)
+    # MCS masks keyed by (seed, the image's first key)
+    return encode or encoder(model, guidance, guidance_scale, seed, guidance_strength)
 
 
 @torch.no_grad()
 def score(model, images, captions: Sequence[str], method: str | None = None, *, guidance: str | None = None,
           guidance_scale: float | None = None, seed: int = 0, encode=None, precision: str = "fp32",
-          **kw) -> torch.Tensor:
+          guidance_strength: float | None = None, **kw) -> torch.Tensor:
     """Score each (image, caption) pair: Tensor [B]; higher = better match. Methods: "exact" (ARC),
-    "elbo" and "heuristic" (MDC), "cosine" (CLIP). ``guidance``/``guidance_scale``: the MDC scorers
-    under the guided distribution. ``encode`` (instead of guidance): a caption distribution of your
-    own, e.g. :func:`mdc.distribution.encode_null` for the image-free score. Other keywords
-    (``num_samples``, ``max_rows``, ``keys``, ``t_interval``, ``stratified``) and ``precision``
-    (fp32 unless "bf16" is asked for) as in :func:`mdc.scoring.score`."""
+    "elbo" and "heuristic" (MDC), "cosine" (CLIP). ``guidance`` with ``guidance_strength`` or
+    ``guidance_scale``: the MDC scorers under the guided distribution. ``encode`` (instead of
+    guidance): a caption distribution of your own, e.g. :func:`mdc.distribution.encode_null` for the
+    image-free score. Other keywords (``num_samples``, ``max_rows``, ``keys``, ``t_interval``,
+    ``stratified``) and ``precision`` (fp32 unless "bf16" is asked for) as in :func:`mdc.scoring.score`."""
     return scoring.score(model, images, captions, method, seed=seed, precision=precision,
-                         encode=_scoring_encoder(model, method, guidance, guidance_scale, seed, encode), **kw)
+                         encode=_scoring_encoder(model, method, guidance, guidance_scale, seed, encode,
+                                                 guidance_strength), **kw)
 
 
 @torch.no_grad()
 def score_candidates(model, images, candidates: Sequence[Sequence[str]], method: str | None = None, *,
                      guidance: str | None = None, guidance_scale: float | None = None, seed: int = 0,
-                     encode=None, precision: str = "fp32", **kw) -> torch.Tensor:
+                     encode=None, precision: str = "fp32", guidance_strength: float | None = None,
+                     **kw) -> torch.Tensor:
     """Scores [B, K] of K candidate captions per image, as :func:`mdc.scoring.score_candidates`,
-    with ``guidance``/``guidance_scale`` or ``encode`` and ``precision`` as in :func:`score`."""
+    with ``guidance`` (``guidance_strength`` or ``guidance_scale``) or ``encode`` and ``precision`` as
+    in :func:`score`."""
     return scoring.score_candidates(model, images, candidates, method, seed=seed, precision=precision,
-                                    encode=_scoring_encoder(model, method, guidance, guidance_scale, seed, encode),
-                                    **kw)
+                                    encode=_scoring_encoder(model, method, guidance, guidance_scale, seed, encode,
+                                                            guidance_strength), **kw)

@@ -10,22 +10,31 @@ and the encoder (so no masked content leaks through the other tokens), VQ-VAE co
 (:mod:`mdc.vqvae`, MC-Diffusion's setup) become the [MASK] code before theirs.
 
 Sampling and scoring combine log-probabilities over caption tokens (as
-:func:`mdc.diffusion.caption_log_probs`) and renormalise with a log-softmax:
+:func:`mdc.diffusion.caption_log_probs`) and renormalise with a log-softmax. Three rules, each at
+a guidance scale g or, the same thing measured from where the rule is the plain model, a guidance
+*strength* s = g - g_unguided >= 0 (sweeps and figures use strengths, so that one x value means the
+same distance from the plain model for every rule):
 
-- CFG (Definition 1):       (1 - g) log p(x | null) + g log p(x | y);   g = 1 is the plain model;
-- MCS (Definition 2, as printed): g log p(x | y_[M], y_o) + (1 - g) log p(x | y);   g = 0 is the plain model.
+- "cfg", CFG (Definition 1): (1 - g) log p(x | null) + g log p(x | y); plain at g = 1, g = 1 + s;
+- "mcs", MCS as printed (Definition 2): g log p(x | y_[M], y_o) + (1 - g) log p(x | y); plain at
+  g = 0, g = s: with s > 1 it extrapolates *towards* the partial condition;
+- "mcs_mirror", MCS mirrored (our addition): the weights swapped, g log p(x | y) + (1 - g)
+  log p(x | y_[M], y_o); plain at g = 1, g = 1 + s, i.e. (1 + s) log p(x | y) - s log p(x | y_[M], y_o):
+  it extrapolates *away from* the partial condition, as CFG does from the null condition.
 
-(As printed, MCS with g > 1 extrapolates *towards* the partial condition; the form that
-mirrors CFG would swap the two weights. We implement the paper's formula.) At the unguided
-scale the extra pass is skipped, so the result is exactly the plain model's. Otherwise the
-conditional and the variant rows go through the decoder together: one call on 2B rows.
+``cfg@1`` and ``mcs@0`` were both the plain model, so a bare number in a label is ambiguous:
+labels say what the number is, ``cfg@s=2`` (:func:`strength_label`) or ``cfg@scale=3``
+(:func:`scale_label`). At strength 0 the extra pass is skipped, so the result is exactly the
+plain model's. Otherwise the conditional and the variant rows go through the decoder together:
+one call on 2B rows.
 The partial condition of guided sampling masks each image token with probability P_mask,
 drawn from a CPU generator seeded by ``guidance_seed`` (the same images and seed give the
 same masks on any device); the scorers key it by the item, like the ELBO noise.
 
 Asking for guidance a model was not trained for (no ``cond_null`` / mask token) is a
 ValueError: the variant would be an embedding the model never learnt, so the "guided"
-numbers would mean nothing. Unknown names and negative scales are ValueErrors too.
+numbers would mean nothing. Unknown names, negative scales or strengths, and a scale given
+together with a strength are ValueErrors too.
 
 :class:`Guide` is the guided :class:`mdc.distribution.CaptionDistribution`; :func:`encoder`
 hands it to the sampler and scorers, as :func:`mdc.api.generate` and :func:`mdc.api.score` do.
@@ -41,26 +50,49 @@ from mdc.distribution import CaptionDistribution, as_distribution
 
 # Names that lived here before the condition variants moved into the core (kept for one release).
 mcs_token_mask, as_guide = partial_mask, as_distribution
-__all__ = ["GUIDANCE", "UNGUIDED", "Guide", "check_guidance", "combine", "encoder", "is_unguided", "scale_label",
+__all__ = ["GUIDANCE", "RULES", "UNGUIDED", "Guide", "check_guidance", "combine", "encoder", "is_unguided",
+           "scale_label", "scale_of", "strength_label", "strength_of",
            "as_guide", "mcs_token_mask", "num_image_tokens", "training_condition", "vary_condition"]
 
-GUIDANCE = ("cfg", "mcs")
-UNGUIDED = {"cfg": 1.0, "mcs": 0.0}  # the scale at which each rule is the plain conditional model
-_NEEDS = {"cfg": ("cond_drop_prob", lambda m: getattr(m, "cond_null", None) is not None, "null condition"),
-          "mcs": ("cond_mask_prob", has_token_mask, "mask token")}
+GUIDANCE = ("cfg", "mcs", "mcs_mirror")
+UNGUIDED = {"cfg": 1.0, "mcs": 0.0, "mcs_mirror": 1.0}  # the scale at which each rule is the plain conditional model
+RULES = {"cfg": "CFG", "mcs": "MCS (as printed)", "mcs_mirror": "MCS (mirrored)"}  # names in figures and tables
+_has_null = lambda m: getattr(m, "cond_null", None) is not None  # noqa: E731
+_NEEDS = {"cfg": ("cond_drop_prob", _has_null, "null condition"),
+          "mcs": ("cond_mask_prob", has_token_mask, "mask token"),
+          "mcs_mirror": ("cond_mask_prob", has_token_mask, "mask token")}
 
 
-def check_guidance(model, guidance: str | None, scale: float | None) -> None:
-    """ValueError naming the value: unknown guidance, a missing or negative scale, a model not trained for it."""
+def scale_of(guidance: str | None, strength: float | None) -> float | None:
+    """The guidance scale at ``strength`` s: 1 + s (CFG, mirrored MCS), s (MCS as printed)."""
+    return None if guidance is None else UNGUIDED[guidance] + float(strength)
+
+
+def strength_of(guidance: str | None, scale: float | None) -> float | None:
+    """The guidance strength of ``scale``: its distance from the rule's unguided scale."""
+    return None if guidance is None else float(scale) - UNGUIDED[guidance]
+
+
+def check_guidance(model, guidance: str | None, scale: float | None, strength: float | None = None) -> float | None:
+    """The guidance scale of (``scale``, ``strength``), at most one of them given; ValueError naming
+    the value: unknown guidance, both or neither given, a negative one, a model not trained for it."""
+    if scale is not None and strength is not None:
+        raise ValueError(f"give guidance_strength or guidance_scale, not both; got {strength} and {scale}")
     if guidance is None:
-        if scale is not None:
-            raise ValueError(f"guidance_scale = {scale} given without guidance; pass guidance='cfg' or 'mcs'")
-        return
+        for name, value in (("guidance_scale", scale), ("guidance_strength", strength)):
+            if value is not None:
+                raise ValueError(f"{name} = {value} given without guidance; pass guidance= one of {GUIDANCE}")
+        return None
     if guidance not in GUIDANCE:
         raise ValueError(f"unknown guidance {guidance!r}; choose one of {GUIDANCE} or None")
-    if scale is None:
-        raise ValueError(f"guidance={guidance!r} needs a guidance_scale (unguided: {UNGUIDED[guidance]})")
-    if not float(scale) >= 0.0:  # also NaN
+    if scale is None and strength is None:
+        raise ValueError(f"guidance={guidance!r} needs a guidance_strength (>= 0; 0 is the plain model) or a "
+                         f"guidance_scale (the plain model at {UNGUIDED[guidance]:g})")
+    if strength is not None:
+        if not float(strength) >= 0.0:  # also NaN
+            raise ValueError(f"guidance_strength must be >= 0; got {strength}")
+        scale = scale_of(guidance, strength)
+    if not float(scale) >= 0.0:
         raise ValueError(f"guidance_scale must be >= 0; got {scale}")
     if model.config.objective != "mdc":
         raise ValueError(f"guidance applies to 'mdc' captioners; got objective {model.config.objective!r}")
@@ -69,13 +101,14 @@ def check_guidance(model, guidance: str | None, scale: float | None) -> None:
         raise ValueError(f"guidance={guidance!r} needs a model trained with {option} > 0 (its learned {what}); "
                          f"this model has {option} = {getattr(model.config, option)}. Train with e.g. "
                          f"{option}=0.1 (MC-Diffusion's value)")
+    return float(scale)
 
 
 def combine(lp_cond: torch.Tensor, lp_var: torch.Tensor, guidance: str, scale: float, tok,
             temperature: float | None = None) -> torch.Tensor:
-    """Guided log p [..., V] from log p(x | y) and log p(x | variant) (module docstring), divided
-    by ``temperature`` if given, renormalised over caption tokens."""
-    w = scale if guidance == "cfg" else 1.0 - scale  # weight of log p(x | y)
+    """Guided log p [..., V] from log p(x | y) and log p(x | variant) at guidance ``scale`` (module
+    docstring), divided by ``temperature`` if given, renormalised over caption tokens."""
+    w = 1.0 - scale if guidance == "mcs" else scale  # weight of log p(x | y)
     lp_cond, lp_var = torch.nan_to_num(lp_cond, neginf=0.0), torch.nan_to_num(lp_var, neginf=0.0)  # banned ids
     mixed = w * lp_cond + (1.0 - w) * lp_var
     return caption_log_probs(mixed if temperature is None else mixed / temperature, tok)
@@ -92,8 +125,8 @@ class Guide(CaptionDistribution):
 
     @classmethod
     def of(cls, model, images, guidance=None, scale=None, *, seed: int = 0, keys=None) -> CaptionDistribution:
-        """Encode ``images`` [B, 3, S, S] once; MCS masks from ``seed`` (and ``keys`` [B] if given).
-        At the unguided scale: the plain model's distribution (no second pass)."""
+        """Encode ``images`` [B, 3, S, S] once at guidance ``scale``; MCS masks (both forms) from ``seed``
+        (and ``keys`` [B] if given). At the unguided scale: the plain model's distribution (no second pass)."""
         check_guidance(model, guidance, scale)
         if is_unguided(guidance, scale):
             return CaptionDistribution(model, model.context(images))
@@ -120,11 +153,11 @@ class Guide(CaptionDistribution):
         return combine(cond, variant, self.guidance, self.scale, self.model.tokenizer, temperature)
 
 
-def encoder(model, guidance: str | None, scale: float | None, seed: int = 0):
+def encoder(model, guidance: str | None, scale: float | None, seed: int = 0, strength: float | None = None):
     """The ``encode`` argument of :func:`mdc.sampler.generate` and :func:`mdc.scoring.score` for
-    (guidance, scale): None (the plain model) without guidance, else a function that makes the
-    :class:`Guide` of a batch; MCS masks from ``seed`` and the images' keys. Checks its arguments."""
-    check_guidance(model, guidance, scale)
+    (guidance, scale or strength): None (the plain model) without guidance, else a function that
+    makes the :class:`Guide` of a batch; MCS masks from ``seed`` and the images' keys. Checks its arguments."""
+    scale = check_guidance(model, guidance, scale, strength)
     if guidance is None:
         return None
 
@@ -133,9 +166,14 @@ def encoder(model, guidance: str | None, scale: float | None, seed: int = 0):
     return encode
 
 
+def strength_label(guidance: str | None, strength: float | None) -> str:
+    """"none", "cfg@s=2", "mcs_mirror@s=0.5": a run's name at a guidance strength (the sweeps' results and figures)."""
+    return "none" if guidance is None else f"{guidance}@s={strength:g}"
+
+
 def scale_label(guidance: str | None, scale: float | None) -> str:
-    """"none", "cfg@2", "mcs@0.5": a run's name in results and figures."""
-    return "none" if guidance is None else f"{guidance}@{scale:g}"
+    """"none", "cfg@scale=3", "mcs@scale=0.5": a run's name at a guidance scale."""
+    return "none" if guidance is None else f"{guidance}@scale={scale:g}"
 
 
 def is_unguided(guidance: str | None, scale: float | None) -> bool:

@@ -14,6 +14,7 @@ from matplotlib.ticker import FormatStrFormatter, NullLocator
 from PIL import Image
 
 from mdc.eval.captioning import row_label
+from mdc.guidance import RULES, strength_of
 
 
 class PaperFigure(Figure):
@@ -140,27 +141,36 @@ def plot_data_scaling(points: Mapping[int, Mapping[str, Sequence]], path: str | 
 def plot_guidance_tradeoff(results: Mapping, path: str | None = None,
                            metrics: Sequence[str] = ("bleu4", "meteor", "cider")) -> Figure:
     """MC-Diffusion's guidance figure: per reference metric (x, %), CLIPScore (y) at each guidance
-    scale, CFG and MCS as two lines with their points labelled by scale, the unguided model as a
-    star. Without CLIPScore (none computed) the y axis is the guidance scale. ``results``: the
-    ``results`` of a ``kind="guidance"`` results file (:mod:`mdc.guidance`)."""
+    strength, one line per rule ("CFG", "MCS (as printed)", "MCS (mirrored)"), each starting from
+    the unguided model (strength 0, a star) with its points labelled by strength. Strength is the
+    distance from the rule's unguided scale (:mod:`mdc.guidance`), so equal labels mean the same
+    for every rule. Without CLIPScore (none computed) the y axis is the strength. ``results``: the
+    ``results`` of a ``kind="guidance"`` results file (:mod:`mdc.eval.guidance`); runs recorded
+    with a scale only (earlier files) are placed at that scale's strength."""
     runs = results["runs"]
     clip = any(r.get("clipscore") is not None for r in runs)
+
+    def strength(r):
+        return r["strength"] if r.get("strength") is not None else strength_of(r["guidance"], r["scale"])
+
     fig = PaperFigure(figsize=(3.8 * len(metrics), 3.3))
     for i, metric in enumerate(metrics):
         ax = fig.add_subplot(1, len(metrics), i + 1)
-        for guidance, colour in (("cfg", "C0"), ("mcs", "C1")):
-            pts = [(100 * r[metric], r["clipscore"] if clip else r["scale"], r["scale"]) for r in runs
-                   if r["guidance"] == guidance and r.get(metric) is not None and (r.get("clipscore") is not None or not clip)]
+        shown = [r for r in runs if r.get(metric) is not None and (r.get("clipscore") is not None or not clip)]
+        base = [(100 * r[metric], r["clipscore"] if clip else 0.0, 0.0) for r in shown if r["guidance"] == "none"][:1]
+        for (guidance, name), colour in zip(RULES.items(), ("C0", "C1", "C2")):
+            pts = sorted(((100 * r[metric], r["clipscore"] if clip else strength(r), strength(r)) for r in shown
+                          if r["guidance"] == guidance), key=lambda p: p[2])
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=colour, label=guidance.upper())
+                line = base + [p for p in pts if p[2] != 0 or not base]
+                ax.plot([p[0] for p in line], [p[1] for p in line], "o-", color=colour, label=name)
                 for x, y, s in pts:
                     ax.annotate(f"{s:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7, color=colour)
-        base = [r for r in runs if r["guidance"] == "none" and r.get(metric) is not None and r.get("clipscore") is not None]
         if clip and base:
-            ax.plot([100 * base[0][metric]], [base[0]["clipscore"]], "*", color="k", markersize=10, label="unguided")
+            ax.plot([base[0][0]], [base[0][1]], "*", color="k", markersize=10, label="unguided")
         name = {"bleu4": "BLEU-4", "meteor": "METEOR", "cider": "CIDEr"}.get(metric, metric)
-        ax.set(xlabel=f"{name} (%)", ylabel="CLIPScore" if clip else "guidance scale (no CLIPScore)")
-        ax.legend(frameon=False, fontsize=8)
+        ax.set(xlabel=f"{name} (%)", ylabel="CLIPScore" if clip else "guidance strength (no CLIPScore)")
+        ax.legend(frameon=False, fontsize=8, title="labels: guidance strength", title_fontsize=7)
     fig.tight_layout()
     _save(fig, path)
     return fig

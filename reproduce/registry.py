@@ -49,8 +49,8 @@ ARTIFACTS = {
     "fig4": Artifact("Image-conditioned BERT at fixed masking ratios vs MDC", report.fig4),
     "fig5": Artifact("Linear probe vs number of pretraining pairs", report.fig5),
     "fig6": Artifact("Qualitative captions: MDC-10/15/20 and ARC", report.fig6),
-    "guidance": Artifact("MC-Diffusion: reference metrics vs CLIPScore across guidance scales, CFG vs MCS",
-                         report.guidance),
+    "guidance": Artifact("MC-Diffusion: reference metrics vs CLIPScore across guidance strengths, CFG vs MCS "
+                         "(as printed, mirrored)", report.guidance),
 }
 PROBED = {"table1", "table4", "table5", "fig4", "fig5"}  # artifacts made of linear probes
 STYLES = ("alt", "descriptive")  # the CC12M and Recap-DataComp analogues
@@ -82,7 +82,7 @@ PROFILES = {
                   train=dict(steps=3, batch_size=16, lr=1e-3), workers=0, probe=dict(epochs=2),
                   compositionality=dict(num_samples=4, batch_size=16, attribute_min_count=1),
                   captioning=dict(finetune_steps=2, max_images=4, metrics=["bleu", "rouge_l", "cider"]),
-                  guidance=dict(max_images=4, scales=[1.0, 2.0], metrics=["bleu", "cider"], composition_items=4),
+                  guidance=dict(max_images=4, strengths=[1.0, 2.0], metrics=["bleu", "cider"], composition_items=4),
                   bert_ratios=(0.15, 1.0), fig5_fractions=(0.5,), timeout_s=600),
     "mini": dict(data=dict(num=None, image_size=None, shard_size=1000), evalsets=dict(n_probe_train=3000,
                  n_probe_test=1000, n_items=300, n_caption_train=1000), model="mini", model_overrides={},
@@ -94,7 +94,7 @@ PROFILES = {
                  # 256 took over an hour per model on 2 cores
                  compositionality=dict(num_samples=32, batch_size=64, attribute_min_count=5),
                  captioning=dict(finetune_steps=300, max_images=500, metrics=["bleu", "meteor", "rouge_l", "cider"]),
-                 guidance=dict(max_images=300, scales=[0.0, 1.0, 2.0, 3.0, 4.0], metrics=["bleu", "meteor", "cider"],
+                 guidance=dict(max_images=300, strengths=[1.0, 2.0, 3.0, 4.0], metrics=["bleu", "meteor", "cider"],
                                composition_items=100),
                  bert_ratios=(0.15, 0.4, 0.7, 1.0), fig5_fractions=(0.25, 0.5), timeout_s=1800),
 }

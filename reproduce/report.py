@@ -357,7 +357,10 @@ def fig6(runs: list[dict], paper_dir: str, out: str, k: int = 3) -> list[str]:
 
 
 def guidance(runs: list[dict], paper_dir: str, out: str) -> list[str]:
-    """MC-Diffusion's figure and table: reference metrics and CLIPScore per guidance rule and scale (seed 0's run)."""
+    """MC-Diffusion's figure and table: reference metrics and CLIPScore per guidance rule and strength (seed 0's
+    run). Strength is the distance from the rule's unguided scale, the same x for CFG, MCS as printed and
+    mirrored MCS; each row also gives the scale it ran at (records with a scale only: its strength)."""
+    from mdc.guidance import RULES, strength_of
     from mdc.plots import plot_guidance_tradeoff
 
     run = next((r for r in runs if r["notebook"] == "guidance" and "guidance" in r["artifacts"]), None)
@@ -366,8 +369,14 @@ def guidance(runs: list[dict], paper_dir: str, out: str) -> list[str]:
     res = run["record"]["results"]
     base = os.path.join(out, "guidance_tradeoff")
     plot_guidance_tradeoff(res, base)
-    rows = [{"guidance": r["guidance"], "scale": "-" if r["scale"] is None else f"{r['scale']:g}",
+    def strength(r):
+        return r["strength"] if r.get("strength") is not None else strength_of(r["guidance"], r["scale"])
+
+    rows = [{"guidance": {**RULES, "none": "unguided"}.get(r["guidance"], r["guidance"]),
+             "strength": "0" if r["scale"] is None else f"{strength(r):g}",
+             "scale": "-" if r["scale"] is None else f"{r['scale']:g}",
              **{m: cell([r.get(m)]) for m in ("bleu4", "meteor", "cider")},
              "CLIPScore": "-" if r.get("clipscore") is None else f"{r['clipscore']:.3f}"} for r in res["runs"]]
     return [base + ".png", base + ".pdf"] + write_table(
-        rows, os.path.join(out, "guidance_tradeoff"), "MC-Diffusion guidance: reference metrics (x100) and CLIPScore")
+        rows, os.path.join(out, "guidance_tradeoff"),
+        "MC-Diffusion guidance: reference metrics (x100) and CLIPScore per rule and guidance strength")

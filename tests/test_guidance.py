@@ -7,7 +7,8 @@ import torch
 import mdc
 from conftest import CAPTIONS, SMALL, small_model
 from mdc.diffusion import banned_ids, caption_log_probs
-from mdc.guidance import Guide, encoder, mcs_token_mask, training_condition
+from mdc.guidance import Guide, encoder, mcs_token_mask, scale_label, scale_of, strength_label, strength_of, \
+    training_condition
 from mdc.sampler import masked_row, mdc_sample
 
 GUIDED = dict(cond_drop_prob=0.1, cond_mask_prob=0.1)
@@ -170,7 +171,7 @@ def test_null_condition_ignores_the_image(images):
 
 
 # ------------------------------------------------------------------ guided sampling
-@pytest.mark.parametrize("guidance, unguided", [("cfg", 1.0), ("mcs", 0.0)])
+@pytest.mark.parametrize("guidance, unguided", [("cfg", 1.0), ("mcs", 0.0), ("mcs_mirror", 1.0)])
 def test_unguided_scale_is_plain_sampling(images, guidance, unguided):
     model = guided_model()
     plain = mdc.generate(model, images, 7, return_tokens=True)
@@ -180,7 +181,7 @@ def test_unguided_scale_is_plain_sampling(images, guidance, unguided):
     assert not torch.equal(guided, plain)
 
 
-@pytest.mark.parametrize("guidance, scale", [("cfg", 2.5), ("mcs", 1.5), ("cfg", 1.0 + 1e-7)])
+@pytest.mark.parametrize("guidance, scale", [("cfg", 2.5), ("mcs", 1.5), ("cfg", 1.0 + 1e-7), ("mcs_mirror", 2.5)])
 def test_guided_distribution_is_the_papers_combination(images, guidance, scale):
     model = guided_model()
     tok = model.tokenizer
@@ -189,11 +190,11 @@ def test_guided_distribution_is_the_papers_combination(images, guidance, scale):
     with torch.no_grad():
         got = Guide.of(model, images, guidance, scale, seed=3).log_probs(x)
         cond = caption_log_probs(model(images, x), tok)
-        variant = {"cfg": dict(null=torch.ones(len(images), dtype=torch.bool)),
-                   "mcs": dict(token_mask=mcs_token_mask(model, len(images), seed=3))}[guidance]
+        variant = dict(null=torch.ones(len(images), dtype=torch.bool)) if guidance == "cfg" else \
+            dict(token_mask=mcs_token_mask(model, len(images), seed=3))
         other = caption_log_probs(model.logits(x, model.context(images, **variant)), tok)
     allowed = [i for i in range(tok.vocab_size) if i not in banned_ids(tok)]
-    w = scale if guidance == "cfg" else 1 - scale  # CFG: (1-g) null + g cond; MCS: g partial + (1-g) cond
+    w = 1 - scale if guidance == "mcs" else scale  # CFG: (1-g) null + g cond; MCS: g partial + (1-g) cond; mirror: w=g
     expected = torch.log_softmax(w * cond[..., allowed] + (1 - w) * other[..., allowed], -1)
     assert torch.allclose(got[..., allowed], expected, atol=1e-5)
     assert torch.isinf(got[..., banned_ids(tok)]).all()
@@ -225,6 +226,55 @@ def test_temperature_sampling_under_guidance(images):
                                      encode=encoder(model, "cfg", 2.0)))
 
 
+# ------------------------------------------------------------------ guidance strength (distance from unguided)
+def test_strength_is_the_distance_from_the_unguided_scale():
+    """CFG at strength s is scale 1 + s, MCS as printed scale s (towards the masked condition), the
+    mirrored MCS scale 1 + s (away from it, as CFG from the null)."""
+    assert [scale_of(g, 2.0) for g in ("cfg", "mcs", "mcs_mirror")] == [3.0, 2.0, 3.0]
+    assert [strength_of(g, 3.0) for g in ("cfg", "mcs", "mcs_mirror")] == [2.0, 3.0, 2.0]
+    assert scale_of(None, None) is None and strength_of(None, None) is None
+
+
+@pytest.mark.parametrize("guidance", ["cfg", "mcs", "mcs_mirror"])
+def test_strength_zero_is_the_plain_model(images, guidance):
+    model = guided_model()
+    plain = mdc.generate(model, images, 7, return_tokens=True)
+    assert torch.equal(mdc.generate(model, images, 7, guidance=guidance, guidance_strength=0.0, return_tokens=True),
+                       plain)
+    assert torch.equal(mdc.score(model, images, CAPTIONS, "heuristic", guidance=guidance, guidance_strength=0.0),
+                       mdc.score(model, images, CAPTIONS, "heuristic"))
+    by_scale = mdc.generate(model, images, 7, guidance=guidance, guidance_scale=scale_of(guidance, 3.0),
+                            return_tokens=True)
+    assert torch.equal(mdc.generate(model, images, 7, guidance=guidance, guidance_strength=3.0, return_tokens=True),
+                       by_scale)
+
+
+def test_mirrored_mcs_is_the_formula(images):
+    """mcs_mirror at strength s: (1 + s) log p(x | y) - s log p(x | y_[M], y_o), renormalised."""
+    model, s = guided_model(cond_mask_prob=0.5), 1.5
+    tok = model.tokenizer
+    x = masked_row(tok, len(images), 6, images.device)
+    with torch.no_grad():
+        got = Guide.of(model, images, "mcs_mirror", scale_of("mcs_mirror", s), seed=3).log_probs(x)
+        cond = caption_log_probs(model(images, x), tok)
+        masked = caption_log_probs(model.logits(x, model.context(images, token_mask=mcs_token_mask(model, 4, 3))), tok)
+        printed = Guide.of(model, images, "mcs", scale_of("mcs", s), seed=3).log_probs(x)
+    allowed = [i for i in range(tok.vocab_size) if i not in banned_ids(tok)]
+    expected = torch.log_softmax((1 + s) * cond[..., allowed] - s * masked[..., allowed], -1)
+    assert torch.allclose(got[..., allowed], expected, atol=1e-5)
+    towards = torch.log_softmax(s * masked[..., allowed] + (1 - s) * cond[..., allowed], -1)  # as printed
+    assert torch.allclose(printed[..., allowed], towards, atol=1e-5) and not torch.allclose(got, printed, atol=1e-3)
+
+
+def test_labels_name_the_rule_and_the_quantity():
+    """cfg@1 was the plain model and mcs@0 too: a label now says whether it is a strength or a scale."""
+    assert strength_label(None, None) == scale_label(None, None) == "none"
+    assert strength_label("cfg", 2.0) == "cfg@s=2" and strength_label("mcs_mirror", 0.5) == "mcs_mirror@s=0.5"
+    assert scale_label("cfg", 3.0) == "cfg@scale=3" and scale_label("mcs", 2.0) == "mcs@scale=2"
+    labels = [f(g, v) for f in (strength_label, scale_label) for g in ("cfg", "mcs", "mcs_mirror") for v in (0, 1, 2)]
+    assert len(set(labels)) == len(labels)
+
+
 # ------------------------------------------------------------------ guided scoring
 @pytest.mark.parametrize("method", ["heuristic", "elbo"])
 def test_guided_scoring(images, method):
@@ -253,15 +303,20 @@ def test_guided_scores_do_not_depend_on_the_batch(images):
     (dict(guidance="classifier", guidance_scale=2.0), "unknown guidance 'classifier'"),
     (dict(guidance="cfg", guidance_scale=-0.5), "guidance_scale must be >= 0; got -0.5"),
     (dict(guidance="mcs", guidance_scale=float("nan")), "guidance_scale must be >= 0; got nan"),
-    (dict(guidance="cfg"), "guidance='cfg' needs a guidance_scale"),
+    (dict(guidance="cfg"), "guidance='cfg' needs a guidance_strength .* or a guidance_scale"),
     (dict(guidance_scale=2.0), "guidance_scale = 2.0 given without guidance"),
+    (dict(guidance_strength=2.0), "guidance_strength = 2.0 given without guidance"),
+    (dict(guidance="mcs", guidance_scale=2.0, guidance_strength=2.0),
+     "give guidance_strength or guidance_scale, not both"),
+    (dict(guidance="mcs_mirror", guidance_strength=-1.0), "guidance_strength must be >= 0; got -1.0"),
 ])
 def test_bad_guidance_is_named(images, kw, match):
     with pytest.raises(ValueError, match=match):
         mdc.generate(guided_model(), images, 5, **kw)
 
 
-@pytest.mark.parametrize("guidance, option", [("cfg", "cond_drop_prob"), ("mcs", "cond_mask_prob")])
+@pytest.mark.parametrize("guidance, option", [("cfg", "cond_drop_prob"), ("mcs", "cond_mask_prob"),
+                                              ("mcs_mirror", "cond_mask_prob")])
 def test_guidance_needs_the_matching_training(images, guidance, option):
     model = small_model(**{"cond_mask_prob" if guidance == "cfg" else "cond_drop_prob": 0.1})  # the other one only
     with pytest.raises(ValueError, match=f"needs a model trained with {option} > 0 .* has {option} = 0.0"):
@@ -279,9 +334,11 @@ def test_guidance_on_other_objectives_is_refused(images):
 
 # ------------------------------------------------------------------ evaluation helpers (notebooks/guidance.ipynb)
 def _results(clip=True):
-    runs = [{"label": "none", "guidance": "none", "scale": None, "bleu4": 0.20, "meteor": 0.2, "cider": 0.5}]
-    runs += [{"label": f"{g}@{s:g}", "guidance": g, "scale": s, "bleu4": 0.2 + 0.01 * s, "meteor": 0.2, "cider": 0.5 + s / 10}
-             for g in ("cfg", "mcs") for s in (1.0, 2.0, 3.0)]
+    runs = [{"label": "none", "guidance": "none", "strength": None, "scale": None, "bleu4": 0.20, "meteor": 0.2,
+             "cider": 0.5}]
+    runs += [{"label": strength_label(g, s), "guidance": g, "strength": s, "scale": scale_of(g, s),
+              "bleu4": 0.2 + 0.01 * s, "meteor": 0.2, "cider": 0.5 + s / 10}
+             for g in ("cfg", "mcs", "mcs_mirror") for s in (1.0, 2.0, 3.0)]
     for i, r in enumerate(runs):
         r.update(clipscore=(0.8 - 0.02 * i) if clip else None, refclipscore=None, unavailable={})
     return {"runs": runs}
@@ -294,8 +351,13 @@ def test_tradeoff_figure_and_table(tmp_path, clip):
 
     fig = plot_guidance_tradeoff(_results(clip), path=str(tmp_path / "fig.png"))
     assert (tmp_path / "fig.png").is_file() and (tmp_path / "fig.pdf").is_file()
-    assert fig.axes[0].get_ylabel() == ("CLIPScore" if clip else "guidance scale (no CLIPScore)")
-    assert len(fig.axes) == 3 and len(fig.axes[0].lines) == (3 if clip else 2)  # CFG, MCS (and the unguided star)
+    assert fig.axes[0].get_ylabel() == ("CLIPScore" if clip else "guidance strength (no CLIPScore)")
+    assert len(fig.axes) == 3 and len(fig.axes[0].lines) == (4 if clip else 3)  # three rules (and the unguided star)
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == ["CFG", "MCS (as printed)", "MCS (mirrored)"] + (["unguided"] if clip else [])
+    for line in fig.axes[0].lines[:3]:  # every rule starts from the unguided model (strength 0)
+        x, y = line.get_data()
+        assert len(x) == 4 and x[0] == 20.0 and y[0] == (0.8 if clip else 0.0)
     table = runs_markdown(_results(clip)).splitlines()
     assert table[2].startswith("| none | 20.0 |") and table[2].endswith(("| 0.800 | - |", "| - | - |"))
 
@@ -303,10 +365,24 @@ def test_tradeoff_figure_and_table(tmp_path, clip):
 def test_sweep_settings_and_missing_clip():
     from mdc.eval.guidance import clipscore_sweep, sweep_settings
 
-    assert sweep_settings([1, 2], ["mcs"]) == [(None, None), ("mcs", 1.0), ("mcs", 2.0)]
+    assert sweep_settings([1, 2], ["mcs"]) == [(None, None), ("mcs", 1.0), ("mcs", 2.0)]  # (guidance, strength)
+    assert len(sweep_settings([1.0])) == 4  # the three rules by default
     with pytest.raises(ValueError, match="unknown guidance 'pag'"):
         sweep_settings([1.0], ["cfg", "pag"])
-    with pytest.raises(ValueError, match="guidance scales must be >= 0; got -1"):
+    with pytest.raises(ValueError, match="guidance strengths must be >= 0; got -1"):
         sweep_settings([-1], ["cfg"])
+    with pytest.raises(ValueError, match="strength 0 is the unguided run, which every sweep has"):
+        sweep_settings([0, 1], ["cfg"])
     scores, info, why = clipscore_sweep("", [], {})
     assert scores is None and info is None and "no clip_checkpoint given" in why
+
+
+def test_results_record_strength_and_scale():
+    from mdc.eval.guidance import guidance_results, sweep_settings
+
+    settings = sweep_settings([2.0], ["cfg", "mcs", "mcs_mirror"])
+    metrics = {strength_label(g, s): {"bleu4": 0.1, "meteor": None, "cider": 0.2, "unavailable": {}}
+               for g, s in settings}
+    runs = guidance_results(settings, metrics, None, None, "no CLIP", dataset={}, length=5)["runs"]
+    assert [(r["label"], r["strength"], r["scale"]) for r in runs] == [
+        ("none", None, None), ("cfg@s=2", 2.0, 3.0), ("mcs@s=2", 2.0, 2.0), ("mcs_mirror@s=2", 2.0, 3.0)]

@@ -19,25 +19,29 @@ def test_guidance_notebook_smoke(tmp_path, run_notebook):
     small_model("clip", **WORLD_SMALL).save(tmp_path / "clip")
     out = tmp_path / "run"
     run_notebook("guidance", checkpoint=str(tmp_path / "mdc"), clip_checkpoint=str(tmp_path / "clip"),
-                 synthetic_images=3, scales=[1.0, 3.0], length=5, metrics=["bleu", "cider"], composition_items=3,
-                 composition_scales=[2.0], output_dir=str(out))
+                 synthetic_images=3, strengths=[1.0, 3.0], length=5, metrics=["bleu", "cider"], composition_items=3,
+                 composition_strengths=[2.0], output_dir=str(out))
     record = json.loads((out / "results.json").read_text())
     assert record["kind"] == "guidance" and record["model"]["cond_drop_prob"] == 0.1
     results = record["results"]
     assert set(results) == {"dataset", "length", "runs", "clip", "unavailable", "compositionality", "files"}
     assert results["dataset"]["images"] == 3 and results["length"] == 5
-    assert [r["label"] for r in results["runs"]] == ["none", "cfg@1", "cfg@3", "mcs@1", "mcs@3"]
+    labels = ["none", "cfg@s=1", "cfg@s=3", "mcs@s=1", "mcs@s=3", "mcs_mirror@s=1", "mcs_mirror@s=3"]
+    assert [r["label"] for r in results["runs"]] == labels
+    assert [(r["strength"], r["scale"]) for r in results["runs"]] == [(None, None), (1, 2), (3, 4), (1, 1), (3, 3),
+                                                                      (1, 2), (3, 4)]
     for r in results["runs"]:
         assert r["bleu4"] is not None and r["cider"] is not None and r["meteor"] is None
         assert 0 <= r["clipscore"] <= 2.5 and 0 <= r["refclipscore"] <= 2.5
     assert results["clip"] == {"checkpoint": str(tmp_path / "clip"), "kind": "mdc", "prefix": ""}
     assert results["unavailable"] == {"meteor": "not requested"}
     predictions = json.loads(open(results["files"]["predictions"]).read())
-    assert predictions["cfg@1"] == predictions["none"]  # CFG at scale 1 is the plain model
-    assert all(len(c.split()) <= 5 for c in predictions["mcs@3"].values())
+    assert list(predictions) == labels
+    assert all(len(c.split()) <= 5 for c in predictions["mcs_mirror@s=3"].values())
     assert os.path.isfile(results["files"]["figure"]) and os.path.isfile(out / "guidance_tradeoff.pdf")
     table = results["compositionality"]["table2"]
-    assert set(table) == {f"{v}{s}" for v in ("none", "cfg@2", "mcs@2") for s in ("", "_lengthnorm")}
+    variants = ("none", "cfg@s=2", "mcs@s=2", "mcs_mirror@s=2")
+    assert set(table) == {f"{v}{s}" for v in variants for s in ("", "_lengthnorm")}
     assert all(0 <= a <= 1 for row in table.values() for a in row.values() if a is not None)
 
 

@@ -1,6 +1,9 @@
-"""MC-Diffusion's guidance, evaluated: caption and compositionality sweeps over (guidance, scale).
+"""MC-Diffusion's guidance, evaluated: caption and compositionality sweeps over (guidance, strength).
 
-The guidance itself (CFG, MCS) is :mod:`mdc.guidance`; this module runs it over evaluation
+The guidance itself (CFG, MCS as printed, MCS mirrored) is :mod:`mdc.guidance`. Sweeps run each
+rule at guidance *strengths* s > 0, the distance from the rule's unguided scale (CFG at scale
+1 + s, MCS as printed at s, mirrored MCS at 1 + s), so that one x value means the same for every
+rule; strength 0, the plain model, is the unguided run every sweep starts with. This module runs it over evaluation
 sets for ``notebooks/guidance.ipynb``: captions under each setting (:func:`caption_sweep`),
 their CLIPScores (:func:`clipscore_sweep`), the results record (:func:`guidance_results`) and
 the Table 2 suites scored under each setting (:func:`guided_compositionality`).
@@ -10,8 +13,10 @@ Results of ``notebooks/guidance.ipynb`` (``kind="guidance"``, :mod:`mdc.eval.res
     {
       "dataset": {"captions_json", "format", "split", "images": int},
       "length": int,                       # MDC caption length (tokens)
-      "runs": [{"label": "none" | "cfg@2" | "mcs@0.5" | ...,   # scale_label(guidance, scale)
-                "guidance": "none" | "cfg" | "mcs", "scale": float | null,
+      "runs": [{"label": "none" | "cfg@s=2" | "mcs_mirror@s=0.5" | ...,   # strength_label(guidance, strength)
+                "guidance": "none" | "cfg" | "mcs" | "mcs_mirror",
+                "strength": float | null,          # the sweep's x: distance from the unguided scale
+                "scale": float | null,             # the guidance scale it ran at (scale_of(guidance, strength))
                 "bleu4", "meteor", "cider": float | null,      # pycocoevalcap fractions; null: not computed
                 "clipscore", "refclipscore": float | null,     # mean over images; null: no CLIP
                 "unavailable": {metric: why}}],                # the unguided run first
@@ -34,38 +39,42 @@ from mdc.data.formats import load_image
 from mdc.eval import compositionality as comp
 from mdc.eval.clipscore import clip_scores, load_clip
 from mdc.factory import image_transform
-from mdc.guidance import GUIDANCE, check_guidance, scale_label
+from mdc.guidance import GUIDANCE, RULES, check_guidance, scale_label, scale_of, strength_label, strength_of
 
 __all__ = ["caption_sweep", "check_guidance", "clipscore_sweep", "guidance_results", "guided_compositionality",
-           "runs_markdown", "scale_label", "sweep_settings"]
+           "runs_markdown", "RULES", "scale_label", "scale_of", "strength_label", "strength_of", "sweep_settings"]
 
 
-def sweep_settings(scales: Sequence[float], guidances: Sequence[str] = GUIDANCE) -> list[tuple]:
-    """[(None, None), (guidance, scale) for each guidance and scale]: the unguided run first."""
+def sweep_settings(strengths: Sequence[float], guidances: Sequence[str] = GUIDANCE) -> list[tuple]:
+    """[(None, None), (guidance, strength) for each guidance and strength > 0]: the unguided run
+    (strength 0 for every rule) first."""
     for g in guidances:
         if g not in GUIDANCE:
             raise ValueError(f"unknown guidance {g!r}; choose from {GUIDANCE}")
-    for s in scales:
+    for s in strengths:
         if not float(s) >= 0:
-            raise ValueError(f"guidance scales must be >= 0; got {s}")
-    return [(None, None)] + [(g, float(s)) for g in guidances for s in scales]
+            raise ValueError(f"guidance strengths must be >= 0; got {s}")
+        if float(s) == 0:
+            raise ValueError("strength 0 is the unguided run, which every sweep has first: give strengths > 0")
+    return [(None, None)] + [(g, float(s)) for g in guidances for s in strengths]
 
 
 @torch.no_grad()
 def caption_sweep(model, items: Sequence[dict], settings: Sequence[tuple], *, length: int = 15, batch_size: int = 32,
                   device: str = "cpu", seed: int = 0) -> dict[str, dict]:
-    """``{label: {image_id: caption}}`` (labels of :func:`scale_label`): MDC captions of every item
-    under each (guidance, scale). MCS masks of the batch starting at item i use seed ``seed + i``."""
+    """``{label: {image_id: caption}}`` (labels of :func:`strength_label`): MDC captions of every item
+    under each (guidance, strength) of ``settings`` (:func:`sweep_settings`). MCS masks of the batch
+    starting at item i use seed ``seed + i``."""
     for g, s in settings:
-        check_guidance(model, g, s)
+        check_guidance(model, g, None, s)
     model.to(device).eval()
-    transform, out = image_transform(model), {scale_label(g, s): {} for g, s in settings}
+    transform, out = image_transform(model), {strength_label(g, s): {} for g, s in settings}
     for start in range(0, len(items), batch_size):
         batch = items[start:start + batch_size]
         images = torch.stack([transform(load_image(it)) for it in batch]).to(device)  # [B, 3, S, S]
         for g, s in settings:
-            caps = generate(model, images, length, guidance=g, guidance_scale=s, guidance_seed=seed + start)
-            out[scale_label(g, s)].update({it["image_id"]: c for it, c in zip(batch, caps)})
+            caps = generate(model, images, length, guidance=g, guidance_strength=s, guidance_seed=seed + start)
+            out[strength_label(g, s)].update({it["image_id"]: c for it, c in zip(batch, caps)})
     return out
 
 
@@ -87,13 +96,14 @@ def clipscore_sweep(clip: str, items: Sequence[dict], captions: dict[str, dict],
 
 def guidance_results(settings: Sequence[tuple], metrics: dict, clip: dict | None, clip_info: dict | None,
                      clip_reason: str | None, *, dataset: dict, length: int) -> dict:
-    """The ``results`` of a guidance results file (module docstring) from :func:`caption_sweep`'s
-    labels, ``mdc.eval.captioning.evaluate_captions``' ``metrics`` and :func:`clipscore_sweep`."""
+    """The ``results`` of a guidance results file (module docstring) from the (guidance, strength)
+    ``settings``, ``mdc.eval.captioning.evaluate_captions``' ``metrics`` and :func:`clipscore_sweep`."""
     runs, unavailable, reported = [], {}, ("bleu4", "meteor", "cider")
     for g, s in settings:
-        label, m = scale_label(g, s), metrics[scale_label(g, s)]
+        label, m = strength_label(g, s), metrics[strength_label(g, s)]
         c, missing = (clip or {}).get(label, {}), {k: v for k, v in m["unavailable"].items() if k in reported}
-        runs.append({"label": label, "guidance": g or "none", "scale": s, **{k: m[k] for k in reported},
+        runs.append({"label": label, "guidance": g or "none", "strength": s, "scale": scale_of(g, s),
+                     **{k: m[k] for k in reported},
                      "clipscore": c.get("clipscore"), "refclipscore": c.get("refclipscore"), "unavailable": missing})
         for key, why in missing.items():
             unavailable.setdefault(key, why)
@@ -106,15 +116,15 @@ def guided_compositionality(model, suites: dict, settings: Sequence[tuple], *, m
                             num_samples: int = 256, seed: int = 0, batch_size: int = 32, device: str = "cpu",
                             resamples: int = 200) -> dict:
     """Does guided scoring change compositionality? Every suite (``mdc.eval.compositionality.load_suites``)
-    scored by the MDC scorer ``method`` under each (guidance, scale) (one scoring variant each,
+    scored by the MDC scorer ``method`` under each (guidance, strength) (one scoring variant each,
     :func:`mdc.eval.compositionality.score_variants`), aggregated as Table 2 (``summarise``). Returns
-    ``{"method", "table2": {label: {column: accuracy}}`` (plus ``label_lengthnorm``),
+    ``{"method", "table2": {label: {column: accuracy}}`` (labels of :func:`strength_label`, plus ``label_lengthnorm``),
     ``"columns": {column: {label: {"accuracy", "ci"}}}}``. The ELBO's noise (and, for the ELBO,
     MCS's masks) come from ``seed``; the heuristic scorer's MCS masks from seed 0."""
     for g, s in settings:
-        check_guidance(model, g, s)
+        check_guidance(model, g, None, s)
     elbo = dict(num_samples=num_samples, seed=seed) if method == "elbo" else {}
-    scoring = {scale_label(g, s): dict(method=method, guidance=g, guidance_scale=s, **elbo) for g, s in settings}
+    scoring = {strength_label(g, s): dict(method=method, guidance=g, guidance_strength=s, **elbo) for g, s in settings}
     model.to(device).eval()
     transform = image_transform(model)
     scored = {name: comp.score_variants(model, transform, suite, scoring, batch_size=batch_size, device=device)
