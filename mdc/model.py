@@ -58,7 +58,7 @@ class ModelConfig:
     # MC-Diffusion (mdc/condition.py, mdc/guidance.py, mdc/d3pm.py, mdc/vqvae.py): the defaults are plain MDC,
     # with no new weights; the factory (mdc/factory.py) wires the extensions in
     cond_drop_prob: float = 0.0  # CFG's P_cond: per caption, the whole image condition -> a learned null condition
-    cond_mask_prob: float = 0.0  # MCS's P_mask: each image token of a selected caption -> a learned mask embedding
+    cond_mask_prob: float = 0.0  # MCS's P_mask: each image token of a selected caption masked, its position kept
     cond_mask_select_prob: float = 0.1  # Alg. 1's P_cond for MCS: share of captions whose condition is masked
     noise: str = "absorbing"  # caption noise: "absorbing" (MDC) | "mask_replace" (D3PM / VQ-Diffusion, mdc/d3pm.py)
     diffusion_steps: int = 100  # mask_replace: T

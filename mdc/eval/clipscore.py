@@ -117,9 +117,9 @@ def clip_scores(clip: Clip, images: Sequence, captions: Sequence[str],
 def clip_rerank(model, clip: Clip, images: Sequence, *, k: int = 8, length: int = 15, temperature: float = 1.0,
                 seed: int = 0, device: str = "cpu", **guidance) -> tuple[list[str], list[list[str]], torch.Tensor]:
     """Sample ``k`` captions per PIL image with ``model`` (MDC temperature sampling, seeded; the
-    D3PM sampler for ``noise="mask_replace"``; ``guidance``: guidance, guidance_scale as in
-    ``mdc.generate``) and keep the one with the best CLIPScore. Returns (best [B], candidates
-    [B][k], CLIPScores [B, k])."""
+    D3PM sampler for ``noise="mask_replace"``; ``guidance``: guidance with guidance_strength or
+    guidance_scale, as in ``mdc.generate``) and keep the one with the best CLIPScore. Returns
+    (best [B], candidates [B][k], CLIPScores [B, k])."""
     if model.config.objective != "mdc":
         raise ValueError(f"CLIP reranking samples MDC captions; got objective {model.config.objective!r}")
     if k < 1 or temperature <= 0:
