@@ -10,7 +10,7 @@ import mdc
 from conftest import CAPTIONS, small_model
 from mdc.diffusion import caption_log_probs
 from mdc.scoring import elbo_score
-from mdc.tokenizer import caption_mask
+from mdc.tokenizer import caption_mask, trim_padding, valid_mask
 
 
 def test_heuristic_equals_explicit_loop(images):
@@ -303,3 +303,56 @@ def test_noise_keys_are_normalised_before_hashing(images):
     a = score_candidates(model, images, cands, method="elbo", num_samples=8, item_keys=[10, 11, 12, 13])
     b = score_candidates(model, images, cands, method="elbo", num_samples=8, item_keys=np.arange(10, 14))
     assert torch.equal(a, b)
+
+
+class _LargestTensor:
+    """Context manager: the largest numel among the tensors the ops run inside it allocate (an output
+    that shares its storage with an input, a view or an in-place result, allocates nothing)."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+        self.numel = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                from torch.utils._pytree import tree_flatten
+
+                out = func(*args, **(kwargs or {}))
+                inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                          if isinstance(t, torch.Tensor)}
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                        outer.numel = max(outer.numel, t.numel())
+                return out
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def test_exact_never_materialises_all_log_probs(images):
+    """ARC's exact score takes the target log-probabilities max_rows captions at a time, at their
+    caption and [EOT] targets only: no [R, L, V] tensor (2.4 GB at V = 49,409 and 160 rows of 77)."""
+    model = small_model("arc", vocab=None).eval()  # the full CLIP vocabulary: V = 49,409
+    V, L = model.tokenizer.vocab_size, trim_padding(model.tokenizer(CAPTIONS), model.tokenizer.eot_id).shape[1]
+    caps = CAPTIONS * 2
+    imgs = images.repeat(2, 1, 1, 1)
+    with _LargestTensor() as big:
+        whole = mdc.score(model, imgs, caps, max_rows=256)
+    assert big.numel >= V  # the head's output was seen
+    for max_rows in (1, 3):
+        with _LargestTensor() as big:
+            got = mdc.score(model, imgs, caps, max_rows=max_rows)
+        torch.testing.assert_close(got, whole, rtol=0, atol=1e-5)
+        assert big.numel <= max_rows * (L - 1) * V, (max_rows, big.numel / V)
+    with torch.no_grad():  # the full [R, L, V] computation it replaces
+        tok = model.tokenizer(caps)[:, :L]
+        logp = caption_log_probs(model(imgs, tok[:, :-1]), model.tokenizer, allow_eot=True)
+        ll = logp.gather(-1, tok[:, 1:, None]).squeeze(-1)
+        ref = ll.masked_fill(~valid_mask(tok, model.tokenizer.eot_id)[:, 1:], 0.0).sum(1)
+    torch.testing.assert_close(whole, ref, rtol=0, atol=1e-5)
