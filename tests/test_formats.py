@@ -1,6 +1,7 @@
 """Readers of the real benchmark formats, on tiny fixtures written in the published layouts."""
 import io
 import json
+import re
 import sys
 import types
 
@@ -134,6 +135,39 @@ def test_order_suite(tmp_path):
                          tagger="builtin")
 
 
+def _pieces(text):
+    """Words and punctuation marks, whatever the spacing between them."""
+    return sorted(re.findall(r"\w+|[^\w\s]", text))
+
+
+def test_order_perturbations_are_built_from_the_raw_caption_as_aro_does(tmp_path):
+    """ARO perturbs the raw caption (its tokens: case kept for the tagger, punctuation and clitics
+    tokens of their own), then normalises each perturbation like the true caption (lowercase,
+    . ! " ( ) * # : ; ~ dropped, 30 words): the perturbations keep the raw caption's words, commas,
+    apostrophes and hyphens, and a hyphenated word stays whole in the trigram shuffles (nltk's tokens)."""
+    caps = ["A man, wearing a T-shirt, rides his bike down the street.", "Two dogs' toys lie on the man's bed!",
+            "A black-and-white photo of a double-decker bus (in London).", "The cat is sitting on a laptop; it's asleep.",
+            "A dog, sleeping.", " ".join(["a red bus"] * 12) + "."]
+    path = _json(tmp_path / "coco_karpathy_test.json", [{"image": "a.jpg", "caption": caps}])
+    items = load_order_suite(path, None, seed=0, tagger="builtin")
+    assert [it["caption"] for it in items[:5]] == [
+        "a man, wearing a t-shirt, rides his bike down the street", "two dogs' toys lie on the man's bed",
+        "a black-and-white photo of a double-decker bus in london", "the cat is sitting on a laptop it's asleep",
+        "a dog, sleeping"]
+    for item in items[:5]:
+        for p in item["perturbed"]:
+            assert p == p.lower() and not set('.!"()*#:;~') & set(p)
+            assert _pieces(p) == _pieces(item["caption"]), (p, item["caption"])  # the same words and marks
+    for p in items[0]["perturbed"][2:] + items[2]["perturbed"][2:]:
+        assert {"t-shirt"} <= set(p.split()) or {"black-and-white", "double-decker"} <= set(p.split())
+    assert items[4]["perturbed"][0] == "a dog , sleeping" and items[4]["identical"][0]  # one noun: unmoved
+    long = items[5]
+    assert len(long["caption"].split()) == 30 and all(len(p.split()) <= 30 for p in long["perturbed"])
+    shuffled = [{p for item in load_order_suite(path, None, seed=s, tagger="builtin")[:5] for p in item["perturbed"]}
+                for s in range(2)]
+    assert any("," in p and p.index(",") != items[0]["caption"].index(",") for p in shuffled[0] | shuffled[1])
+
+
 def _classes(caption):
     words = normalise_caption(caption)
     return dict(zip(words, builtin_word_classes(words)))
@@ -176,7 +210,7 @@ class _FakeToken:
 def _fake_spacy(monkeypatch, installed=True):
     """A stand-in spaCy whose tagger calls 'runs' a noun (the built-in tagger would not)."""
     spacy, tokens = types.ModuleType("spacy"), types.ModuleType("spacy.tokens")
-    nlp = lambda doc: [_FakeToken(w) for w in doc.words]  # noqa: E731
+    nlp = lambda doc: [_FakeToken(w) for w in (doc.split() if isinstance(doc, str) else doc.words)]  # noqa: E731
     nlp.vocab = object()
 
     def load(name):

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from mdc.data.formats import ImageLookup, Items, read_json, require
-from mdc.data.tagger import SPACY_MODEL, resolve_tagger, word_classes
+from mdc.data.tagger import SPACY_MODEL, resolve_tagger, split_caption, tag_caption, word_classes
 
 # ------------------------------------------------------------------------------ SugarCrepe
 SUGARCREPE_SUBSETS = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
@@ -163,12 +163,53 @@ PERTURBATIONS = ("shuffle_nouns_and_adj", "shuffle_allbut_nouns_and_adj", "shuff
 
 
 def normalise_caption(caption: str, max_words: int = 30) -> list[str]:
-    """Lowercase, punctuation to spaces (apostrophes and hyphens kept), first ``max_words`` words."""
+    """Lowercase, punctuation to spaces (apostrophes and hyphens kept), first ``max_words`` words
+    (the words the built-in tagger's tests name; the order suite uses :func:`aro_caption`)."""
     return re.sub(r"[^a-z0-9'\- ]+", " ", caption.lower()).split()[:max_words]
+
+
+def aro_caption(text: str, max_words: int = 30) -> str:
+    """ARO's caption normalisation, of the true caption and of every perturbation (its ``pre_caption``):
+    lowercase; the characters . ! " ( ) * # : ; ~ become spaces; runs of whitespace one space; the
+    ends stripped; the first ``max_words`` space-separated words. Commas, apostrophes, hyphens and
+    slashes stay, so "A man, wearing a T-shirt." is "a man, wearing a t-shirt"."""
+    text = re.sub(r"\s{2,}", " ", re.sub(r'[.!"()*#:;~]', " ", text.lower())).rstrip("\n").strip(" ")
+    return " ".join(text.split(" ")[:max_words])
+
+
+def same_caption(a: str, b: str) -> bool:
+    """The same words and punctuation marks in the same order, whatever the spacing between them
+    ("a dog, sleeping" and "a dog , sleeping"): one caption to a tokenizer that splits punctuation
+    off, as CLIP's BPE does."""
+    return re.findall(r"\w+|[^\w\s]", a) == re.findall(r"\w+|[^\w\s]", b)
 
 
 def _trigrams(words: list[str]) -> list[list[str]]:
     return [words[i:i + 3] for i in range(0, len(words), 3)]
+
+
+def _class_shuffles(words: list[str], classes: list[str], rng: np.random.Generator) -> list[list[str]]:
+    """ARO's first two perturbations: nouns among nouns and adjectives among adjectives; the rest among itself."""
+    out = []
+    shuffled = list(words)
+    for cls in ("noun", "adj"):
+        idx = [i for i, c in enumerate(classes) if c == cls]
+        for i, j in zip(idx, rng.permutation(idx)):
+            shuffled[i] = words[j]
+    out.append(shuffled)
+    shuffled = list(words)
+    idx = [i for i, c in enumerate(classes) if c == "other"]
+    for i, j in zip(idx, rng.permutation(idx)):
+        shuffled[i] = words[j]
+    out.append(shuffled)
+    return out
+
+
+def _trigram_shuffles(words: list[str], rng: np.random.Generator) -> list[list[str]]:
+    """ARO's last two perturbations: the words inside each consecutive trigram; the trigrams' order."""
+    trigrams = _trigrams(words)
+    return [[w for tri in trigrams for w in rng.permutation(tri).tolist()],
+            [w for k in rng.permutation(len(trigrams)) for w in trigrams[k]]]
 
 
 def perturb_caption(words: Sequence[str], rng: np.random.Generator,
@@ -182,22 +223,24 @@ def perturb_caption(words: Sequence[str], rng: np.random.Generator,
     classes = word_classes(words) if classes is None else list(classes)
     if len(classes) != len(words):
         raise ValueError(f"got {len(classes)} word classes for {len(words)} words")
-    out = []
-    shuffled = list(words)
-    for cls in ("noun", "adj"):
-        idx = [i for i, c in enumerate(classes) if c == cls]
-        for i, j in zip(idx, rng.permutation(idx)):
-            shuffled[i] = words[j]
-    out.append(shuffled)
-    shuffled = list(words)
-    idx = [i for i, c in enumerate(classes) if c == "other"]
-    for i, j in zip(idx, rng.permutation(idx)):
-        shuffled[i] = words[j]
-    out.append(shuffled)
-    out.append([w for tri in _trigrams(words) for w in rng.permutation(tri).tolist()])
-    trigrams = _trigrams(words)
-    out.append([w for k in rng.permutation(len(trigrams)) for w in trigrams[k]])
-    return out
+    return _class_shuffles(words, classes, rng) + _trigram_shuffles(words, rng)
+
+
+def order_perturbations(caption: str, rng: np.random.Generator, tagger: str = "auto",
+                        max_words: int = 30) -> tuple[str, list[str]]:
+    """ARO's COCO/Flickr30k-Order candidates of one raw caption: (true caption, [4 perturbations]).
+
+    As ARO builds them: the noun/adjective and the other-word shuffles permute the raw caption's
+    tokens as spaCy tokenises and tags it (:func:`mdc.data.tagger.tag_caption`: case kept for the
+    tagger, punctuation marks and clitics such as 's tokens of their own, hyphens split off); the
+    trigram shuffles permute its ``nltk.word_tokenize``-style tokens (:func:`split_caption` with
+    ``hyphens=False``: "t-shirt" whole). Each shuffle is joined with spaces and then normalised and
+    truncated like the true caption (:func:`aro_caption`), so a perturbation holds the raw caption's
+    words and punctuation less ARO's dropped characters (up to truncation: ARO truncates after
+    shuffling, and counts a spaced-out comma as a word)."""
+    tokens, classes = tag_caption(caption, tagger)
+    shuffles = _class_shuffles(tokens, classes, rng) + _trigram_shuffles(split_caption(caption, hyphens=False), rng)
+    return aro_caption(caption, max_words), [aro_caption(" ".join(s), max_words) for s in shuffles]
 
 
 def load_order_suite(karpathy_test_json: str, image_dir: str | None, seed: int = 0, max_words: int = 30,
@@ -205,18 +248,20 @@ def load_order_suite(karpathy_test_json: str, image_dir: str | None, seed: int =
     """COCO-Order / Flickr30k-Order from ARO's Karpathy test file (``[{image, caption: [5]}]``).
 
     One item per caption: ``{id, image_path, caption, perturbed: [4 captions], identical:
-    [4 bools]}``. Captions are normalised (:func:`normalise_caption`, ARO also truncates to
-    30 words); the perturbations (:func:`perturb_caption`) permute the normalised words, so
-    each is a permutation of the true caption. Randomness is seeded per caption from
+    [4 bools]}``, built from the raw caption as ARO builds them (:func:`order_perturbations`): the
+    perturbations shuffle the raw caption's tokens, then the true caption and each perturbation are
+    normalised as ARO normalises them (:func:`aro_caption`: lowercase, . ! " ( ) * # : ; ~ dropped,
+    commas and apostrophes kept, ``max_words`` = 30 words). Randomness is seeded per caption from
     (seed, image index, caption index): the suite does not depend on iteration order.
 
-    Nouns and adjectives come from :func:`word_classes` (``tagger``): spaCy's
-    ``en_core_web_sm`` tags, as ARO, when installed (``pip install spacy && python -m spacy
-    download en_core_web_sm``; "auto" uses it when it imports), else the built-in tagger
-    (:func:`mdc.data.tagger.builtin_word_classes`; "auto" warns), which agrees with spaCy on most but not all
+    Tokens, nouns and adjectives come from :func:`mdc.data.tagger.tag_caption` (``tagger``): spaCy's
+    ``en_core_web_sm`` tokens and tags, as ARO, when installed (``pip install spacy && python -m spacy
+    download en_core_web_sm``; "auto" uses it when it imports), else the built-in tokenizer and tagger
+    (:func:`mdc.data.tagger.token_classes`; "auto" warns), which agree with spaCy on most but not all
     words, so the first two perturbations then differ somewhat from ARO's. The returned
     :class:`Items` has ``tagger`` ("spacy" or "builtin").
-    ``identical[k]`` flags a perturbation equal to the true caption (short captions).
+    ``identical[k]`` flags a perturbation that is the true caption (short captions), whatever its
+    spacing around punctuation (:func:`same_caption`: "a dog , sleeping" is "a dog, sleeping").
     ``image_dir=None`` builds the captions without looking for images (``image_path`` None);
     ``total`` counts captions, and a missing image (``on_missing="skip"``) drops all of its captions.
     """
@@ -236,12 +281,9 @@ def load_order_suite(karpathy_test_json: str, image_dir: str | None, seed: int =
         if path is None and image_dir is not None:
             continue
         for c, caption in enumerate(captions):
-            words = normalise_caption(caption, max_words)
-            rng = np.random.default_rng((seed, index, c))
-            perturbed = [" ".join(p) for p in perturb_caption(words, rng, word_classes(words, used))]
-            true = " ".join(words)
+            true, perturbed = order_perturbations(caption, np.random.default_rng((seed, index, c)), used, max_words)
             items.append({"id": f"{index}.{c}", "image_path": path, "caption": true, "perturbed": perturbed,
-                          "identical": [p == true for p in perturbed]})
+                          "identical": [same_caption(p, true) for p in perturbed]})
     out = lookup.items(items, total)
     out.tagger = used
     return out

@@ -5,10 +5,15 @@ NNP, NNPS and adjectives JJ, JJR, JJS (``token.tag_``). :func:`word_classes` doe
 spaCy and the model are installed (``pip install spacy && python -m spacy download
 en_core_web_sm``); otherwise :func:`builtin_word_classes` approximates it from word lists,
 suffixes and the neighbouring words, with no model download.
+
+ARO tags the raw caption (case and punctuation kept) and shuffles spaCy's own tokens; its trigram
+shuffles use ``nltk.word_tokenize``'s. :func:`tag_caption` gives those tokens and their classes
+(spaCy's, or :func:`split_caption` and the built-in tagger), :func:`split_caption` either tokenisation.
 """
 from __future__ import annotations
 
 import functools
+import re
 from typing import Sequence
 
 SPACY_MODEL = "en_core_web_sm"
@@ -29,7 +34,7 @@ _OTHER = _w("""and or but nor so yet if than as because though although then als
 even ever never again once almost nearly quite really rather together away apart nearby sideways ahead upside
 close now well there here where when while how why who whom i me you he him she it we us they them himself herself
 itself themselves someone something somebody everyone everything anything nothing ones is are was were be been
-being am has have had having do does did could will would may might must shall should""")
+being am has have had having do does did could will would may might must shall should ca wo""")  # ca / wo n't
 _COPULAS = _w("is are was were be been being looks look seems seem appears appear")
 _VERBS = _w("""sit lean lie lay eat hold carry perch graze hang sleep wait wear chew hug grab pull push fill climb
 sniff lick stare gaze peer peek tilt kneel crouch squat stretch prepare decorate include contain depict overlook
@@ -183,14 +188,75 @@ def resolve_tagger(tagger: str = "auto") -> str:
     return "builtin"
 
 
+_OPENING = "\"'“‘([{<"
+_CLOSING = ".,!?;:)]}>\"'”’…"
+_CLITICS = ("n't", "n’t", "'s", "’s", "'re", "’re", "'ve", "’ve", "'ll", "’ll", "'d", "’d", "'m", "’m")
+_INFIX = re.compile(r"(?<=[^\W_])(-+|/)(?=[^\W\d_])")  # a hyphen or slash between a letter/digit and a letter
+
+
+def _is_clitic(token: str) -> bool:
+    return token.lower() in _CLITICS
+
+
+def split_caption(caption: str, hyphens: bool = True) -> list[str]:
+    """The tokens of a raw caption, case and punctuation kept: whitespace-separated chunks, opening
+    punctuation split off the front, closing punctuation and clitics ('s, n't, 're, ...) off the end,
+    a chunk of punctuation alone ("...") or an abbreviation ("a.m.") left whole. ``hyphens``: split a
+    hyphen or slash between letters into a token of its own ("t - shirt"), as spaCy's English
+    tokenizer does; False keeps "t-shirt" whole, as ``nltk.word_tokenize`` does (ARO's trigram shuffles)."""
+    out: list[str] = []
+    for chunk in caption.split():
+        if not any(ch.isalnum() for ch in chunk) or re.fullmatch(r"(?:[^\W\d_]\.){2,}", chunk):
+            out.append(chunk)
+            continue
+        head, tail = [], []
+        while len(chunk) > 1 and chunk[0] in _OPENING:
+            head.append(chunk[0])
+            chunk = chunk[1:]
+        while len(chunk) > 1:
+            clitic = next((c for c in _CLITICS if chunk.lower().endswith(c) and len(chunk) > len(c)), None)
+            if clitic is None and chunk[-1] not in _CLOSING:
+                break
+            cut = len(clitic) if clitic else 1
+            tail.append(chunk[-cut:])
+            chunk = chunk[:-cut]
+        middle = _INFIX.split(chunk) if hyphens else [chunk]
+        out += head + [m for m in middle if m] + tail[::-1]
+    return out
+
+
+def token_classes(tokens: Sequence[str]) -> list[str]:
+    """'noun' | 'adj' | 'other' per token of :func:`split_caption`: the words (lowercased) by
+    :func:`builtin_word_classes`; punctuation, clitics and numbers are 'other', as spaCy's tags make them."""
+    words = [i for i, t in enumerate(tokens) if any(ch.isalpha() for ch in t) and not _is_clitic(t)]
+    out = ["other"] * len(tokens)
+    for i, cls in zip(words, builtin_word_classes([tokens[i].lower() for i in words])):
+        out[i] = cls
+    return out
+
+
+def tag_caption(caption: str, tagger: str = "auto") -> tuple[list[str], list[str]]:
+    """ARO's tokens of a raw caption and their classes ('noun' | 'adj' | 'other'): spaCy's own tokens
+    and tags (``tagger`` "spacy", or "auto" when spaCy imports), else :func:`split_caption` (spaCy's
+    way with hyphens) and :func:`token_classes`."""
+    if resolve_tagger(tagger) == "builtin":
+        tokens = split_caption(caption)
+        return tokens, token_classes(tokens)
+    doc = _spacy_nlp()(caption)
+    return [t.text for t in doc], [_spacy_class(t.tag_) for t in doc]
+
+
+def _spacy_class(tag: str) -> str:
+    return "noun" if tag in SPACY_NOUN_TAGS else "adj" if tag in SPACY_ADJ_TAGS else "other"
+
+
 def word_classes(words: Sequence[str], tagger: str = "auto") -> list[str]:
     """'noun' | 'adj' | 'other' per word, as ARO's TextShuffler decides them.
 
     With spaCy (``tagger="spacy"``, or "auto" when ``spacy`` and ``en_core_web_sm`` import):
-    each word's fine-grained tag, tagging the words as given (one token each) so that the
-    perturbations stay permutations of the normalised words; ARO tags spaCy's own tokens,
-    which differ only for the few words spaCy splits (apostrophes, some hyphens). Without:
-    :func:`builtin_word_classes`.
+    each word's fine-grained tag, tagging the words as given (one token each), for
+    :func:`mdc.data.benchmarks.perturb_caption` of a word list. The order suites tag the raw caption
+    with :func:`tag_caption` instead, spaCy's own tokens as ARO. Without: :func:`builtin_word_classes`.
     """
     if resolve_tagger(tagger) == "builtin":
         return builtin_word_classes(words)
@@ -198,4 +264,4 @@ def word_classes(words: Sequence[str], tagger: str = "auto") -> list[str]:
 
     nlp = _spacy_nlp()
     doc = nlp(Doc(nlp.vocab, words=list(words)))
-    return ["noun" if t.tag_ in SPACY_NOUN_TAGS else "adj" if t.tag_ in SPACY_ADJ_TAGS else "other" for t in doc]
+    return [_spacy_class(t.tag_) for t in doc]
