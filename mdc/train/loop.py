@@ -19,6 +19,7 @@ from mdc import checkpoint, optim
 from mdc.data.pipeline import SKIP_REASONS, SkipStats
 from mdc.errors import RunError
 from mdc.factory import create_model, load_weights
+from mdc.lock import FolderInUseError, FolderLock
 from mdc.tokenizer import TextStats
 from mdc.train.config import TrainConfig, check_same_run, run_config
 from mdc.train.stream import DataStream
@@ -126,10 +127,40 @@ def train(**kwargs) -> dict:
     """
     rank, world, device, created = setup_distributed()
     try:
-        return _train(TrainConfig(**kwargs).resolved(world), rank, world, device)
+        cfg = TrainConfig(**kwargs).resolved(world)
+        with own_folder(cfg.output_dir, rank, world):
+            return _train(cfg, rank, world, device)
     finally:
         if created:
             dist.destroy_process_group()
+
+
+RUN_LOCK = ".train.lock"  # in the run folder, held by rank 0 for the whole run (mdc.lock)
+
+
+@contextlib.contextmanager
+def own_folder(folder: str, rank: int, world: int):
+    """Rank 0 holds the run folder's lock while the block runs; if another process holds it, every
+    rank raises :class:`~mdc.lock.FolderInUseError` (naming the holder) before anything is written."""
+    lock = FolderLock(folder, RUN_LOCK, "a training", "wait for it to end, or train into another output_dir "
+                      "(--output-dir)") if rank == 0 else None
+    refused = None
+    if lock is not None:
+        try:
+            lock.acquire()
+        except FolderInUseError as exn:
+            refused = exn
+    if world > 1:  # rank 0's answer, for every rank
+        message = _gather(None if refused is None else str(refused), world)[0]
+        if message is not None and refused is None:
+            refused = FolderInUseError(message, folder, {})
+    if refused is not None:
+        raise refused
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dict:
