@@ -9,7 +9,9 @@
     python -m reproduce --profile paper --slurm slurm/      # write one sbatch script per run + submit.sh
 
 Completed runs are skipped (keyed by notebook, parameters and dependencies); a failed run is
-reported at the end and the exit status is non-zero.
+reported at the end and the exit status is non-zero. One runner per output folder: a second one
+on the same OUT/<profile>/ is refused, naming the first. A bad value prints one line,
+``error: --jobs must be >= 1, got 0``, and exits 2; --debug (or MDC_DEBUG=1) shows the traceback.
 """
 from __future__ import annotations
 
@@ -17,11 +19,27 @@ import argparse
 import os
 import sys
 
+from mdc.errors import ArgumentParser, ConfigError, must, report
 from reproduce import registry, runner
 
 
+def check(args: argparse.Namespace) -> None:
+    """Refuse (ConfigError) bad values and contradictory flags before anything runs."""
+    for name, least in (("seeds", 1), ("jobs", 1), ("nodes", 1), ("gpus_per_node", 0)):
+        if getattr(args, name) < least:
+            raise must(name, getattr(args, name), f">= {least}")
+    if args.nodes > 1 and not (args.gpus_per_node or args.slurm):
+        raise ConfigError("nodes needs gpus_per_node or slurm", "nodes", "gpus_per_node", "slurm")
+    if args.run and args.slurm:
+        raise ConfigError("run executes one job here; slurm writes job scripts instead", "run", "slurm")
+    unknown = [a for a in args.only or () if a not in registry.ARTIFACTS]
+    if unknown:
+        raise ConfigError(f"only: unknown artifact {unknown[0]!r}; choose from {', '.join(registry.ARTIFACTS)}",
+                          "only")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m reproduce", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="python -m reproduce", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--profile", default="mini", choices=[*registry.PROFILES, "paper"])
     p.add_argument("--only", nargs="+", metavar="ARTIFACT", help=f"artifacts: {', '.join(registry.ARTIFACTS)}")
@@ -35,7 +53,13 @@ def main(argv=None) -> int:
     p.add_argument("--gpus-per-node", type=int, default=0, help="pretraining runs under torchrun with this many GPUs")
     p.add_argument("--nodes", type=int, default=1, help="nodes per pretraining run (torchrun rendezvous)")
     p.add_argument("--slurm", metavar="DIR", help="write sbatch scripts and submit.sh to DIR instead of running")
+    p.add_argument("--debug", action="store_true", help="on an error, show the traceback (or set MDC_DEBUG=1)")
     args = p.parse_args(argv)
+    return report(lambda: _main(args), p, debug=args.debug)
+
+
+def _main(args: argparse.Namespace) -> int:
+    check(args)
 
     out = os.path.join(args.out, args.profile)
     figures = args.figures or ("figures" if args.profile == "mini" else os.path.join(out, "figures"))

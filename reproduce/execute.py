@@ -7,6 +7,11 @@ The first form executes a notebook with papermill (kernel python3, working direc
 repository root). The second runs a pretraining command line (torchrun on GPU nodes) and
 writes the results file the pretraining notebook would have written, from the JSON line
 ``mdc.train`` prints at the end.
+
+Either way the process dies with its runner: a watchdog thread ends this process group (and so
+the pretraining command; the notebook kernel follows its own parent, this process) as soon as
+the process that started it is gone, so a killed runner leaves nothing writing into the run
+folder.
 """
 from __future__ import annotations
 
@@ -14,10 +19,27 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def die_with_parent(interval_s: float = 0.5) -> None:
+    """Start a daemon thread that SIGKILLs this process group once the parent process is gone."""
+    parent = os.getppid()
+    if parent <= 1:  # already orphaned (or started by init): nothing to watch
+        return
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def main(argv=None) -> int:
@@ -26,6 +48,8 @@ def main(argv=None) -> int:
     p.add_argument("--command", help="a pretraining command line to run instead of a notebook")
     p.add_argument("--results", help="with --command: where to write the results file")
     args = p.parse_args(argv)
+    if os.getpgrp() == os.getpid():  # its own process group (as the runner starts it): safe to end it whole
+        die_with_parent()
     with open(args.paths[-1]) as f:
         params = json.load(f)
     if args.command:

@@ -16,11 +16,22 @@ A run's *key* hashes its notebook, its parameters and the keys of the runs it de
 changing a parameter reruns that run and everything downstream of it, and nothing else. A
 failed run is reported and the runs that do not depend on it still execute; the runner ends
 with a non-zero exit status if anything failed.
+
+One owner: a runner holds ``<out>/<profile>/.reproduce.lock`` (:mod:`mdc.lock`) while it runs
+(``only=`` a run, as a SLURM job does: that run's folder instead), so a second runner on the
+same folder is refused at once, naming the first. A run about to execute loses its ``done.json``
+first and gets it back (written atomically) only once its notebook succeeded and wrote
+``results.json``: a run killed half-way is never counted as done, whatever it left behind. A
+notebook dies with its runner: :mod:`reproduce.execute` watches its parent and ends its process
+group when the runner is gone (the kernel follows its own parent), so a killed runner leaves no
+notebook writing on into a run folder that the next runner executes again.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
+import io
 import json
 import os
 import shlex
@@ -31,8 +42,12 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from mdc.checkpoint import atomic_write_text
+from mdc.lock import FolderLock
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
+RUNNER_LOCK = ".reproduce.lock"
 
 
 @dataclass(frozen=True)
@@ -124,6 +139,8 @@ def execute(out: str, run: Run, key: str, torchrun: tuple[int, int] | None = Non
     """
     folder = run_dir(out, run)
     os.makedirs(folder, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):  # not done until this execution succeeds
+        os.remove(os.path.join(folder, "done.json"))
     params = resolve(run.params, out)
     params_file = os.path.join(folder, "parameters.json")
     with open(params_file, "w") as f:
@@ -137,7 +154,8 @@ def execute(out: str, run: Run, key: str, torchrun: tuple[int, int] | None = Non
     log = open(os.path.join(folder, "log.txt"), "w")
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-                            env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+                            env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                                     MDC_RUNNER_PID=str(os.getpid())))
     status, rusage = "ok", None
     while rusage is None:
         pid, code, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -161,8 +179,7 @@ def execute(out: str, run: Run, key: str, torchrun: tuple[int, int] | None = Non
         with open(os.path.join(folder, "log.txt")) as f:
             error = f.read()[-2000:]
     else:
-        with open(os.path.join(folder, "done.json"), "w") as f:
-            json.dump({"key": key, "seconds": seconds}, f)
+        atomic_write_text(os.path.join(folder, "done.json"), json.dumps({"key": key, "seconds": seconds}))
     return {"status": status, "seconds": seconds, "peak_mb": rusage.ru_maxrss / 1024, "error": error}
 
 
@@ -172,8 +189,7 @@ def write_index(out: str, runs: list[Run]) -> str:
              for r in runs}
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "index.json")
-    with open(path, "w") as f:
-        json.dump(index, f, indent=1)
+    atomic_write_text(path, json.dumps(index, indent=1))
     return path
 
 
@@ -182,24 +198,37 @@ def run_all(runs: list[Run], out: str, jobs: int = 1, dry_run: bool = False, log
     """Execute ``runs`` (dependencies first, ``jobs`` at a time); returns {name: outcome}.
 
     ``only``: execute just these runs of the graph (a cluster job each), taking the others as done.
+    The runner holds ``out``'s lock meanwhile (with ``only``: those runs' folders'); another holder
+    makes it raise :class:`mdc.lock.FolderInUseError` before anything runs. ``dry_run`` takes no
+    lock and writes nothing.
     """
     runs = order(runs)
     key = keys(runs)
-    write_index(out, runs)
-    outcome: dict[str, dict] = {}
-    if only is not None:
-        unknown = set(only) - {r.name for r in runs}
-        if unknown:
-            raise ValueError(f"unknown run(s) {sorted(unknown)}")
-        outcome = {r.name: {"status": "skipped", "seconds": 0.0, "peak_mb": 0.0, "error": ""}
-                   for r in runs if r.name not in only}
-    pending = [r for r in runs if r.name not in outcome]
-    total = len(runs)
     if dry_run:
         for r in runs:
             state = "done" if is_done(out, r, key[r.name]) else "would run"
             log(f"{state:9s} {r.name}  ({r.notebook}; needs {', '.join(r.deps) or 'nothing'})")
         return {}
+    if only is not None:
+        unknown = set(only) - {r.name for r in runs}
+        if unknown:
+            raise ValueError(f"unknown run(s) {sorted(unknown)}")
+    hint = "wait for it to end, or give another --out"
+    folders = [out] if only is None else [run_dir(out, r) for r in runs if r.name in only]
+    with contextlib.ExitStack() as held:
+        for folder in folders:
+            held.enter_context(FolderLock(folder, RUNNER_LOCK, "a reproduction runner", hint))
+        return _run_all(runs, key, out, jobs, log, torchrun, only)
+
+
+def _run_all(runs, key, out, jobs, log, torchrun, only) -> dict[str, dict]:
+    write_index(out, runs)
+    outcome: dict[str, dict] = {}
+    if only is not None:
+        outcome = {r.name: {"status": "skipped", "seconds": 0.0, "peak_mb": 0.0, "error": ""}
+                   for r in runs if r.name not in only}
+    pending = [r for r in runs if r.name not in outcome]
+    total = len(runs)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         running = {}
         while pending or running:
@@ -239,17 +268,18 @@ def _write_csv(out: str, runs: list[Run], outcome: dict, key: dict) -> None:
     if os.path.isfile(path):
         with open(path) as f:
             previous = {row["name"]: row for row in csv.DictReader(f)}
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, ["name", "notebook", "status", "seconds", "peak_mb", "key"])
-        w.writeheader()
-        for r in runs:
-            o = outcome.get(r.name, {})
-            if o.get("status") == "skipped" and r.name in previous:  # keep the measured figures
-                w.writerow({**previous[r.name], "status": "skipped", "key": key[r.name]})
-            else:
-                w.writerow({"name": r.name, "notebook": r.notebook, "status": o.get("status", "not run"),
-                            "seconds": f"{o.get('seconds', 0):.1f}", "peak_mb": f"{o.get('peak_mb', 0):.0f}",
-                            "key": key[r.name]})
+    f = io.StringIO(newline="")  # written whole, then moved into place: a killed runner leaves the old file
+    w = csv.DictWriter(f, ["name", "notebook", "status", "seconds", "peak_mb", "key"])
+    w.writeheader()
+    for r in runs:
+        o = outcome.get(r.name, {})
+        if o.get("status") == "skipped" and r.name in previous:  # keep the measured figures
+            w.writerow({**previous[r.name], "status": "skipped", "key": key[r.name]})
+        else:
+            w.writerow({"name": r.name, "notebook": r.notebook, "status": o.get("status", "not run"),
+                        "seconds": f"{o.get('seconds', 0):.1f}", "peak_mb": f"{o.get('peak_mb', 0):.0f}",
+                        "key": key[r.name]})
+    atomic_write_text(path, f.getvalue())
 
 
 # ----------------------------------------------------------------------------- clusters
