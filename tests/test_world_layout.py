@@ -1,5 +1,5 @@
-"""One direction of dependencies: mdc.world (the synthetic world) may import mdc.data and
-mdc.tokenizer; mdc.data (real-data I/O) never imports mdc.world; neither imports the model.
+"""One direction of dependencies: mdc.world (the synthetic world) may import mdc.data and the
+base modules (mdc.tokenizer, mdc.errors, mdc.lock); mdc.data (real-data I/O) never imports mdc.world; neither imports the model.
 The old module paths (mdc.data.scenes, scene_render, scene_text, evalsets, compositionality)
 still work for one release, command lines included."""
 import ast
@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOVED = {"mdc.data.scenes": "mdc.world.scenes", "mdc.data.scene_render": "mdc.world.render",
          "mdc.data.scene_text": "mdc.world.text", "mdc.data.evalsets": "mdc.world.evalsets",
          "mdc.data.compositionality": "mdc.data.benchmarks"}
-SHARED = ("mdc.tokenizer", "mdc._compat")
+SHARED = ("mdc.tokenizer", "mdc._compat", "mdc.errors", "mdc.lock")  # base modules below both
 
 
 def _modules(folder: str) -> dict[str, str]:

@@ -13,6 +13,10 @@ Command line::
 
     python -m mdc.data.convert --coco captions_train2017.json --images train2017/ --out shards/ [--image-size 256]
     python -m mdc.data.convert --folder my_images/ --out shards/
+
+A writer holds ``shards/.shards.lock`` (:mod:`mdc.lock`) while it writes: a second writer into the
+same folder is refused at once, naming the first. A bad value is refused in one line,
+``error: --shard-size must be >= 1, got 0`` (exit status 2; ``--debug`` shows the traceback).
 """
 from __future__ import annotations
 
@@ -26,9 +30,12 @@ from PIL import Image
 
 from mdc.data.formats import IMAGE_SUFFIXES, load_coco_captions, load_karpathy
 from mdc.data.writer import write_tar
+from mdc.errors import ArgumentParser, ConfigError, must, report
+from mdc.lock import FolderLock
 
 # image suffix -> shard member extension (img2dataset writes jpg; the training loader reads these)
 MEMBER_EXT = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
+SHARDS_LOCK = ".shards.lock"  # held in the output folder while shards are written (mdc.lock)
 
 
 def items_from_folder(folder: str) -> list[dict]:
@@ -98,11 +105,17 @@ def write_shards_from_items(items: Iterable[Mapping], out_dir: str, shard_size: 
     The bytes depend only on the items and options (fixed tar metadata), so a re-run writes the same shards.
     """
     if on_error not in ("error", "skip"):
-        raise ValueError(f"on_error must be 'error' or 'skip'; got {on_error!r}")
+        raise ConfigError(f"on_error must be 'error' or 'skip'; got {on_error!r}", "on_error")
     if shard_size < 1:
-        raise ValueError(f"shard_size must be positive; got {shard_size}")
+        raise must("shard_size", shard_size, ">= 1")
+    if image_size is not None and image_size < 1:
+        raise must("image_size", image_size, ">= 1")
+    with FolderLock(out_dir, SHARDS_LOCK, "a shard writer", "wait for it to end, or write into another folder (--out)"):
+        return _write_all(items, out_dir, shard_size, image_size, on_error)
+
+
+def _write_all(items, out_dir, shard_size, image_size, on_error) -> list[str]:
     digits = max(1, len(str(shard_size - 1)))
-    os.makedirs(out_dir, exist_ok=True)
     paths, shard, members, stats = [], 0, [], None
 
     def flush():
@@ -143,7 +156,7 @@ def write_shards_from_items(items: Iterable[Mapping], out_dir: str, shard_size: 
 
 
 def main(argv: list[str] | None = None) -> list[str]:
-    parser = argparse.ArgumentParser(description="Images + captions -> webdataset shards (img2dataset's layout).")
+    parser = ArgumentParser(description="Images + captions -> webdataset shards (img2dataset's layout).")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--coco", help="official COCO captions file (images + annotations)")
     source.add_argument("--karpathy", help="Karpathy split file (dataset_coco.json, dataset_flickr30k.json)")
@@ -154,9 +167,17 @@ def main(argv: list[str] | None = None) -> list[str]:
     parser.add_argument("--shard-size", type=int, default=10000, help="samples per shard")
     parser.add_argument("--image-size", type=int, default=None, help="resize + centre crop to this square (JPEG)")
     parser.add_argument("--skip-bad", action="store_true", help="leave out missing or unreadable images")
+    parser.add_argument("--debug", action="store_true", help="on an error, show the traceback (or set MDC_DEBUG=1)")
     args = parser.parse_args(argv)
     if (args.coco or args.karpathy) and not args.images:
         parser.error("--images is needed with --coco and --karpathy")
+    return report(lambda: _main(args), parser, debug=args.debug)
+
+
+def _main(args: argparse.Namespace) -> list[str]:
+    for name in ("shard_size", "image_size"):  # before reading any item
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise must(name, getattr(args, name), ">= 1")
     on_missing = "skip" if args.skip_bad else "error"
     if args.coco:
         items = load_coco_captions(args.coco, args.images, on_missing)

@@ -19,6 +19,10 @@ shards about twice as fast; the training pipeline reads both. Shards are indepen
 Command line::
 
     python -m mdc.world.scenes --out DIR --num N --style {alt,descriptive} --seed S [--format npy] [--workers K]
+
+A writer holds ``DIR/.shards.lock`` (:mod:`mdc.lock`) while it writes: a second writer into the
+same folder is refused at once, naming the first. A bad value is refused in one line,
+``error: --num must be >= 1, got 0`` (exit status 2; ``--debug`` shows the traceback).
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ import os
 from PIL import Image
 
 from mdc.data.writer import npy_bytes, png_bytes, write_tar
+from mdc.errors import ArgumentParser, ConfigError, must, report
+from mdc.lock import FolderLock
 from mdc.world.render import render, render_array
 from mdc.world.sampling import AXIS_RATIO, GAP, P_LARGE, relation, sample_scene, scene_record
 from mdc.world.streams import STREAM_CAPTION, STREAM_REFERENCES, STREAM_SCENE, stream_rng
@@ -40,6 +46,7 @@ __all__ = ["AXIS_RATIO", "GAP", "MAX_OBJECTS", "P_LARGE", "relation", "sample_sc
 
 NUM_REFERENCES = 5
 IMAGE_FORMATS = ("png", "npy")
+SHARDS_LOCK = ".shards.lock"  # held in the output folder while shards are written (mdc.lock)
 
 
 def _samples(start: int, stop: int, style: str, seed: int, image_size: int, image_format: str = "png"):
@@ -71,12 +78,18 @@ def write_shards(out_dir: str, num: int, style: str, seed: int, image_size: int 
     writing shards in parallel (forked where the platform allows; the bytes are the same).
     """
     if style not in ("alt", "descriptive"):
-        raise ValueError(f"style must be 'alt' or 'descriptive'; got {style!r}")
+        raise ConfigError(f"style must be 'alt' or 'descriptive'; got {style!r}", "style")
     if image_format not in IMAGE_FORMATS:
-        raise ValueError(f"image_format must be one of {IMAGE_FORMATS}; got {image_format!r}")
-    if num < 1 or shard_size < 1 or workers < 1:
-        raise ValueError(f"num, shard_size and workers must be positive; got {num}, {shard_size}, {workers}")
-    os.makedirs(out_dir, exist_ok=True)
+        raise ConfigError(f"image_format must be one of {IMAGE_FORMATS}; got {image_format!r}", "image_format")
+    for name, value, least in (("num", num, 1), ("shard_size", shard_size, 1), ("workers", workers, 1),
+                               ("image_size", image_size, 1), ("seed", seed, 0)):
+        if value < least:
+            raise must(name, value, f">= {least}")
+    with FolderLock(out_dir, SHARDS_LOCK, "a shard writer", "wait for it to end, or write into another folder (--out)"):
+        return _write_all(out_dir, num, style, seed, image_size, shard_size, image_format, workers)
+
+
+def _write_all(out_dir, num, style, seed, image_size, shard_size, image_format, workers) -> list[str]:
     jobs = [(os.path.join(out_dir, f"{shard:06d}.tar"), start, min(num, start + shard_size), style, seed,
              image_size, image_format) for shard, start in enumerate(range(0, num, shard_size))]
     workers = min(workers, len(jobs))
@@ -88,7 +101,7 @@ def write_shards(out_dir: str, num: int, style: str, seed: int, image_size: int 
 
 
 def main(argv: list[str] | None = None) -> list[str]:
-    parser = argparse.ArgumentParser(description="Write synthetic scene-caption webdataset shards.")
+    parser = ArgumentParser(description="Write synthetic scene-caption webdataset shards.")
     parser.add_argument("--out", required=True, help="output folder for 000000.tar, 000001.tar, ...")
     parser.add_argument("--num", type=int, required=True, help="number of samples")
     parser.add_argument("--style", choices=["alt", "descriptive"], required=True, help="caption style")
@@ -98,9 +111,10 @@ def main(argv: list[str] | None = None) -> list[str]:
     parser.add_argument("--format", dest="image_format", choices=IMAGE_FORMATS, default="png",
                         help="image members: png, or npy (uint8 HxWx3 arrays: faster to write and read, ~7x larger)")
     parser.add_argument("--workers", type=int, default=1, help="processes writing shards in parallel")
+    parser.add_argument("--debug", action="store_true", help="on an error, show the traceback (or set MDC_DEBUG=1)")
     args = parser.parse_args(argv)
-    paths = write_shards(args.out, args.num, args.style, args.seed, args.image_size, args.shard_size,
-                         args.image_format, args.workers)
+    paths = report(lambda: write_shards(args.out, args.num, args.style, args.seed, args.image_size, args.shard_size,
+                                        args.image_format, args.workers), parser, debug=args.debug)
     last = len(paths) - 1
     print(json.dumps({"shards": len(paths), "pattern": os.path.join(args.out, f"{{000000..{last:06d}}}.tar"),
                       "num": args.num, "style": args.style, "seed": args.seed, "image_size": args.image_size,
