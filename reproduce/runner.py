@@ -291,7 +291,8 @@ def torchrun_command(run: Run, out: str, gpus: int, nodes: int = 1) -> str:
              "steps": p.get("steps"), "epochs": p.get("epochs"), "batch-size": p.get("batch_size"),
              "lr": p.get("lr"), "weight-decay": p.get("weight_decay"), "warmup-steps": p.get("warmup_steps"),
              "seed": p.get("seed"), "workers": p.get("workers"), "save-every": p.get("save_every"),
-             "samples-per-epoch": p.get("samples_per_epoch"), "mask-ratio": p.get("mask_ratio")}
+             "samples-per-epoch": p.get("samples_per_epoch"), "mask-ratio": p.get("mask_ratio"),
+             "global-batch": p.get("global_batch"), "keep-last": p.get("keep_last")}
     parts = ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={gpus}"]
     parts += ["--rdzv_backend=c10d", "--rdzv_endpoint=$MASTER_ADDR:29500", f"--rdzv_id={run.name.replace('/', '-')}"] \
         if nodes > 1 else ["--standalone"]
