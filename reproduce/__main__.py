@@ -7,6 +7,7 @@
     python -m reproduce --profile mini --dry-run            # what would run, what is done
     python -m reproduce --profile paper --gpus-per-node 8   # GPU node; data paths from MDC_* variables
     python -m reproduce --profile paper --slurm slurm/      # write one sbatch script per run + submit.sh
+    python -m reproduce --profile paper --dry-run [--mfu 0.4]  # the plan costed: commands, data, GPU-hours
 
 Completed runs are skipped (keyed by notebook, parameters and dependencies); a failed run is
 reported at the end and the exit status is non-zero. One runner per output folder: a second one
@@ -20,7 +21,7 @@ import os
 import sys
 
 from mdc.errors import ArgumentParser, ConfigError, must, report
-from reproduce import registry, runner
+from reproduce import cost, registry, runner
 
 
 def check(args: argparse.Namespace) -> None:
@@ -28,6 +29,8 @@ def check(args: argparse.Namespace) -> None:
     for name, least in (("seeds", 1), ("jobs", 1), ("nodes", 1), ("gpus_per_node", 0)):
         if getattr(args, name) < least:
             raise must(name, getattr(args, name), f">= {least}")
+    if not 0 < args.mfu <= 1:
+        raise must("mfu", args.mfu, "in (0, 1]")
     if args.nodes > 1 and not (args.gpus_per_node or args.slurm):
         raise ConfigError("nodes needs gpus_per_node or slurm", "nodes", "gpus_per_node", "slurm")
     if args.run and args.slurm:
@@ -53,6 +56,8 @@ def main(argv=None) -> int:
     p.add_argument("--gpus-per-node", type=int, default=0, help="pretraining runs under torchrun with this many GPUs")
     p.add_argument("--nodes", type=int, default=1, help="nodes per pretraining run (torchrun rendezvous)")
     p.add_argument("--slurm", metavar="DIR", help="write sbatch scripts and submit.sh to DIR instead of running")
+    p.add_argument("--mfu", type=float, default=cost.MFU,
+                   help="paper --dry-run: model FLOPs utilisation assumed for GPU-hours (of an H100's bf16 peak)")
     p.add_argument("--debug", action="store_true", help="on an error, show the traceback (or set MDC_DEBUG=1)")
     args = p.parse_args(argv)
     return report(lambda: _main(args), p, debug=args.debug)
@@ -85,6 +90,8 @@ def _main(args: argparse.Namespace) -> int:
         for name, o in failed.items():
             print(f"- {name}: {o['status']}\n{o['error'][-800:]}", file=sys.stderr)
         return 1
+    if args.dry_run and args.profile == "paper":  # what it would cost (reproduce/cost.py)
+        print("\n" + cost.render(cost.plan(runs, out), args.mfu))
     if not args.dry_run:
         print(f"\nall {len(outcome)} runs complete; tables and figures in {figures}; per-run times in "
               f"{os.path.join(out, 'runs.csv')}")

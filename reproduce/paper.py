@@ -16,6 +16,10 @@ BACKBONES = ("vit-b-32", "vit-b-16", "vit-l-14")
 DATA = {"alt": ("MDC_CC12M", "CC12M"), "descriptive": ("MDC_RECAP10M", "Recap-DataComp-10M")}
 PER_GPU_BATCH = {"vit-b-32": 128, "vit-b-16": 128, "vit-l-14": 64}
 DAY = 24 * 3600
+PROBE_VARS = ("MDC_PROBE_ROOTS",)
+COMPOSITIONALITY_VARS = ("MDC_SUGARCREPE", "MDC_COCO_VAL2017", "MDC_ARO", "MDC_VG_IMAGES", "MDC_COCO_ORDER",
+                         "MDC_COCO_IMAGES", "MDC_FLICKR_ORDER", "MDC_FLICKR_IMAGES")
+CAPTIONING_VARS = ("MDC_COCO_KARPATHY", "MDC_COCO_IMAGES")
 
 
 def env(name: str) -> str:
@@ -28,6 +32,22 @@ def recap_subsets() -> dict[str, str]:
     5M/10M/20M/30M with placeholders that fail naming the variable."""
     given = json.loads(os.environ.get("MDC_RECAP_SUBSETS") or "{}")
     return given or {str(n * 10**6): "<set MDC_RECAP_SUBSETS>" for n in (5, 10, 20, 30)}
+
+
+def data_vars(run: Run) -> tuple[str, ...]:
+    """The environment variables a run of :func:`build_paper` reads its data from (``reproduce.cost``
+    reports whether each is set)."""
+    kind, _, tag = run.name.partition("/")
+    if kind == "data":
+        return ("MDC_CC3M",) if tag == "cc3m" else (DATA[run.params["style"]][0],)
+    if kind == "pretrain":
+        if "-cc3m-" in tag:
+            return "MDC_CC3M", "MDC_CC3M_SAMPLES"
+        if "-recap" in tag:
+            return ("MDC_RECAP_SUBSETS",)
+        var = DATA[run.labels["style"]][0]
+        return var, f"{var}_SAMPLES"
+    return {"probe": PROBE_VARS, "compositionality": COMPOSITIONALITY_VARS, "captioning": CAPTIONING_VARS}.get(kind, ())
 
 
 def _pretrain(name, backbone, objective, style, seed, artifacts, labels, **extra) -> Run:
