@@ -92,3 +92,22 @@ def test_a_blind_accuracy_far_from_chance_is_flagged_and_sugarcrepe_has_its_macr
     assert res["sugarcrepe_subsets"]["add_obj"]["scores"]["exact_blind"]["far_from_chance"] is False  # 50%: chance
     assert add["same_words"] == 3 and res["sugarcrepe_subsets"]["add_obj"]["same_words"] == 0
     assert C.same_words([["the horse eats the grass", "The grass eats the horse."], ["a b", "a c"]]) == 1
+
+
+def test_guided_compositionality_reports_each_setting_blind_and_debiased(evalsets):
+    from mdc.eval.guidance import guided_compositionality
+
+    model = small_model(cond_drop_prob=0.1, cond_mask_prob=0.1).eval()
+    suites = C.load_suites(evalsets, ["aro_relation"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = guided_compositionality(model, suites, [(None, None), ("cfg", 1.0)], batch_size=4, resamples=10)
+    labels = {k.removesuffix("_lengthnorm") for k in out["table2"]}
+    assert labels == {f"{run}{kind}" for run in ("none", "cfg@s=1") for kind in ("", "_blind", "_debiased")}
+
+
+def test_a_suite_left_without_items_scores_its_blind_variants_as_empty():
+    suite = C.Suite("aro_attribute", "synthetic", [], [], [], ["x.json"], 3, excluded=3)
+    out = C.score_variants(small_model("arc"), image_transform(32, train=False), suite,
+                           C.method_variants(small_model("arc"), "auto"))
+    assert {v: a.shape for v, a in out.scores.items()} == {v: (0, 0) for v in ("exact", "exact_blind", "exact_debiased")}

@@ -41,7 +41,8 @@ def test_guidance_notebook_smoke(tmp_path, run_notebook):
     assert os.path.isfile(results["files"]["figure"]) and os.path.isfile(out / "guidance_tradeoff.pdf")
     table = results["compositionality"]["table2"]
     variants = ("none", "cfg@s=2", "mcs@s=2", "mcs_mirror@s=2")
-    assert set(table) == {f"{v}{s}" for v in variants for s in ("", "_lengthnorm")}
+    assert set(table) == {f"{v}{k}{s}" for v in variants for k in ("", "_blind", "_debiased")  # and without the image
+                          for s in ("", "_lengthnorm")}
     assert all(0 <= a <= 1 for row in table.values() for a in row.values() if a is not None)
 
 

@@ -195,13 +195,14 @@ def score_suite(model, transform, suite: Suite, methods: Sequence[str], *, num_s
                           workers=workers, debias_alpha=debias_alpha)
 
 
-def mean_image(loader) -> torch.Tensor:
-    """The mean [3, S, S] of every image the loader yields (float64 sum: the same whatever the batch size)."""
+def mean_image(loader) -> torch.Tensor | None:
+    """The mean [3, S, S] of every image the loader yields (float64 sum: the same whatever the batch
+    size); None when it yields none."""
     total, n = None, 0
     for images in loader:
         total = images.double().sum(0) if total is None else total + images.double().sum(0)
         n += len(images)
-    return (total / max(n, 1)).float()
+    return None if total is None else (total / n).float()
 
 
 @torch.no_grad()
@@ -219,7 +220,7 @@ def score_variants(model, transform, suite: Suite, scoring: dict[str, dict], *, 
     out = SuiteScores(suite, {v: [] for v in scoring}, methods={v: kw["method"] for v, kw in scoring.items()})
     tokens = []
     loader = torch.utils.data.DataLoader(_Images(suite.items, transform), batch_size=batch_size, num_workers=workers)
-    mean = mean_image(loader).to(device) if any(kw.get("image") == "mean" for kw in scoring.values()) else None
+    mean = mean_image(loader) if any(kw.get("image") == "mean" for kw in scoring.values()) else None
     first = 0
     for images in loader:  # [B, 3, S, S]
         images, rows = images.to(device), slice(first, first + len(images))
@@ -232,7 +233,7 @@ def score_variants(model, transform, suite: Suite, scoring: dict[str, dict], *, 
                 continue
             kw = dict(kw)
             image = kw.pop("image", None)
-            x = mean.expand_as(images) if image == "mean" else images  # [B, 3, S, S]
+            x = mean.to(device).expand_as(images) if image == "mean" else images  # [B, 3, S, S]
             if image == "null":
                 kw["encode"] = encode_null
             s = score_candidates(model, x, cands, paired=paired, item_keys=keys[rows], **kw)  # [B, K]

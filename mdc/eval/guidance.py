@@ -114,17 +114,20 @@ def guidance_results(settings: Sequence[tuple], metrics: dict, clip: dict | None
 
 def guided_compositionality(model, suites: dict, settings: Sequence[tuple], *, method: str = "heuristic",
                             num_samples: int = 256, seed: int = 0, batch_size: int = 32, device: str = "cpu",
-                            resamples: int = 200) -> dict:
+                            resamples: int = 200, blind: bool = True) -> dict:
     """Does guided scoring change compositionality? Every suite (``mdc.eval.compositionality.load_suites``)
     scored by the MDC scorer ``method`` under each (guidance, strength) (one scoring variant each,
     :func:`mdc.eval.compositionality.score_variants`), aggregated as Table 2 (``summarise``). Returns
     ``{"method", "table2": {label: {column: accuracy}}`` (labels of :func:`strength_label`, plus ``label_lengthnorm``),
     ``"columns": {column: {label: {"accuracy", "ci"}}}}``. The ELBO's noise (and, for the ELBO,
-    MCS's masks) come from ``seed``; the heuristic scorer's MCS masks from seed 0."""
+    MCS's masks) come from ``seed``; the heuristic scorer's MCS masks from seed 0. ``blind``: each
+    setting's image-free and debiased scores too (``label_blind``, ``label_debiased``,
+    :func:`mdc.eval.compositionality.with_blind`)."""
     for g, s in settings:
         check_guidance(model, g, None, s)
     elbo = dict(num_samples=num_samples, seed=seed) if method == "elbo" else {}
     scoring = {strength_label(g, s): dict(method=method, guidance=g, guidance_strength=s, **elbo) for g, s in settings}
+    scoring = comp.with_blind(model, scoring) if blind else scoring
     model.to(device).eval()
     transform = image_transform(model)
     scored = {name: comp.score_variants(model, transform, suite, scoring, batch_size=batch_size, device=device)
