@@ -26,6 +26,7 @@ from mdc._compat import patch_torchvision
 from mdc.condition import ImageContext, masked_features, vary_condition
 from mdc.loss import arc_loss, clip_loss, mdc_loss
 from mdc.tokenizer import Tokenizer, trim_padding, valid_mask
+from mdc.transformer import Head, TextTransformer
 
 __all__ = ["CLIP", "Captioner", "ImageContext", "ModelConfig", "evaluating", "vision_tower"]
 
@@ -150,96 +151,6 @@ def evaluating(model: nn.Module, precision: str = "auto"):
         for head, fp32 in heads:
             head.fp32 = fp32
         model.train(was_training)
-
-
-# ---------------------------------------------------------------------------- building blocks
-class Head(nn.Linear):
-    """The decoder's vocabulary head: a linear layer (same weights and state dict as ``nn.Linear``).
-    With ``fp32`` set (inside :func:`evaluating`) its matmul runs outside autocast on float32
-    inputs and weights, so bf16 evaluation keeps fp32 logits; training leaves it to autocast."""
-
-    fp32 = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fp32:
-            return super().forward(x)
-        with torch.autocast(x.device.type, enabled=False):
-            return F.linear(x.float(), self.weight.float(), None if self.bias is None else self.bias.float())
-
-
-def _heads(x: torch.Tensor, h: int) -> torch.Tensor:  # [B, L, D] -> [B, h, L, D/h]
-    B, L, D = x.shape
-    return x.view(B, L, h, D // h).transpose(1, 2)
-
-
-class Attention(nn.Module):
-    """Multi-head attention on scaled_dot_product_attention; keys/values computed separately
-    so that cross-attention memory and self-attention KV caches can be reused."""
-
-    def __init__(self, width: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.q = nn.Linear(width, width)
-        self.kv = nn.Linear(width, 2 * width)
-        self.out = nn.Linear(width, width)
-
-    def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = self.kv(x).chunk(2, dim=-1)  # 2 x [B, S, D]
-        return _heads(k, self.heads), _heads(v, self.heads)  # 2 x [B, h, S, D/h]
-
-    def forward(self, x, kv, mask=None, causal=False):  # x [R, L, D], kv 2 x [B, h, S, D/h], mask [R, 1, 1|L, S]
-        q = self.q(x)
-        if len(kv[0]) != len(x):  # a folded context: R = B * f rows, image-major; one query sequence per image
-            q = q.reshape(len(kv[0]), -1, q.shape[-1])  # [B, f * L, D]
-        y = F.scaled_dot_product_attention(_heads(q, self.heads), *kv, attn_mask=mask, is_causal=causal)
-        return self.out(y.transpose(1, 2).flatten(2)).reshape(x.shape)  # [R, L, D]
-
-
-class Block(nn.Module):
-    """Pre-LN [self-attention -> (cross-attention to image tokens) -> MLP]."""
-
-    def __init__(self, width: int, heads: int, mlp_ratio: float, cross: bool):
-        super().__init__()
-        self.ln_self, self.self_attn = nn.LayerNorm(width), Attention(width, heads)
-        self.ln_cross = nn.LayerNorm(width) if cross else None
-        self.cross_attn = Attention(width, heads) if cross else None
-        hidden = int(width * mlp_ratio)
-        self.ln_mlp = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
-
-    def forward(self, x, mask=None, causal=False, context=None, cache=None):
-        h = self.ln_self(x)
-        kv = self.self_attn.keys_values(h)
-        if cache is not None:  # incremental decoding: append this step's keys/values
-            if cache:
-                kv = tuple(torch.cat([c, n], dim=2) for c, n in zip(cache, kv))
-            cache[:] = kv
-        x = x + self.self_attn(h, kv, mask=mask, causal=causal)
-        if self.cross_attn is not None:
-            x = x + self.cross_attn(self.ln_cross(x), context)
-        return x + self.mlp(self.ln_mlp(x))
-
-
-class TextTransformer(nn.Module):
-    """Token + learned position embeddings, N blocks, final LayerNorm. Returns hidden states."""
-
-    def __init__(self, cfg: ModelConfig, vocab_size: int, cross: bool):
-        super().__init__()
-        self.embed = nn.Embedding(vocab_size, cfg.text_width)
-        self.pos = nn.Parameter(torch.randn(cfg.context_length, cfg.text_width) * 0.01)
-        self.blocks = nn.ModuleList(
-            Block(cfg.text_width, cfg.text_heads, cfg.mlp_ratio, cross) for _ in range(cfg.text_layers)
-        )
-        self.ln_final = nn.LayerNorm(cfg.text_width)
-        nn.init.normal_(self.embed.weight, std=0.02)
-
-    def forward(self, tokens, *, mask=None, causal=False, context=None, cache=None, start=0):
-        # tokens [B, L] -> hidden [B, L, W]; `start` = position of tokens[:, 0] (KV-cached decoding)
-        x = self.embed(tokens) + self.pos[start : start + tokens.shape[1]]
-        for i, block in enumerate(self.blocks):
-            x = block(x, mask, causal, context[i] if context is not None else None,
-                      cache[i] if cache is not None else None)
-        return self.ln_final(x)
 
 
 def vision_tower(cfg: ModelConfig, class_token: bool) -> nn.Module:
