@@ -1,4 +1,4 @@
-"""python -m benchmarks [--quick] [--only NAME ...] [--checkpoint DIR] [--threads N] [--out DIR]
+"""python -m benchmarks [NAME ...] [--quick] [--only NAME ...] [--checkpoint DIR] [--threads N] [--out DIR]
 
 Runs the sections in one process, prints a table per section as it completes and writes
 OUT/benchmarks.md and OUT/benchmarks.json (default OUT: figures). Every ratio comes from
@@ -65,6 +65,7 @@ def markdown(sections: list[Section], meta: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sections", nargs="*", metavar="NAME", help="the sections to run (as --only), e.g. gpu")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, one round each (figures meaningless)")
     p.add_argument("--only", nargs="+", choices=list(SECTIONS), metavar="NAME",
                    help=f"run only these sections: {', '.join(SECTIONS)}")
@@ -72,6 +73,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--out", default="figures", help="folder for benchmarks.md and benchmarks.json")
     args = p.parse_args(argv)
+    unknown = [n for n in args.sections if n not in SECTIONS]
+    if unknown:
+        p.error(f"unknown section {unknown[0]!r}; choose from {', '.join(SECTIONS)}")
+    args.only = list(dict.fromkeys((args.only or []) + args.sections)) or None
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.checkpoint and "scoring" in (args.only or SECTIONS):

@@ -1,76 +1,175 @@
-"""GPU: vit-b-32 MDC training throughput and model FLOPs utilisation in bf16, sampler and ELBO throughput.
+"""GPU: what the first GPU session fills in with one command, ``python -m benchmarks gpu``.
+
+- Training, ViT-B/32 MDC at the paper's micro-batch (128 per GPU, Sec. 4.1), through the training
+  loop's own code (:class:`mdc.train.LossModule`, :func:`mdc.train.accumulate`, bf16 autocast as
+  ``precision="auto"`` gives on CUDA, :func:`mdc.optim.optimizer_step`): images/s, achieved TFLOP/s,
+  model FLOPs utilisation (MFU), peak memory, and the same step under ``torch.compile`` (the
+  loop's ``--compile``: caption lengths bucketed to 16) with its speed-up over eager.
+- Sampling: MDC greedy unmasking (20 tokens) and ARC beam search (beam 6, 20 tokens), captions/s.
+- Scoring: every scorer's throughput (ELBO with 1024 samples, heuristic, ARC exact, CLIP cosine) in
+  fp32 (the scorers' default) and bf16 (``precision="bf16"``), and the bf16 - fp32 score error.
 
 FLOPs of one training step (forward + backward) are counted with
 ``torch.utils.flop_counter.FlopCounterMode`` (matrix products and attention; elementwise work is
-not counted, as in the usual MFU). MFU = counted FLOPs x steps/s / the GPU's dense bf16 peak,
-looked up by device name in ``PEAK_BF16``; an unknown GPU gets no MFU.
+not counted, as in the usual MFU; ``reproduce/cost.py`` costs the paper profile with the same
+count). MFU = counted FLOPs x steps/s / the GPU's dense bf16 peak, looked up by device name in
+``PEAK_BF16``; an unknown GPU gets no MFU. The models have random weights: the score errors say
+how far bf16 moves a score, not how often it flips a benchmark's decision.
+
+Without CUDA the section is skipped with its reason; ``measure(ctx, torch.device("cpu"))`` runs
+the same code on the CPU (the tests do, ``quick``: depth 1, small batches, the ``aot_eager``
+compiler instead of inductor's minutes of C++).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import mdc
 from mdc import optim
+from mdc.train import LossModule, accumulate
 
-from benchmarks.common import Context, Section, batch, interleaved, median, scene_captions, small
+from benchmarks.common import Context, Section, batch, interleaved, median, scene_captions, small, speedup
 
 #: Dense bf16 tensor-core peak in FLOP/s, by a substring of torch.cuda.get_device_name (first match wins).
 PEAK_BF16 = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("GH200", 989e12),
              ("A100", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12), ("RTX 4090", 165e12))
+PAPER_MICRO_BATCH = 128  # per GPU, ViT-B (paper Sec. 4.1)
+GiB = 2**30
 
 
 def peak_flops(device_name: str) -> float | None:
     return next((peak for key, peak in PEAK_BF16 if key in device_name), None)
 
 
-def measure(ctx: Context, device: torch.device) -> Section:
-    """The section's figures on ``device`` (tests run it on the CPU)."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    sec = Section("gpu", f"GPU ({name}): vit-b-32 MDC in bf16")
+def skip_reason() -> str | None:
+    """Why the GPU section cannot run here, or None."""
+    if not torch.cuda.is_available():
+        return (f"no CUDA device (torch {torch.__version__}, built "
+                f"{'with CUDA ' + torch.version.cuda if torch.version.cuda else 'without CUDA'}); "
+                f"run `python -m benchmarks gpu` on a GPU machine")
+    return None
+
+
+def _trainer(model, device: torch.device, compiled: bool, backend: str | None):
+    """One optimizer step of the training loop's code on a fixed batch: bf16 autocast (precision "auto"
+    on CUDA, "bf16" elsewhere), fp32 master weights; ``compiled``: the loop's --compile."""
+    net = LossModule(model)
+    if compiled:
+        model.trim_multiple = 16
+        net = torch.compile(net, **({"backend": backend} if backend else {}))
+    opt = optim.make_optimizer(model, 5e-4, 0.1)
+    sched = optim.make_scheduler(opt, 10, 10**6)
+    autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16)
+
+    def step(images, tokens):
+        loss = accumulate(net, model, [(images, tokens)], autocast=autocast)
+        optim.optimizer_step(model, opt, sched)
+        return loss
+
+    return step
+
+
+def _training(sec: Section, ctx: Context, device: torch.device, name: str) -> None:
     torch.manual_seed(0)
     model = mdc.create_model("vit-b-32", "mdc", **small("vit-b-32", ctx.quick)).to(device)
-    B = ctx.pick(128, 2)
+    B = ctx.pick(PAPER_MICRO_BATCH, 2)
     images, tokens = batch(model, B, device)
-    opt = optim.make_optimizer(model, 5e-4, 0.1)
-
-    def step():
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = model.loss(images, tokens)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step()  # optimizer state allocated before counting
+    eager = _trainer(model, device, False, None)
+    eager(images, tokens)  # optimizer state allocated before counting
     with FlopCounterMode(display=False) as counter:
         with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = model.loss(images, tokens)
         loss.backward()
-    opt.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
     flops = counter.get_total_flops()
-    t = median(interleaved({"step": step}, rounds=ctx.pick(10, 1), warmup=ctx.pick(3, 1), device=device)["step"])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t = median(interleaved({"step": lambda: eager(images, tokens)}, rounds=ctx.pick(10, 1), warmup=ctx.pick(3, 1),
+                           device=device)["step"])
     peak = peak_flops(name)
-    sec.add(f"training, batch {B}{' (depth 1: quick)' if ctx.quick else ''}", round(B / t, 1), "images/s",
-            f"{flops / 1e12:.2f} TFLOP per step counted")
+    depth = " (depth 1: quick)" if ctx.quick else ""
+    sec.add(f"training, batch {B}{depth}", round(B / t, 1), "images/s",
+            f"{flops / 1e12:.2f} TFLOP per step counted, {1000 * t:.0f} ms/step")
     sec.add("achieved", round(flops / t / 1e12, 2), "TFLOP/s")
     sec.add("model FLOPs utilisation", round(flops / t / peak, 3) if peak else None, "of peak",
-            f"peak {peak / 1e12:.0f} TFLOP/s dense bf16" if peak else f"no peak known for {name!r}")
+            f"peak {peak / 1e12:.0f} TFLOP/s dense bf16; reproduce/cost.py assumes 0.35" if peak
+            else f"no peak known for {name!r}")
+    if device.type == "cuda":
+        sec.add("peak memory, training", round(torch.cuda.max_memory_allocated(device) / GiB, 2), "GiB",
+                "weights, gradients, AdamW state and activations; compare the dry run's estimate")
 
-    model.eval()
+    # the loop's --compile: a second copy of the model, timed beside the eager one
+    torch.manual_seed(0)
+    twin = mdc.create_model("vit-b-32", "mdc", **small("vit-b-32", ctx.quick)).to(device)
+    backend = ctx.pick(None, "aot_eager")
+    compiled = _trainer(twin, device, True, backend)
+    compiled(images, tokens)  # compiles
+    times = interleaved({"eager": lambda: eager(images, tokens), "compiled": lambda: compiled(images, tokens)},
+                        rounds=ctx.pick(10, 1), warmup=ctx.pick(3, 1), device=device)
+    sec.add(f"training, torch.compile{' (aot_eager: quick)' if backend else ''}",
+            round(B / median(times["compiled"]), 1), "images/s", f"{1000 * median(times['compiled']):.0f} ms/step")
+    sec.add("torch.compile speed-up", round(speedup(times, "compiled", "eager"), 3), "x",
+            f"steps interleaved: eager {1000 * median(times['eager']):.0f} ms, compiled "
+            f"{1000 * median(times['compiled']):.0f} ms")
+
+
+def _models(ctx: Context, device: torch.device) -> dict:
+    torch.manual_seed(0)
+    return {obj: mdc.create_model("vit-b-32", obj, **small("vit-b-32", ctx.quick)).to(device).eval()
+            for obj in ("mdc", "arc", "clip")}
+
+
+def _sampling(sec: Section, ctx: Context, device: torch.device, models: dict) -> None:
+    n, length = ctx.pick(64, 2), 20
+    images, _ = batch(models["mdc"], n, device)
+    calls = {"mdc": lambda: mdc.generate(models["mdc"], images, length, return_tokens=True),
+             "arc": lambda: mdc.generate(models["arc"], images, length, beam_size=6, return_tokens=True)}
+    times = interleaved(calls, rounds=ctx.pick(3, 1), device=device)
+    sec.add(f"MDC greedy sampling, length {length}, batch {n}", round(n / median(times["mdc"]), 1), "captions/s",
+            "precision auto (bf16 on CUDA)")
+    sec.add(f"ARC beam search, beam 6, up to {length} tokens, batch {n}", round(n / median(times["arc"]), 1),
+            "captions/s")
+    same = mdc.generate(models["mdc"], images, length, return_tokens=True, precision="fp32")
+    agree = (same == mdc.generate(models["mdc"], images, length, return_tokens=True, precision="bf16")).float().mean()
+    sec.add("MDC tokens the same in bf16 and fp32", round(float(agree), 3), "of tokens", "random weights")
+
+
+def _scoring(sec: Section, ctx: Context, device: torch.device, models: dict) -> None:
     n, S = ctx.pick(64, 2), ctx.pick(1024, 8)
+    images, _ = batch(models["mdc"], n, device)
     captions = scene_captions(n)
-    with torch.autocast(device.type, dtype=torch.bfloat16):
-        times = interleaved({"generate": lambda: mdc.generate(model, images[:n], 20, return_tokens=True),
-                             "elbo": lambda: mdc.score(model, images[:n], captions, "elbo", num_samples=S)},
-                            rounds=ctx.pick(3, 1), device=device)
-    sec.add(f"MDC greedy sampling, length 20, batch {n}", round(n / median(times["generate"]), 1), "captions/s")
-    sec.add(f"ELBO, {S} samples per caption", round(n * S / median(times["elbo"])), "caption x samples/s")
+    scorers = {"ELBO": ("mdc", dict(method="elbo", num_samples=S)), "heuristic": ("mdc", dict(method="heuristic")),
+               "exact (ARC)": ("arc", dict(method="exact")), "cosine (CLIP)": ("clip", dict(method="cosine"))}
+    for label, (objective, kw) in scorers.items():
+        model, per = models[objective], S if label == "ELBO" else 1
+        calls = {p: functools.partial(mdc.score, model, images, captions, precision=p, **kw) for p in ("fp32", "bf16")}
+        times = interleaved(calls, rounds=ctx.pick(3, 1), device=device)
+        for p in calls:
+            sec.add(f"{label}{f', {S} samples' if per > 1 else ''}, {p}", round(n * per / median(times[p])),
+                    "captions x samples/s" if per > 1 else "captions/s")
+        error = (calls["bf16"]() - calls["fp32"]()).abs()
+        sec.add(f"{label}: |bf16 - fp32| score, max (mean)", round(float(error.max()), 4), "nats" if
+                objective != "clip" else "cosine", f"mean {float(error.mean()):.4f}; random weights")
+
+
+def measure(ctx: Context, device: torch.device) -> Section:
+    """The section's figures on ``device`` (tests run it on the CPU)."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    sec = Section("gpu", f"GPU ({name}): vit-b-32 training in bf16, sampling, scoring")
+    _training(sec, ctx, device, name)
+    models = _models(ctx, device)
+    _sampling(sec, ctx, device, models)
+    _scoring(sec, ctx, device, models)
     return sec
 
 
 def run(ctx: Context) -> Section:
-    if not torch.cuda.is_available():
+    reason = skip_reason()
+    if reason:
         sec = Section("gpu", "GPU")
-        sec.add("GPU section", "skipped: no CUDA")
+        sec.add("GPU section", "skipped: no CUDA", note=reason)
         return sec
     return measure(ctx, torch.device("cuda"))

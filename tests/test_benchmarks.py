@@ -54,6 +54,12 @@ def test_gpu_section_code_path_on_cpu():
     rows = {r.name: r for r in measure(Context(quick=True), torch.device("cpu")).rows}
     assert rows["model FLOPs utilisation"].value is None and rows["achieved"].value >= 0
     assert "TFLOP per step" in next(r.note for name, r in rows.items() if name.startswith("training"))
+    assert rows["torch.compile speed-up"].value > 0 and rows["training, torch.compile (aot_eager: quick)"].value > 0
+    for scorer in ("ELBO", "heuristic", "exact (ARC)", "cosine (CLIP)"):  # throughput in both precisions, error
+        assert sum(name.startswith(scorer) and name.endswith(("fp32", "bf16")) for name in rows) == 2, scorer
+        assert 0 <= rows[f"{scorer}: |bf16 - fp32| score, max (mean)"].value < 1, scorer
+    assert any(name.startswith("MDC greedy sampling") for name in rows) and any(
+        name.startswith("ARC beam search") for name in rows)
 
 
 def test_samples_to_match_interpolates_in_log_log():

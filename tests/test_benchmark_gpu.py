@@ -1,0 +1,26 @@
+"""``python -m benchmarks gpu`` without CUDA: the section is skipped with its reason (its CPU code
+path runs in tests/test_benchmarks.py::test_gpu_section_code_path_on_cpu, make test-slow)."""
+import json
+
+import pytest
+import torch
+
+from benchmarks.__main__ import main
+from benchmarks.common import Context
+from benchmarks.gpu import run, skip_reason
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present: the section runs")
+def test_without_cuda_the_gpu_section_says_why_it_is_skipped(tmp_path, capsys):
+    assert "no CUDA device" in skip_reason() and "python -m benchmarks gpu" in skip_reason()
+    assert [(r.value, r.note) for r in run(Context()).rows] == [("skipped: no CUDA", skip_reason())]
+    results = main(["gpu", "--out", str(tmp_path)])  # `gpu` as a positional name, as --only gpu
+    assert list(results["sections"]) == ["gpu"]
+    assert skip_reason() in capsys.readouterr().out
+    assert json.loads((tmp_path / "benchmarks.json").read_text())["sections"]["gpu"]["rows"][0]["note"] == skip_reason()
+
+
+def test_unknown_section_names_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["gpus"])
+    assert "unknown section 'gpus'" in capsys.readouterr().err
