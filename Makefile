@@ -9,7 +9,7 @@ TUTORIALS := notebooks/tutorials
 NBVAL  := --nbval-lax --nbval-current-env --nbval-sanitize-with $(TUTORIALS)/sanitize.cfg --nbval-cell-timeout=600
 LAB_ARGS ?=
 
-.PHONY: install test test-slow test-tutorials browser lab bench smoke reproduce clean
+.PHONY: install test test-faults test-slow test-tutorials browser lab bench smoke reproduce clean
 
 install: $(STAMP)
 
@@ -23,6 +23,11 @@ $(STAMP): requirements.lock pyproject.toml
 test: $(STAMP) browser
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests $(TUTORIALS) $(NBVAL)
+
+# The fault suite (a few minutes on 2 cores): SIGKILLs of training runs and of the runner, a full disk,
+# lost gloo ranks, bad input on every command line; it rewrites the tables in docs/reliability.md.
+test-faults: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m faults tests/test_faults.py
 
 test-tutorials: $(STAMP)
 	$(PY) -m pytest -q $(TUTORIALS) $(NBVAL)

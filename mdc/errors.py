@@ -86,7 +86,10 @@ def report(work: Callable[[], T], parser: argparse.ArgumentParser | None = None,
     except tuple(expected) as exn:
         if debugging(debug):
             raise
-        _say(str(exn) or type(exn).__name__)
+        if isinstance(exn, OSError) and exn.strerror:  # "No space left on device: 'path'", not "[Errno 28] ..."
+            _say(exn.strerror + (f": {exn.filename!r}" if exn.filename else ""))
+        else:
+            _say(str(exn) or type(exn).__name__)
         raise SystemExit(1) from None
 
 

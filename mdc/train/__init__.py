@@ -27,9 +27,10 @@ The package, one module per concern (each importing only those before it):
 """
 from mdc.train.cli import main, make_parser, parse_args
 from mdc.train.config import RESUME_FREE, TrainConfig, check_same_run, run_config, run_differences
-from mdc.train.loop import LossModule, NonFiniteLossError, accumulate, seed_everything, setup_distributed, train
+from mdc.train.loop import (LossModule, NonFiniteLossError, PeerLostError, accumulate, seed_everything,
+                            setup_distributed, train)
 from mdc.train.stream import DataStream, count_samples, vocab_from_captions
 
-__all__ = ["RESUME_FREE", "DataStream", "LossModule", "NonFiniteLossError", "TrainConfig", "accumulate",
+__all__ = ["RESUME_FREE", "DataStream", "LossModule", "NonFiniteLossError", "PeerLostError", "TrainConfig", "accumulate",
            "check_same_run", "count_samples", "main", "make_parser", "parse_args", "run_config", "run_differences",
            "seed_everything", "setup_distributed", "train", "vocab_from_captions"]

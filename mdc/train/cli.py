@@ -73,9 +73,12 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+TUPLES = {f.name for f in dataclasses.fields(TrainConfig) if "tuple" in str(f.type)}  # nargs flags: lists -> tuples
+
+
 def _kwargs(args: argparse.Namespace) -> dict:
-    return {name: tuple(value) if isinstance(value, list) else value for name, value in vars(args).items()
-            if name != "debug"}
+    return {name: tuple(value) if name in TUPLES and isinstance(value, list) else value
+            for name, value in vars(args).items() if name != "debug"}
 
 
 def parse_args(argv: list[str] | None = None) -> dict:

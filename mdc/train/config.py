@@ -216,9 +216,8 @@ def check_values(c: TrainConfig) -> None:
                           "resume")
     clash = sorted(set(c.model_overrides or {}) & set(OWN_OPTIONS))
     if clash:
-        own = {"name": "model"}.get(clash[0], clash[0])
-        raise ConfigError(f"model_overrides sets {clash[0]}, which has its own option ({own}); set it there",
-                          "model_overrides", own)
+        raise ConfigError(f"model_overrides sets {clash[0]}, which has its own option: give it there",
+                          "model_overrides")
 
 
 def check_model(c: TrainConfig) -> None:

@@ -4,10 +4,12 @@ and exact checkpoints (weights, optimizer, LR schedule, every rank's RNG and str
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
 import os
 import random
+import re
 import time
 
 import numpy as np
@@ -17,7 +19,7 @@ from torch import nn
 
 from mdc import checkpoint, optim
 from mdc.data.pipeline import SKIP_REASONS, SkipStats
-from mdc.errors import RunError
+from mdc.errors import ConfigError, RunError
 from mdc.factory import create_model, load_weights
 from mdc.lock import FolderInUseError, FolderLock
 from mdc.tokenizer import TextStats
@@ -34,6 +36,38 @@ TEXT_FIELDS = tuple(TextStats().as_dict())  # captions, tokens, unknown, truncat
 
 class NonFiniteLossError(RunError):
     """The loss became NaN or infinite; the message names the step and the last good checkpoint."""
+
+
+class PeerLostError(RunError):
+    """A distributed run lost a rank (it died, or hung past ``MDC_DIST_TIMEOUT``); the message names
+    this rank, the step and the last checkpoint to resume from."""
+
+
+DIST_TIMEOUT_ENV = "MDC_DIST_TIMEOUT"  # seconds a collective waits for the other ranks (default: torch's 1800)
+
+
+def dist_timeout() -> datetime.timedelta:
+    """How long a collective waits for a silent rank before the run gives up (``MDC_DIST_TIMEOUT``)."""
+    raw = os.environ.get(DIST_TIMEOUT_ENV, "1800")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ConfigError(f"{DIST_TIMEOUT_ENV} must be a number of seconds > 0, got {raw!r}")
+    return datetime.timedelta(seconds=seconds)
+
+
+def _lost_peer(exn: BaseException) -> bool:
+    """Is this a collective that failed because another rank is gone or silent?"""
+    return isinstance(exn, dist.DistError) or bool(
+        re.search(r"gloo|NCCL|Connection (reset|closed)|[Tt]imed out|ProcessGroup", str(exn)))
+
+
+def _peer_reason(exn: BaseException) -> str:
+    """The backend's own words, without its source location: 'Read error ...: Connection reset by peer'."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(exn).strip()).splitlines()[0] if str(exn).strip() else type(exn).__name__
+    return text.split(". ")[0][:200]
 
 
 class LossModule(nn.Module):
@@ -94,7 +128,7 @@ def setup_distributed() -> tuple[int, int, torch.device, bool]:
     """(rank, world_size, device, created): joins the torchrun process group if the env defines one."""
     created = False
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=dist_timeout())
         created = True
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     if torch.cuda.is_available():
@@ -246,6 +280,12 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
                                    text.unknown, text.tokens)
             if step % cfg.save_every == 0 or step == cfg.steps:
                 last_ckpt = _save(cfg, step, model, optimizer, scheduler, stream, rank, world)
+    except RuntimeError as exn:
+        if world > 1 and _lost_peer(exn) and not isinstance(exn, RunError):
+            raise PeerLostError(f"rank {rank} of {world} lost contact with the other processes after step {step} "
+                                f"({_peer_reason(exn)}); last checkpoint: {last_ckpt or 'none written yet'}; "
+                                f"restart every process with --resume") from exn
+        raise
     finally:
         bar.close()
         if log is not None:
