@@ -68,3 +68,28 @@ def test_convert_command_line_says_what_is_missing_in_one_line(tmp_path, capsys,
         convert.main(["--folder", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 1 and err == [f"error: {tmp_path / 'nowhere'}: folder not found"]
+
+
+def test_evaluation_sets_into_a_folder_in_use_are_refused(tmp_path):
+    from mdc.world.evalsets import write_evalsets
+
+    with FolderLock(str(tmp_path / "eval"), ".shards.lock", "a shard writer"):
+        with pytest.raises(FolderInUseError, match="in use by a shard writer"):
+            write_evalsets(str(tmp_path / "eval"), 0, 16, n_probe_train=2, n_probe_test=2, n_items=2, n_caption_train=2)
+        assert os.listdir(tmp_path / "eval") == [".shards.lock"]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--n-items", "0"], "error: --n-items must be >= 1, got 0"),
+    (["--n-probe-train", "-2"], "error: --n-probe-train must be >= 1, got -2"),
+    (["--image-size", "0"], "error: --image-size must be >= 1, got 0"),
+    (["--seed", "-1"], "error: --seed must be >= 0, got -1"),
+])
+def test_evalsets_command_line_refuses_bad_values_in_one_line(argv, line, tmp_path, capsys, monkeypatch):
+    from mdc.world import evalsets
+
+    monkeypatch.delenv("MDC_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as info:
+        evalsets.main(["--out", str(tmp_path / "out")] + argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and err == [line] and not (tmp_path / "out").exists()

@@ -27,15 +27,16 @@ Command line::
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
 import numpy as np
 
 from mdc.data.writer import png_bytes, write_tar
+from mdc.errors import ArgumentParser, must, report
+from mdc.lock import FolderLock
 from mdc.world.render import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES, render
-from mdc.world.scenes import sample_scene
+from mdc.world.scenes import SHARDS_LOCK, sample_scene
 from mdc.world.streams import STREAM_ARO, STREAM_CAPTIONS, STREAM_PROBE, STREAM_SUGARCREPE, stream_rng
 from mdc.world.text import (ARO_ATTRIBUTION, ARO_RELATION, ARO_RELATION_NAMES, BACKGROUND_WORDS, COUNT_WORDS,
                             RELATIONS, SIZE_WORDS, SUGAR_BACKGROUND, TEXTURE_ADJ, join_list, pick, references,
@@ -249,7 +250,19 @@ def write_evalsets(out_dir: str, seed: int, image_size: int = 64, n_probe_train:
     """Write every evaluation set under ``out_dir``; returns (and writes) the summary.
 
     ``n_items`` is the size of each ARO/SugarCrepe file and of the captioning val and test splits.
+    The writer holds ``out_dir/.shards.lock`` (:mod:`mdc.lock`) meanwhile: a second writer into the
+    same folder is refused, naming the first. Counts and sizes below 1 (a seed below 0) are refused.
     """
+    for name, value, least in (("seed", seed, 0), ("image_size", image_size, 1), ("n_probe_train", n_probe_train, 1),
+                               ("n_probe_test", n_probe_test, 1), ("n_items", n_items, 1),
+                               ("n_caption_train", n_caption_train, 1)):
+        if value < least:
+            raise must(name, value, f">= {least}")
+    with FolderLock(out_dir, SHARDS_LOCK, "a shard writer", "wait for it to end, or write into another folder (--out)"):
+        return _write_all(out_dir, seed, image_size, n_probe_train, n_probe_test, n_items, n_caption_train)
+
+
+def _write_all(out_dir, seed, image_size, n_probe_train, n_probe_test, n_items, n_caption_train) -> dict:
     summary = {"seed": seed, "image_size": image_size, "probe": {}}
     for index, (task, (names, analogue)) in enumerate(PROBE_TASKS.items()):
         _write_probe(out_dir, task, index, seed, image_size, {"train": n_probe_train, "test": n_probe_test})
@@ -264,7 +277,7 @@ def write_evalsets(out_dir: str, seed: int, image_size: int = 64, n_probe_train:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description="Write evaluation sets derived from held-out synthetic scenes.")
+    parser = ArgumentParser(description="Write evaluation sets derived from held-out synthetic scenes.")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--seed", type=int, default=0, help="world seed (streams disjoint from training shards)")
     parser.add_argument("--image-size", type=int, default=64, help="image side in pixels")
@@ -272,9 +285,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--n-probe-test", type=int, default=1000, help="test images per probe task")
     parser.add_argument("--n-items", type=int, default=500, help="items per ARO/SugarCrepe file, captioning val/test")
     parser.add_argument("--n-caption-train", type=int, default=2000, help="captioning fine-tuning images")
+    parser.add_argument("--debug", action="store_true", help="on an error, show the traceback (or set MDC_DEBUG=1)")
     args = parser.parse_args(argv)
-    summary = write_evalsets(args.out, args.seed, args.image_size, args.n_probe_train, args.n_probe_test,
-                             args.n_items, args.n_caption_train)
+    summary = report(lambda: write_evalsets(args.out, args.seed, args.image_size, args.n_probe_train,
+                                            args.n_probe_test, args.n_items, args.n_caption_train),
+                     parser, debug=args.debug)
     print(json.dumps(summary, indent=1))
     return summary
 
