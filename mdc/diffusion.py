@@ -42,6 +42,15 @@ class Corrupted:
     weight: torch.Tensor  # [B] 1/t (by ratio) or 1/n (by count) per caption
 
 
+def uniform(*size: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+    """U[0, 1) draws of shape ``size`` from ``generator`` (the global stream when None). The generator is
+    passed on only when given: under torch.compile with a dynamic batch size, ``torch.rand(B, generator=None)``
+    fails to trace (its generator overload wants concrete sizes), while ``torch.rand(B)`` draws the same."""
+    if generator is None:
+        return torch.rand(*size, device=device)
+    return torch.rand(*size, generator=generator, device=device)
+
+
 def sample_t(n: int, cfg, generator=None, device=None) -> torch.Tensor:
     """t [n] ~ U[w_l, w_u] (clamped at T_MIN); 'stratified' uses one offset u and (u + b/n) mod 1.
 
@@ -49,7 +58,7 @@ def sample_t(n: int, cfg, generator=None, device=None) -> torch.Tensor:
     """
     if cfg.mask_ratio is not None:
         return torch.full((n,), float(cfg.mask_ratio), device=device)
-    u = torch.rand(n if cfg.t_sampling == "uniform" else 1, generator=generator, device=device)
+    u = uniform(n if cfg.t_sampling == "uniform" else 1, generator=generator, device=device)
     if cfg.t_sampling == "stratified":
         u = (u + torch.arange(n, device=device) / n) % 1.0
     lo, hi = cfg.t_interval

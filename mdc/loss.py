@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from mdc.condition import training_condition
-from mdc.diffusion import corrupt, sample_t
+from mdc.diffusion import corrupt, sample_t, uniform
 from mdc.tokenizer import caption_mask, trim_padding, valid_mask
 
 
@@ -36,7 +36,7 @@ def mdc_loss(model, images, tokens, *, t=None, noise=None, generator=None):
     if t is None:
         t = sample_t(B, cfg, generator, tokens.device)  # [B]
     if noise is None:
-        noise = torch.rand(B, L, generator=generator, device=tokens.device)  # Alg. 1: p = uniform(B, L)
+        noise = uniform(B, L, generator=generator, device=tokens.device)  # Alg. 1: p = uniform(B, L)
     c = corrupt(tokens, maskable, tok.mask_id, t=t, noise=noise[:, :L])  # C_t
     cond = training_condition(model, B, generator, tokens.device)  # null / partial y (mdc/condition.py); {} when off
     hidden = model.hidden(c.noisy, model.context(images, **cond))  # [B, L, W]

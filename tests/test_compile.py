@@ -25,10 +25,11 @@ import torch._inductor.config
 from safetensors.torch import load_file
 from torch._dynamo.utils import counters
 
+import mdc
 from mdc import optim
-from mdc.train import loop, train
+from mdc.train import LossModule, loop, train
 from mdc.world.scenes import vocabulary, write_shards
-from conftest import SMALL
+from conftest import CAPTIONS, SMALL
 
 MODEL = SMALL | {"vocab": list(vocabulary()), "context_length": 32}
 STEPS, WARM = 6, 2
@@ -115,6 +116,20 @@ def test_an_ignored_compile_switch_is_noticed(shards, tmp_path, monkeypatch):
     compiled, frames = counting_train(monkeypatch, **run_args(shards, tmp_path / "compiled", "arc", compile=True))
     with pytest.raises(AssertionError, match="nothing was compiled"):
         check_compiled(eager, compiled, frames, rtol=0, atol=0)
+
+
+def test_a_compiled_loss_takes_new_batch_sizes():
+    """A second batch size makes Dynamo trace the batch dimension as a symbol; the MDC loss's random
+    draws must trace with it (torch.rand(B, generator=None) did not) and match eager's."""
+    model = mdc.create_model("tiny", "mdc", **SMALL)
+    model.trim_multiple = 16
+    net, compiled = LossModule(model), torch.compile(LossModule(model), backend="aot_eager")
+    for B in (4, 6, 8):
+        images, tokens = torch.randn(B, 3, 32, 32), model.tokenizer((CAPTIONS * 2)[:B])
+        torch.manual_seed(B)
+        eager = net(images, tokens)
+        torch.manual_seed(B)
+        torch.testing.assert_close(compiled(images, tokens), eager, rtol=1e-6, atol=0)
 
 
 @pytest.mark.slow
