@@ -60,8 +60,8 @@ def dist_timeout() -> datetime.timedelta:
 
 def _lost_peer(exn: BaseException) -> bool:
     """Is this a collective that failed because another rank is gone or silent?"""
-    return isinstance(exn, dist.DistError) or bool(
-        re.search(r"gloo|NCCL|Connection (reset|closed)|[Tt]imed out|ProcessGroup", str(exn)))
+    return isinstance(exn, dist.DistError) or bool(re.search(  # gloo often raises a plain RuntimeError
+        r"gloo|nccl|connection|timed out|timeout|pair closure|by peer|processgroup|collective", str(exn), re.I))
 
 
 def _peer_reason(exn: BaseException) -> str:
