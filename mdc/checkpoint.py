@@ -15,7 +15,8 @@ A checkpoint folder is written under a temporary name (``.step_000200.tmp-PID``)
 and the folder are fsync'ed, the folder is renamed into place and its parent fsync'ed, and
 only then is ``latest.json`` replaced (and its folder fsync'ed): a run killed at any moment,
 or a machine that loses power, leaves ``latest.json`` pointing at a complete checkpoint.
-Temporary folders of earlier crashed writes are removed by the next save. A full disk
+Temporary folders of earlier crashed writes are removed by the next save (safe because a run folder
+has one writer: :func:`mdc.train.train` holds its lock, :mod:`mdc.lock`). A full disk
 raises ``OSError(ENOSPC)`` saying "no space left on device" with the checkpoint's path,
 after removing the partial folder; ``latest.json`` is untouched. ``keep_last=K`` deletes,
 after a successful save, the step folders older than the new one beyond the K newest (the
