@@ -22,6 +22,7 @@ from torch import nn
 
 import mdc
 from mdc import optim
+from mdc.transformer import Head
 from mdc.train import loop, train
 from mdc.world.scenes import vocabulary, write_shards
 from conftest import CAPTIONS, SMALL, small_model
@@ -57,7 +58,7 @@ def record_dtypes(model: nn.Module, record: dict) -> list:
     vocabulary head's to record["head"]. Returns the hooks' handles."""
     return [module.register_forward_hook(lambda mod, args, out, key=key: record.setdefault(key, set()).add(out.dtype))
             for module in model.modules() if isinstance(module, nn.Linear)
-            for key in ["head" if isinstance(module, mdc.model.Head) else "linear"]]
+            for key in ["head" if isinstance(module, Head) else "linear"]]
 
 
 def recording_train(monkeypatch, **kwargs) -> tuple[dict, dict]:
