@@ -96,7 +96,7 @@ PROFILES = {
                  captioning=dict(finetune_steps=300, max_images=500, metrics=["bleu", "meteor", "rouge_l", "cider"]),
                  guidance=dict(max_images=300, strengths=[1.0, 2.0, 3.0, 4.0], metrics=["bleu", "meteor", "cider"],
                                composition_items=100),
-                 bert_ratios=(0.15, 0.4, 0.7, 1.0), fig5_fractions=(0.25, 0.5), timeout_s=1800),
+                 bert_ratios=(0.15, 0.4, 0.7, 1.0), fig5_fractions=(0.25, 0.5), timeout_s=3600),
 }
 
 
