@@ -70,6 +70,13 @@ def test_convert_command_line_says_what_is_missing_in_one_line(tmp_path, capsys,
     assert info.value.code == 1 and err == [f"error: {tmp_path / 'nowhere'}: folder not found"]
 
 
+def test_evaluation_sets_without_probe_or_training_images_are_written(tmp_path):
+    from mdc.world.evalsets import write_evalsets  # the captioning and guidance notebooks ask for these
+
+    summary = write_evalsets(str(tmp_path), 0, 16, n_probe_train=0, n_probe_test=0, n_items=2, n_caption_train=0)
+    assert summary["captions"]["test"] == 2 and all(t["train"] == 0 for t in summary["probe"].values())
+
+
 def test_evaluation_sets_into_a_folder_in_use_are_refused(tmp_path):
     from mdc.world.evalsets import write_evalsets
 
@@ -81,7 +88,7 @@ def test_evaluation_sets_into_a_folder_in_use_are_refused(tmp_path):
 
 @pytest.mark.parametrize("argv, line", [
     (["--n-items", "0"], "error: --n-items must be >= 1, got 0"),
-    (["--n-probe-train", "-2"], "error: --n-probe-train must be >= 1, got -2"),
+    (["--n-probe-train", "-2"], "error: --n-probe-train must be >= 0, got -2"),  # 0: no probe images
     (["--image-size", "0"], "error: --image-size must be >= 1, got 0"),
     (["--seed", "-1"], "error: --seed must be >= 0, got -1"),
 ])

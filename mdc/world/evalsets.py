@@ -251,11 +251,12 @@ def write_evalsets(out_dir: str, seed: int, image_size: int = 64, n_probe_train:
 
     ``n_items`` is the size of each ARO/SugarCrepe file and of the captioning val and test splits.
     The writer holds ``out_dir/.shards.lock`` (:mod:`mdc.lock`) meanwhile: a second writer into the
-    same folder is refused, naming the first. Counts and sizes below 1 (a seed below 0) are refused.
+    same folder is refused, naming the first. ``n_items`` and ``image_size`` below 1 are refused, as
+    are negative counts of probe and captioning training images (0 writes none) and seeds.
     """
-    for name, value, least in (("seed", seed, 0), ("image_size", image_size, 1), ("n_probe_train", n_probe_train, 1),
-                               ("n_probe_test", n_probe_test, 1), ("n_items", n_items, 1),
-                               ("n_caption_train", n_caption_train, 1)):
+    for name, value, least in (("seed", seed, 0), ("image_size", image_size, 1), ("n_probe_train", n_probe_train, 0),
+                               ("n_probe_test", n_probe_test, 0), ("n_items", n_items, 1),
+                               ("n_caption_train", n_caption_train, 0)):
         if value < least:
             raise must(name, value, f">= {least}")
     with FolderLock(out_dir, SHARDS_LOCK, "a shard writer", "wait for it to end, or write into another folder (--out)"):
