@@ -39,7 +39,8 @@ def coca_beam_search(coca, images, length: int, beams: int, tok, min_length: int
     and encoded once, then the whole prefix through the text tower and the multimodal decoder at every
     step (no cache). The bookkeeping is plain beam search (finished = emitted [EOT] within the top
     ``beams``, length-normalised ranking), the same rules as :func:`mdc.sampler.arc_sample`; no [EOT]
-    before ``min_length`` tokens, as open_clip's ``min_seq_len``."""
+    before ``min_length`` tokens, as open_clip's ``min_seq_len``. An image none of whose hypotheses
+    finished gets its best live one, length-normalised (open_clip's and Hugging Face's finalize)."""
     B, K = len(images), beams
     latent, embs = coca._encode_image(images.repeat_interleave(K, 0))
     seqs = torch.full((B * K, 1), tok.sot_id, dtype=torch.long)
@@ -75,6 +76,10 @@ def coca_beam_search(coca, images, length: int, beams: int, tok, min_length: int
             break
         rows = (new_src + torch.arange(B)[:, None] * K).view(-1)
         seqs, scores = torch.cat([seqs[rows], new_word.view(-1, 1)], dim=1), new_scores
+    for b in range(B):
+        if not finished[b]:
+            finished[b] = [(scores[b, k].item() / max(1, seqs.shape[1] - 1), seqs[b * K + k, 1:].tolist())
+                           for k in range(K) if scores[b, k] > -math.inf]
     return [max(f)[1] for f in finished]
 
 

@@ -80,3 +80,25 @@ def test_plain_sampling_loop_is_the_cached_samplers_result():
     model = mdc.create_model("tiny", "mdc", **SMALL).eval()
     images = torch.randn(3, 3, 32, 32)
     assert torch.equal(plain_mdc_sample(model, images, 6), mdc.generate(model, images, 6, return_tokens=True))
+
+
+def _small_coca():
+    from benchmarks.common import coca_like
+    from conftest import SMALL
+
+    torch.manual_seed(0)
+    arc = mdc.create_model("tiny", "arc", **SMALL).eval()
+    return coca_like(arc).eval(), arc.tokenizer
+
+
+def test_coca_beam_search_returns_a_caption_per_image_when_no_hypothesis_ends():
+    """[EOT] barred to the end (min_length beyond the length): every beam runs out of room unfinished,
+    and each image gets its best live hypothesis (as open_clip's and Hugging Face's beam search do)."""
+    from benchmarks.sampling import coca_beam_search
+
+    coca, tok = _small_coca()
+    images = torch.randn(3, 3, 32, 32)
+    out = coca_beam_search(coca, images, 4, 3, tok, min_length=10)
+    assert len(out) == 3 and all(len(body) == 4 and tok.eot_id not in body for body in out)
+    ended = coca_beam_search(coca, images, 4, 3, tok, min_length=4)  # [EOT] forced after 4 tokens
+    assert len(ended) == 3 and all(len(body) == 4 for body in ended)
