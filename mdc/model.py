@@ -39,7 +39,8 @@ class ModelConfig:
     objective: str = "mdc"  # "mdc" (and its BERT ablations) | "arc" | "clip"
     # vision tower: timm ViT, trained from scratch
     image_size: int = 224  # input resolution (square)
-    patch_size: int = 16
+    patch_size: int = 16  # image tokens: (image_size / patch_size)^2
+    vision_stem: str = "patch"  # "patch": one patch_size-stride projection (ViT) | "conv": log2(patch_size) 3x3 stride-2 convs
     vision_width: int = 768
     vision_layers: int = 12
     vision_heads: int = 12
@@ -87,6 +88,11 @@ class ModelConfig:
                                  f"(each attention head takes an equal share of the width)")
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        if self.vision_stem not in ("patch", "conv"):
+            raise ValueError(f"vision_stem must be 'patch' or 'conv'; got {self.vision_stem!r}")
+        if self.vision_stem == "conv" and (self.patch_size < 2 or self.patch_size & (self.patch_size - 1)):
+            raise ValueError(f"a conv stem halves the resolution per convolution, so patch_size must be a power of 2 "
+                             f">= 2; got {self.patch_size}")
         if self.vocab is not None:
             self.vocab = tuple(int(i) for i in self.vocab)
         self._check_mc_diffusion()
@@ -153,17 +159,35 @@ def evaluating(model: nn.Module, precision: str = "auto"):
         model.train(was_training)
 
 
+def conv_stem(in_chans: int, width: int, patch_size: int) -> nn.Sequential:
+    """A convolutional patch projection (Xiao et al., 2021, "Early convolutions help transformers see
+    better"): log2(patch_size) 3x3 convolutions of stride 2, the channels doubling up to ``width``,
+    BatchNorm and GELU between them; [B, 3, S, S] -> [B, width, S / patch_size, S / patch_size]."""
+    n = patch_size.bit_length() - 1  # patch_size = 2^n
+    chans = [in_chans] + [width >> (n - 1 - i) for i in range(n)]  # e.g. 3 -> 32 -> 64 -> 128
+    layers: list[nn.Module] = []
+    for i in range(n):
+        layers.append(nn.Conv2d(chans[i], chans[i + 1], 3, stride=2, padding=1, bias=i == n - 1))
+        if i < n - 1:
+            layers += [nn.BatchNorm2d(chans[i + 1]), nn.GELU()]
+    return nn.Sequential(*layers)
+
+
 def vision_tower(cfg: ModelConfig, class_token: bool) -> nn.Module:
-    """timm ViT from scratch; tokens leave forward_features LayerNorm-ed (fc_norm off)."""
+    """timm ViT from scratch; tokens leave forward_features LayerNorm-ed (fc_norm off). With
+    ``vision_stem="conv"`` the patch projection is :func:`conv_stem` (same tokens, same positions)."""
     patch_torchvision()
     from timm.models.vision_transformer import VisionTransformer
 
-    return VisionTransformer(
+    vit = VisionTransformer(
         img_size=cfg.image_size, patch_size=cfg.patch_size, embed_dim=cfg.vision_width,
         depth=cfg.vision_layers, num_heads=cfg.vision_heads, mlp_ratio=cfg.mlp_ratio,
         num_classes=0, class_token=class_token, global_pool="token" if class_token else "avg",
         fc_norm=False,
     )
+    if cfg.vision_stem == "conv":
+        vit.patch_embed.proj = conv_stem(3, cfg.vision_width, cfg.patch_size)
+    return vit
 
 
 # ---------------------------------------------------------------------------- models

@@ -211,3 +211,24 @@ def test_load_accepts_a_run_folder(tmp_path):
     assert mdc.load(tmp_path / "run").config == m.config
     with pytest.raises(FileNotFoundError, match="latest.json"):
         mdc.load(tmp_path / "elsewhere")
+
+
+def test_conv_stem_makes_the_same_tokens_as_the_patch_projection(tmp_path):
+    """vision_stem="conv": log2(patch) stride-2 convolutions in place of the patch projection; the token grid,
+    the positions and the checkpoint round trip are those of a ViT with the same patch size."""
+    x = torch.randn(3, 3, 64, 64)
+    for patch, convs in ((8, 3), (16, 4)):
+        conv = small_model("mdc", image_size=64, patch_size=patch, vision_stem="conv").eval()
+        plain = small_model("mdc", image_size=64, patch_size=patch).eval()
+        assert sum(isinstance(m, torch.nn.Conv2d) for m in conv.visual.patch_embed.modules()) == convs
+        assert conv.forward_features(x).shape == plain.forward_features(x).shape == (3, (64 // patch) ** 2, 64)
+    conv.save(tmp_path / "m")
+    again = mdc.load(tmp_path / "m").eval()
+    assert again.config.vision_stem == "conv" and torch.equal(again.encode_image(x), conv.encode_image(x))
+
+
+@pytest.mark.parametrize("kw, needle", [(dict(vision_stem="resnet"), "resnet"),
+                                        (dict(vision_stem="conv", patch_size=12, image_size=48), "power of 2")])
+def test_bad_stems_are_named(kw, needle):
+    with pytest.raises(ValueError, match=needle):
+        small_model("mdc", **kw)

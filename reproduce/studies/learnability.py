@@ -70,6 +70,14 @@ CONFIGS: dict[str, dict] = {
     # when no measured candidate fitted, before this one was run)
     "s32q": dict(model=dict(BASE, image_size=32, patch_size=8), style="descriptive", steps=560, batch=64, lr=3e-3,
                  warmup=56),
+    # a convolutional stem in place of the patch projection (issue 19), s32q's recipe: at 32 px (16 tokens),
+    # at 64 px (64 tokens) and at 64 px ending at 16 tokens (four convolutions)
+    "c32": dict(model=dict(BASE, image_size=32, patch_size=8, vision_stem="conv"), style="descriptive", steps=560,
+                batch=64, lr=3e-3, warmup=56),
+    "c64": dict(model=dict(BASE, image_size=64, patch_size=8, vision_stem="conv"), style="descriptive", steps=560,
+                batch=64, lr=3e-3, warmup=56),
+    "c64p16": dict(model=dict(BASE, image_size=64, patch_size=16, vision_stem="conv"), style="descriptive",
+                   steps=560, batch=64, lr=3e-3, warmup=56),
     # finer patches at 32 px: 64 tokens
     "s32p4": dict(model=dict(BASE, image_size=32, patch_size=4), style="descriptive", steps=1000, batch=64, lr=1e-3,
                   warmup=50),
@@ -146,27 +154,124 @@ def run(name: str, objective: str, seed: int, out: str, workers: int = 1) -> dic
     return row
 
 
-def timing(name: str, out: str, steps: int = 40, workers: int = 1) -> dict:
+# The supervised ceiling: the encoder trained on the probe's own labels (a linear head per label on its
+# GAP features), with the objectives' budget, data stream and probe -- what this encoder and world allow.
+CEILING_LABELS = ("shape", "colour", "texture", "count")  # of the largest object; count = objects - 1
+# Fixed before the first ceiling was read (issue 19): the encoder and the world's rendering are chosen by
+# the ceiling alone -- the cheapest candidate (seconds per step of its slowest objective, timing pass)
+# whose ceiling reaches `target` points on the rule's tasks; if none does, the highest ceiling.
+CEILING_RULE = {"tasks": RULE["tasks"], "target": 50.0, "budget": "the candidate's own recipe (steps, batch, lr)",
+                "choice": "cheapest candidate with ceiling >= target, else the highest ceiling"}
+
+
+def scene_labels(scene: dict) -> list[int]:
+    """The ceiling's targets of a scene: shape, colour and texture of its largest object, and its count."""
+    from mdc.world.render import COLOURS, SHAPES, TEXTURES
+
+    big = max(scene["objects"], key=lambda o: o["radius"])
+    return [list(SHAPES).index(big["shape"]), list(COLOURS).index(big["colour"]),
+            list(TEXTURES).index(big["texture"]), len(scene["objects"]) - 1]
+
+
+def ceiling_run(name: str, seed: int, out: str) -> dict:
+    """Train ``CONFIGS[name]``'s vision tower on the labels of the training scenes (the same scenes as
+    the objectives' shards: world seed 0, rendered at the model's size and passed through the training
+    transform), with its recipe; probe it beside its random initialisation."""
+    import torch
+    from PIL import Image
+
+    import mdc
+    from mdc.data.transforms import image_transform
+    from mdc.optim import make_optimizer, make_scheduler
+    from mdc.world.render import COLOURS, SHAPES, TEXTURES, render_array
+    from mdc.world.scenes import sample_scene
+    from mdc.world.streams import STREAM_SCENE, stream_rng
+    from mdc.world.text import MAX_OBJECTS
+
+    cfg = CONFIGS[name]
+    size = cfg["model"]["image_size"]
+    eval_dir = evalsets(os.path.join(out, "data"), size)
+    torch.manual_seed(seed)
+    model = mdc.create_model("tiny", "mdc", **cfg["model"])  # a captioner's tower: GAP features, no CLS token
+    random_init = {k: v.clone() for k, v in model.state_dict().items()}
+    heads = torch.nn.ModuleList(torch.nn.Linear(cfg["model"]["vision_width"], n)
+                                for n in (len(SHAPES), len(COLOURS), len(TEXTURES), MAX_OBJECTS))
+    params = torch.nn.ModuleList([model.visual, heads])
+    optimizer = make_optimizer(params, cfg["lr"], 0.1)
+    scheduler = make_scheduler(optimizer, cfg["warmup"], cfg["steps"])
+    transform = image_transform(size, train=True, seed=seed)
+    order = np.random.default_rng(seed).permutation(cfg["steps"] * cfg["batch"])
+    cpu0, wall0 = cpu_seconds(), time.perf_counter()
+    model.train()
+    for step in range(cfg["steps"]):
+        scenes = [sample_scene(stream_rng(0, STREAM_SCENE, int(i)))
+                  for i in order[step * cfg["batch"]:(step + 1) * cfg["batch"]]]
+        images = torch.stack([transform(Image.fromarray(render_array(sc, size))) for sc in scenes])
+        labels = torch.tensor([scene_labels(sc) for sc in scenes])  # [B, 4]
+        feats = model.encode_image(images)  # [B, Dv] GAP
+        loss = sum(torch.nn.functional.cross_entropy(h(feats), labels[:, k]) for k, h in enumerate(heads))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+    wall, cpu = time.perf_counter() - wall0, cpu_seconds() - cpu0
+    cache = os.path.join(out, "features")
+    trained = probe(model, eval_dir, cache)
+    model.load_state_dict(random_init)
+    row = {"config": name, "objective": "labels", "seed": seed, "wall_s": wall, "cpu_s": cpu,
+           "final_loss": float(loss.detach()), "trained": trained, "random_init": probe(model, eval_dir, cache),
+           "recipe": cfg}
+    row["gap"] = {t: row["trained"][t] - row["random_init"][t] for t in TASKS}
+    row["gap_mean4"] = float(np.mean([row["gap"][t] for t in RULE["tasks"]]))
+    with open(os.path.join(out, "ceiling.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+    return row
+
+
+def timing(name: str, out: str, steps: int = 40, workers: int = 1, compile: bool = False,
+           objectives=("mdc", "arc", "clip")) -> dict:
     """Seconds per optimizer step of a configuration through the real loader, per objective, measured
     on its own (the machine otherwise idle): what a run of the full length would cost on 2 cores."""
+    import torch
+
     from mdc.train import train
 
     cfg = CONFIGS[name]
     data = shards(os.path.join(out, "data"), cfg["style"], cfg["model"]["image_size"], cfg["steps"] * cfg["batch"])
-    row = {"config": name}
-    for objective in ("mdc", "arc", "clip"):
+    row = {"config": name, "workers": workers, "compile": compile, "threads": torch.get_num_threads(),
+           "loader_images_per_s": loader_rate(name, out, workers)}
+    for objective in objectives:
         per = []
         for n in (5, 5 + steps):  # the difference removes start-up (workers, first batches)
             start = time.perf_counter()
-            train(train_data=data, output_dir=os.path.join(out, "timing", f"{name}-{objective}-{n}"), model="tiny",
+            run_dir = os.path.join(out, "timing", f"{name}-{objective}-w{workers}{'-compiled' if compile else ''}-{n}")
+            train(train_data=data, output_dir=run_dir, model="tiny",
                   objective=objective, model_overrides=cfg["model"], steps=n, batch_size=cfg["batch"], lr=cfg["lr"],
-                  warmup_steps=1, workers=workers, save_every=10**6, shuffle_buffer=2000)
+                  warmup_steps=1, workers=workers, save_every=10**6, shuffle_buffer=2000, compile=compile)
             per.append(time.perf_counter() - start)
         row[objective] = (per[1] - per[0]) / steps
         row[f"{objective}_run_min"] = row[objective] * cfg["steps"] / 60
+        row[f"{objective}_images_per_s"] = cfg["batch"] / row[objective]
     with open(os.path.join(out, "timing.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
     return row
+
+
+def loader_rate(name: str, out: str, workers: int, batches: int = 60) -> float:
+    """Images per second of the real training loader alone (PNG decoding, tar parsing, crop, tokenizing)."""
+    from mdc.data.pipeline import make_loader
+    from mdc.tokenizer import Tokenizer
+    from mdc.world.text import vocabulary
+
+    cfg = CONFIGS[name]
+    data = shards(os.path.join(out, "data"), cfg["style"], cfg["model"]["image_size"], cfg["steps"] * cfg["batch"])
+    loader = iter(make_loader(data, Tokenizer(64, vocabulary()), cfg["model"]["image_size"], cfg["batch"],
+                              num_workers=workers, shuffle_buffer=2000))
+    next(loader)  # start-up (workers, the shuffle buffer's first fill) not counted
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(loader)
+    return batches * cfg["batch"] / (time.perf_counter() - start)
 
 
 def summary(out: str) -> str:
@@ -239,7 +344,9 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
     p.add_argument("--out", default=os.path.join("runs", "studies", "learnability"))
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--compile", action="store_true", help="with --timing: torch.compile the loss")
     p.add_argument("--summary", action="store_true", help="print the table of the runs so far")
+    p.add_argument("--ceiling", action="store_true", help="the supervised ceiling of the configurations' encoders")
     p.add_argument("--timing", action="store_true", help="time the configurations (on an otherwise idle machine)")
     p.add_argument("--write", metavar="DIR", help="with --summary: copy runs.jsonl, timing.jsonl and the decision here")
     args = p.parse_args(argv)
@@ -254,9 +361,17 @@ def main(argv=None) -> None:
             json.dump(decide(args.out), f, indent=1)
         print(summary(args.out))
         return
+    if args.ceiling:
+        for seed in args.seeds:
+            for name in args.configs:
+                row = ceiling_run(name, seed, args.out)
+                print(json.dumps({k: row[k] for k in ("config", "seed", "wall_s", "final_loss", "gap_mean4")}),
+                      flush=True)
+        return
     if args.timing:
         for name in args.configs:
-            print(json.dumps(timing(name, args.out, workers=args.workers)), flush=True)
+            print(json.dumps(timing(name, args.out, workers=args.workers, compile=args.compile,
+                                    objectives=args.objectives)), flush=True)
         return
     for seed in args.seeds:
         for name in args.configs:
