@@ -3,10 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -17,6 +14,8 @@ import mdc
 from mdc.world.scenes import sample_scene
 from mdc.world.streams import STREAM_CAPTION, STREAM_SCENE, stream_rng
 from mdc.world.text import caption
+
+from benchmarks.peers import build_coca
 
 
 @dataclass
@@ -122,15 +121,14 @@ def open_clip_module():
     return open_clip
 
 
-def coca_like(model) -> torch.nn.Module:
-    """open_clip's CoCa at the configuration nearest to captioner ``model``, random weights (no download).
+def coca_config(model) -> tuple[dict, str]:
+    """open_clip's CoCa config dict nearest to captioner ``model``, and a name for it.
 
     The same ViT (size, patch, width, depth, heads), a multimodal decoder of the captioner's
     decoder width, depth and heads, and a unimodal text tower of that size too (open_clip's CoCa
     split, as in its ``coca_ViT-B-32``: which ``vit-b-32`` reproduces but for the vocabulary,
-    here the captioner's). Built with ``open_clip.create_model`` from a config dict.
+    here the captioner's).
     """
-    open_clip = open_clip_module()
     c, tok = model.config, model.tokenizer
     text = dict(context_length=c.context_length - 1, vocab_size=tok.vocab_size, width=c.text_width,
                 heads=c.text_heads, layers=c.text_layers)
@@ -141,18 +139,12 @@ def coca_like(model) -> torch.nn.Module:
                                output_tokens=True),
                text_cfg=dict(text, embed_cls=True, output_tokens=True, pad_id=tok.pad_id),
                multimodal_cfg=dict(text, attn_pooler_heads=c.text_heads))
-    name = "mdc-bench-coca-" + hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, name + ".json")
-        with open(path, "w") as f:
-            json.dump(cfg, f)
-        open_clip.add_model_config(path)
-        root, level = logging.getLogger(), logging.getLogger().level
-        root.setLevel(logging.ERROR)  # open_clip warns "no pretrained weights loaded": intended
-        try:
-            return open_clip.create_model(name, pretrained=None)
-        finally:
-            root.setLevel(level)
+    return cfg, "mdc-bench-coca-" + hashlib.sha1(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def coca_like(model) -> torch.nn.Module:
+    """open_clip's CoCa at :func:`coca_config` of captioner ``model``, random weights (no download)."""
+    return build_coca(open_clip_module(), *coca_config(model))
 
 
 def count_calls(module: torch.nn.Module) -> list[int]:

@@ -1,12 +1,17 @@
 """Caption generation: MDC's cached greedy unmasking against re-running the whole model each step, and
-ARC's KV-cached beam search against open_clip's CoCa beam search, at the tiny and vit-b-32 sizes.
+ARC's KV-cached beam search against open_clip's own ``CoCa.generate``, at the tiny and vit-b-32 sizes.
 
 Decoding cost depends on the number of steps, not on the weights, so the models are freshly
 initialised; forward passes are counted with hooks on the image encoder and the text decoder.
+CoCa runs in the peers' virtualenv (:mod:`benchmarks.peers`: open_clip 3.3 needs transformers 4),
+on the same images (same seed, same torch), at the same widths, length, beams and threads, timed
+round trip included in the same interleaved rounds as ARC; where that virtualenv cannot be had
+(or a quick run finds none), :func:`coca_beam_search` stands in, labelled as the fallback.
 """
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -14,9 +19,11 @@ import mdc
 from mdc.diffusion import caption_log_probs
 from mdc.sampler import masked_row
 
-from benchmarks.common import Context, Section, coca_like, count_calls, interleaved, median, small, speedup
+from benchmarks import peers
+from benchmarks.common import (Context, Section, coca_config, coca_like, count_calls, interleaved, median, small,
+                               speedup)
 
-LENGTH, BEAMS = 20, 6
+LENGTH, BEAMS, SEED = 20, 6, 0
 
 
 @torch.no_grad()
@@ -83,25 +90,46 @@ def coca_beam_search(coca, images, length: int, beams: int, tok, min_length: int
     return [max(f)[1] for f in finished]
 
 
-def _coca_generate(coca, tok):
-    """open_clip's own beam search where it runs; else :func:`coca_beam_search` and the reason. Either
-    way no [EOT] before ``LENGTH`` tokens (open_clip's ``min_seq_len``): untrained models would stop at
-    random, and the step counts must match for the times to compare."""
-    def own(images):
-        return coca.generate(images, seq_len=LENGTH + 2, generation_type="beam_search", num_beams=BEAMS,
-                             num_beam_groups=1, min_seq_len=LENGTH + 1, sot_token_id=tok.sot_id,
-                             eos_token_id=tok.eot_id, pad_token_id=tok.pad_id)
+def _images(n: int, size: int) -> torch.Tensor:
+    """The run's images, drawn the same way in the peers' worker."""
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(SEED))
 
-    try:
-        own(torch.zeros(1, 3, *coca.visual.image_size))
-        return own, "open_clip CoCa.generate(generation_type='beam_search', num_beam_groups=1)"
-    except (AssertionError, ImportError, AttributeError, TypeError) as exn:
-        first = str(exn).splitlines()[0] if str(exn) else ""
-        reason = f"{type(exn).__name__}: {first[:70]}{'...' if len(first) > 70 else ''}"
-        return (lambda images: coca_beam_search(coca, images, LENGTH, BEAMS, tok, min_length=LENGTH),
-                f"open_clip's CoCa.generate does not run here ({reason}; open_clip 3.3 needs transformers' "
-                f"BeamSearchScorer, which transformers 5 removed), so CoCa is driven as its generate does it: "
-                f"images encoded once, the whole prefix through both text towers each step, no cache")
+
+def _coca(arc, batch: int, python: str | None, why: str = ""):
+    """(generate, label, note, close) for CoCa's beam search on ``batch`` images: open_clip's own
+    ``CoCa.generate`` in the peers' virtualenv (its ``python``), else :func:`coca_beam_search` in this
+    process, the note saying ``why``. ``generate()`` returns ``{"decoder_passes": n, "seconds": its own time or None}``.
+    Either way no [EOT] before ``LENGTH`` tokens (open_clip's ``min_seq_len``): untrained models would
+    stop at random, and the step counts must match for the times to compare."""
+    cfg, name = coca_config(arc)
+    tok = arc.tokenizer
+    if python:
+        worker = None
+        try:
+            worker = peers.Worker(python, dict(
+                cfg=cfg, name=name, batch=batch, image_size=arc.config.image_size, seed=SEED, length=LENGTH,
+                beams=BEAMS, threads=torch.get_num_threads(), sot=tok.sot_id, eot=tok.eot_id, pad=tok.pad_id))
+            worker()  # runs there, or fails now
+            v = worker.info["versions"]
+            same = "same torch" if v["torch"] == torch.__version__ else f"torch {v['torch']} ({torch.__version__} here)"
+            return (worker, f"open_clip CoCa.generate (isolated venv: open_clip {v['open_clip_torch']}, transformers "
+                            f"{v['transformers']})", f"{same}, torch threads {worker.info['threads']}", worker.close)
+        except RuntimeError as exn:
+            why = f"open_clip's CoCa.generate failed under {os.path.relpath(python, peers.ROOT)}: {exn}"
+            if worker:
+                worker.close()
+    coca, images = coca_like(arc).eval(), _images(batch, arc.config.image_size)
+    calls = count_calls(coca.text_decoder)
+
+    def generate():
+        before = calls[0]
+        coca_beam_search(coca, images, LENGTH, BEAMS, tok, min_length=LENGTH)
+        return {"decoder_passes": calls[0] - before, "seconds": None}
+
+    generate()  # untimed, as the worker's first call
+    return (generate, "CoCa, open_clip's beam search re-implemented here (fallback)",
+            f"{why}; driven as its generate does it: images encoded once, the whole prefix "
+            f"through both text towers each step, no cache", lambda: None)
 
 
 def _counted(counters: dict[str, list[int]], record: dict, name: str, fn):
@@ -116,12 +144,13 @@ def _counted(counters: dict[str, list[int]], record: dict, name: str, fn):
 
 def run(ctx: Context) -> Section:
     sec = Section("sampling", f"Caption generation (CPU): length {LENGTH}, greedy MDC and beam-{BEAMS} ARC")
+    notes = {}
     for size, B in (("tiny", ctx.pick(8, 2)), ("vit-b-32", ctx.pick(2, 1))):
         label = f"{size}{' (depth 1: quick)' if small(size, ctx.quick) else ''}, batch {B}"
         rounds, warmup = ctx.pick(3 if size == "tiny" else 2, 1), 1 if size == "tiny" else 0
         torch.manual_seed(0)
         model = mdc.create_model(size, "mdc", **small(size, ctx.quick)).eval()
-        images = torch.randn(B, 3, model.config.image_size, model.config.image_size)
+        images = _images(B, model.config.image_size)
         calls = {"image": count_calls(model.visual.patch_embed), "decoder": count_calls(model.decoder)}
         passes = {}
         fns = {"cached": lambda: mdc.generate(model, images, LENGTH, return_tokens=True),
@@ -138,16 +167,29 @@ def run(ctx: Context) -> Section:
                 "same captions" if same else "CAPTIONS DIFFER", at_least=3.0)
 
         arc = mdc.create_model(size, "arc", **small(size, ctx.quick)).eval()
-        coca = coca_like(arc).eval()
-        coca_fn, source = _coca_generate(coca, arc.tokenizer)
-        calls = {"ARC": count_calls(arc.decoder), "CoCa": count_calls(coca.text_decoder)}
-        steps = {}
-        fns = {"ARC": lambda: mdc.generate(arc, images, LENGTH, beam_size=BEAMS), "CoCa": lambda: coca_fn(images)}
-        times = interleaved({name: _counted(calls, steps, name, fn) for name, fn in fns.items()}, rounds, warmup)
-        for name, what in (("ARC", "ARC, KV cache (mdc.generate)"), ("CoCa", "CoCa (open_clip, no cache)")):
+        if "peers" not in ctx.cache:  # built once by a full run; a quick run takes it only if it is there
+            ctx.cache["peers"] = peers.environment(build=not ctx.quick)
+        peer, source, why, close = _coca(arc, B, *ctx.cache["peers"])
+        notes.setdefault(source, why)
+        steps, answers = {}, []
+        fns = {"ARC": _counted({"ARC": count_calls(arc.decoder)}, steps, "ARC",
+                               lambda: mdc.generate(arc, images, LENGTH, beam_size=BEAMS)),
+               "CoCa": lambda: answers.append(peer())}
+        try:
+            fns["ARC"]()  # untimed, as CoCa's first call in _coca
+            times = interleaved(fns, rounds, warmup)
+        finally:
+            close()
+        own = [a["seconds"] for a in answers[-rounds:]]
+        trip = f"; round trip {1000 * median([w - o for w, o in zip(times['CoCa'], own)]):.0f} ms" if own[0] else ""
+        for name, what, passes in (("ARC", "ARC, KV cache (mdc.generate)", steps["ARC"]["ARC"]),
+                                   ("CoCa", source, answers[-1]["decoder_passes"])):
             sec.add(f"beam {BEAMS}, {what}, {label}", round(B / median(times[name]), 2), "captions/s",
-                    f"{1000 * median(times[name]) / B:.0f} ms/caption; {steps[name][name]} decoder passes per batch")
+                    f"{1000 * median(times[name]) / B:.0f} ms/caption; {passes} decoder passes per batch"
+                    + (trip if name == "CoCa" else ""))
         sec.add(f"ARC / CoCa beam-search speed, {size}", round(speedup(times, "ARC", "CoCa"), 2), "x", at_least=3.0)
-    sec.notes.append(f"CoCa: {source}. Random weights: decoding cost depends on the steps, not the weights; "
-                     f"CoCa may not end before {LENGTH} tokens (ARC's untrained beams run to the limit too).")
+    for source, why in notes.items():
+        sec.notes.append(f"{source}: {why}.")
+    sec.notes.append(f"Random weights: decoding cost depends on the steps, not the weights; no [EOT] before "
+                     f"{LENGTH} tokens on either side (ARC's untrained beams run to the limit too).")
     return sec

@@ -1,4 +1,5 @@
 """The benchmark suite runs and writes its files (figures are printed, never asserted), and its helpers."""
+import importlib.metadata
 import json
 import math
 import os
@@ -102,3 +103,56 @@ def test_coca_beam_search_returns_a_caption_per_image_when_no_hypothesis_ends():
     assert len(out) == 3 and all(len(body) == 4 and tok.eot_id not in body for body in out)
     ended = coca_beam_search(coca, images, 4, 3, tok, min_length=4)  # [EOT] forced after 4 tokens
     assert len(ended) == 3 and all(len(body) == 4 for body in ended)
+
+
+def test_peers_virtualenv_missing_or_unbuildable_says_why(tmp_path, monkeypatch):
+    from benchmarks import peers
+
+    monkeypatch.setattr(peers, "VENV", str(tmp_path / "venv"))
+    python, why = peers.environment(build=False)
+    assert python is None and "does not build" in why
+    monkeypatch.setattr(peers.sys, "executable", str(tmp_path / "no-python"))
+    python, why = peers.environment(build=True)
+    assert python is None and why.startswith("could not build")
+    assert any(r.startswith("torch==") for r in peers.requirements()) and peers.TRANSFORMERS in peers.requirements()
+
+
+def test_peer_worker_protocol_in_this_environment():
+    """The worker answers ready with its versions, then one answer per generate call: seconds and decoder
+    passes where open_clip's generate runs (transformers 4), its error otherwise (transformers 5)."""
+    from benchmarks import peers
+    from benchmarks.common import coca_config
+    from conftest import SMALL
+
+    arc = mdc.create_model("tiny", "arc", **SMALL)
+    cfg, name = coca_config(arc)
+    tok = arc.tokenizer
+    worker = peers.Worker(sys.executable, dict(cfg=cfg, name=name, batch=2, image_size=32, seed=0, length=4, beams=2,
+                                               threads=1, sot=tok.sot_id, eot=tok.eot_id, pad=tok.pad_id))
+    try:
+        assert worker.info["ready"] and worker.info["threads"] == 1
+        assert worker.info["versions"]["open_clip_torch"] == importlib.metadata.version("open_clip_torch")
+        try:
+            answer = worker()
+        except RuntimeError as exn:
+            assert "transformers" in str(exn) and int(worker.info["versions"]["transformers"].split(".")[0]) >= 5
+        else:
+            assert answer["seconds"] > 0 and answer["decoder_passes"] == 5 and answer["shape"][0] == 2
+    finally:
+        worker.close()
+    with pytest.raises(RuntimeError, match="KeyError"):  # a setup the worker cannot use comes back as an error
+        peers.Worker(sys.executable, {})
+
+
+def test_coca_falls_back_to_the_reimplementation_and_names_why():
+    from benchmarks import sampling
+    from conftest import SMALL
+
+    arc = mdc.create_model("tiny", "arc", **SMALL).eval()
+    generate, label, why, close = sampling._coca(arc, 2, None, "no peers' virtualenv")
+    assert "fallback" in label and why.startswith("no peers' virtualenv")
+    assert generate() == {"decoder_passes": sampling.LENGTH + 1, "seconds": None}
+    close()
+    if int(importlib.metadata.version("transformers").split(".")[0]) >= 5:  # open_clip's generate fails: its error
+        generate, label, why, close = sampling._coca(arc, 2, sys.executable)
+        assert "fallback" in label and "failed under" in why and "transformers" in why
