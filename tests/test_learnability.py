@@ -74,3 +74,37 @@ def test_train_cli_runs_the_mini_preset(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     model = mdc.load(str(tmp_path / "run"))
     assert model.config.name == "mini" and model.config.image_size == 32
+
+
+def test_ceiling_labels_name_the_largest_object_and_the_count():
+    from mdc.world.render import COLOURS, SHAPES, TEXTURES
+
+    shapes, colours = list(SHAPES), list(COLOURS)
+    small = dict(shape=shapes[0], colour=colours[0], texture=TEXTURES[0], radius=0.1)
+    large = dict(shape=shapes[3], colour=colours[2], texture=TEXTURES[1], radius=0.3)
+    assert study.scene_labels({"objects": [small, large, small]}) == [3, 2, 1, 2]
+
+
+def test_a_learning_rate_variant_keeps_its_recipe(monkeypatch):
+    monkeypatch.setattr(study, "CONFIGS", {"a": dict(model={}, style="descriptive", batch=64, steps=10, lr=3e-3)})
+    assert study._recipe("a")["lr"] == 3e-3 and study._recipe("a@0.001") == dict(study.CONFIGS["a"], lr=1e-3)
+
+
+def test_the_ceiling_trains_on_labels_and_probes_beside_random_init(tmp_path, monkeypatch):
+    """End to end at a toy size: labels from the training scenes, the probe on every task, one row."""
+    monkeypatch.setattr(study, "CONFIGS", {"toy": dict(
+        model=dict(study.BASE, image_size=16, patch_size=4, vision_stem="conv", vision_width=32, vision_layers=1,
+                   vision_heads=2, text_width=32, text_layers=1, text_heads=2, embed_dim=32),
+        style="descriptive", steps=3, batch=8, lr=1e-3, warmup=1)})
+    monkeypatch.setattr(study, "evalsets", lambda root, size: _tiny_evalsets(root, size))
+    row = study.ceiling_run("toy", 0, str(tmp_path), lr=2e-3)
+    assert row["objective"] == "labels" and row["recipe"]["lr"] == 2e-3 and set(row["gap"]) == set(study.TASKS)
+    assert json.loads((tmp_path / "ceiling.jsonl").read_text())["gap_mean4"] == pytest.approx(row["gap_mean4"])
+
+
+def _tiny_evalsets(root, size):
+    from mdc.world.evalsets import write_evalsets
+
+    out = os.path.join(root, f"eval-{size}px")
+    write_evalsets(out, seed=1, image_size=size, n_probe_train=16, n_probe_test=8, n_items=1, n_caption_train=0)
+    return out

@@ -124,31 +124,40 @@ def probe(model, eval_dir: str, cache: str) -> dict[str, float]:
     return {name.split("/")[1]: 100 * r["top1"] for name, r in res["datasets"].items()}
 
 
-def run(name: str, objective: str, seed: int, out: str, workers: int = 1) -> dict:
+def run(name: str, objective: str, seed: int, out: str, workers: int = 1, lr: float | None = None) -> dict:
+    """Pretrain ``objective`` with ``CONFIGS[name]`` (``lr`` in place of its recipe's) and probe it at 25%,
+    50% and 100% of its steps (the learning curve) beside its random initialisation."""
     import torch
 
     import mdc
     from mdc.train import train
 
-    cfg = CONFIGS[name]
+    cfg = CONFIGS[name] if lr is None else {**CONFIGS[name], "lr": lr}
     data = shards(os.path.join(out, "data"), cfg["style"], cfg["model"]["image_size"], cfg["steps"] * cfg["batch"])
     eval_dir = evalsets(os.path.join(out, "data"), cfg["model"]["image_size"])
-    run_dir = os.path.join(out, "runs", f"{name}-{objective}-s{seed}")
+    run_dir = os.path.join(out, "runs", f"{name}-{objective}-s{seed}" + (f"-lr{lr:g}" if lr is not None else ""))
     cpu0, wall0 = cpu_seconds(), time.perf_counter()
     result = train(train_data=data, output_dir=run_dir, model="tiny", objective=objective,
                    model_overrides=cfg["model"], steps=cfg["steps"], batch_size=cfg["batch"], lr=cfg["lr"],
-                   warmup_steps=cfg["warmup"], seed=seed, workers=workers, save_every=cfg["steps"],
+                   warmup_steps=cfg["warmup"], seed=seed, workers=workers, save_every=cfg["steps"] // 4,
                    shuffle_buffer=2000)
     wall, cpu = time.perf_counter() - wall0, cpu_seconds() - cpu0
     trained = mdc.load(result["checkpoint"])
     torch.manual_seed(seed)
     random_init = mdc.create_model("tiny", objective, **cfg["model"])
     cache = os.path.join(out, "features")
-    row = {"config": name, "objective": objective, "seed": seed, "wall_s": wall, "cpu_s": cpu,
+    row = {"config": name if lr is None else f"{name}@{lr:g}", "objective": objective, "seed": seed, "wall_s": wall,
+           "cpu_s": cpu,
            "final_loss": result["final_loss"], "trained": probe(trained, eval_dir, cache),
            "random_init": probe(random_init, eval_dir, cache), "recipe": {k: v for k, v in cfg.items()}}
     row["gap"] = {t: row["trained"][t] - row["random_init"][t] for t in TASKS}
     row["gap_mean4"] = float(np.mean([row["gap"][t] for t in RULE["tasks"]]))
+    row["curve"] = {}  # fraction of the steps -> gap on the rule's tasks
+    for quarter in (1, 2):
+        step = cfg["steps"] // 4 * quarter
+        early = probe(mdc.load(os.path.join(run_dir, "checkpoints", f"step_{step:06d}")), eval_dir, cache)
+        row["curve"][quarter / 4] = float(np.mean([early[t] - row["random_init"][t] for t in RULE["tasks"]]))
+    row["curve"][1.0] = row["gap_mean4"]
     with open(os.path.join(out, "runs.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
     return row
@@ -173,10 +182,11 @@ def scene_labels(scene: dict) -> list[int]:
             list(TEXTURES).index(big["texture"]), len(scene["objects"]) - 1]
 
 
-def ceiling_run(name: str, seed: int, out: str) -> dict:
+def ceiling_run(name: str, seed: int, out: str, lr: float | None = None) -> dict:
     """Train ``CONFIGS[name]``'s vision tower on the labels of the training scenes (the same scenes as
     the objectives' shards: world seed 0, rendered at the model's size and passed through the training
-    transform), with its recipe; probe it beside its random initialisation."""
+    transform), with its recipe (``lr`` in place of the recipe's: the ceiling's learning rate is chosen by
+    its own training loss); probe it beside its random initialisation."""
     import torch
     from PIL import Image
 
@@ -188,7 +198,7 @@ def ceiling_run(name: str, seed: int, out: str) -> dict:
     from mdc.world.streams import STREAM_SCENE, stream_rng
     from mdc.world.text import MAX_OBJECTS
 
-    cfg = CONFIGS[name]
+    cfg = CONFIGS[name] if lr is None else {**CONFIGS[name], "lr": lr}
     size = cfg["model"]["image_size"]
     eval_dir = evalsets(os.path.join(out, "data"), size)
     torch.manual_seed(seed)
@@ -292,12 +302,18 @@ def summary(out: str) -> str:
     return "\n".join(lines)
 
 
+def _recipe(config: str) -> dict:
+    """The recipe of a row's config: ``NAME`` or ``NAME@LR`` (NAME's recipe at another learning rate)."""
+    name, _, lr = config.partition("@")
+    return {**CONFIGS[name], "lr": float(lr)} if lr else CONFIGS[name]
+
+
 def _step_seconds(name: str, timings: dict) -> float | None:
     """A configuration's measured seconds per step (slowest objective), or those of a timed one with
     the same model, caption style and batch (the step is the same; only lr or the step count differ)."""
     if name in timings:
         return timings[name]
-    cfg = CONFIGS[name]
+    cfg = _recipe(name)
     same = [n for n in timings if n in CONFIGS and all(CONFIGS[n][k] == cfg[k] for k in ("model", "style", "batch"))]
     return timings[same[0]] if same else None
 
@@ -322,7 +338,7 @@ def decide(out: str) -> dict:
                               "passes": bool(gaps) and bool(np.mean(gaps) >= RULE["min_gap"])
                               and (std is not None and std < RULE["max_std"])}
         seconds = _step_seconds(name, timings)
-        minutes = seconds * CONFIGS[name]["steps"] / 60 if seconds is not None else None
+        minutes = seconds * _recipe(name)["steps"] / 60 if seconds is not None else None
         verdict[name] = {"objectives": per, "minutes": minutes,
                          "passes": all(v["passes"] for v in per.values()) and minutes is not None
                          and minutes <= RULE["max_minutes"]}
@@ -331,7 +347,7 @@ def decide(out: str) -> dict:
         return {"rule": RULE, "configs": verdict, "choice": min(passing, key=lambda n: verdict[n]["minutes"]),
                 "by": "rule"}
     affordable = [n for n, v in verdict.items() if v["minutes"] is not None and v["minutes"] <= RULE["max_minutes"]
-                  and CONFIGS[n]["style"] == RULE["style"] and all(o["gap"] is not None for o in v["objectives"].values())]
+                  and _recipe(n)["style"] == RULE["style"] and all(o["gap"] is not None for o in v["objectives"].values())]
     weakest = {n: min(o["gap"] for o in verdict[n]["objectives"].values()) for n in affordable}
     return {"rule": RULE, "configs": verdict, "choice": max(weakest, key=weakest.get) if weakest else None,
             "by": "fallback", "weakest_gap": weakest}
@@ -347,6 +363,7 @@ def main(argv=None) -> None:
     p.add_argument("--compile", action="store_true", help="with --timing: torch.compile the loss")
     p.add_argument("--summary", action="store_true", help="print the table of the runs so far")
     p.add_argument("--ceiling", action="store_true", help="the supervised ceiling of the configurations' encoders")
+    p.add_argument("--lr", type=float, nargs="*", help="with --ceiling: learning rates to try (default: the recipe's)")
     p.add_argument("--timing", action="store_true", help="time the configurations (on an otherwise idle machine)")
     p.add_argument("--write", metavar="DIR", help="with --summary: copy runs.jsonl, timing.jsonl and the decision here")
     args = p.parse_args(argv)
@@ -364,9 +381,10 @@ def main(argv=None) -> None:
     if args.ceiling:
         for seed in args.seeds:
             for name in args.configs:
-                row = ceiling_run(name, seed, args.out)
-                print(json.dumps({k: row[k] for k in ("config", "seed", "wall_s", "final_loss", "gap_mean4")}),
-                      flush=True)
+                for lr in args.lr or [None]:
+                    row = ceiling_run(name, seed, args.out, lr)
+                    print(json.dumps({k: row[k] for k in ("config", "seed", "wall_s", "final_loss", "gap_mean4")}
+                                     | {"lr": row["recipe"]["lr"]}), flush=True)
         return
     if args.timing:
         for name in args.configs:
@@ -376,7 +394,7 @@ def main(argv=None) -> None:
     for seed in args.seeds:
         for name in args.configs:
             for objective in args.objectives:
-                row = run(name, objective, seed, args.out, args.workers)
+                row = run(name, objective, seed, args.out, args.workers, args.lr[0] if args.lr else None)
                 print(json.dumps({k: row[k] for k in ("config", "objective", "seed", "wall_s", "gap_mean4")}),
                       flush=True)
     print(summary(args.out))
