@@ -25,7 +25,7 @@ TRANSFORMERS = "transformers==4.56.*"  # the last series that exports BeamSearch
 
 
 def requirements() -> list[str]:
-    """The peers' virtualenv's pins: this environment's torch, torchvision, open_clip; transformers 4.57."""
+    """The peers' virtualenv's pins: this environment's torch, torchvision, open_clip; transformers 4.56."""
     return [f"{name}=={importlib.metadata.version(name)}" for name in ("torch", "torchvision", "open_clip_torch")] + [
         TRANSFORMERS]
 
