@@ -53,13 +53,19 @@ def text_table(sec: Section) -> str:
 def markdown(sections: list[Section], meta: dict) -> str:
     quick = " QUICK smoke run: the figures are not meaningful." if meta["quick"] else ""
     out = ["# Benchmarks", "", f"`{meta['command']}` on {meta['date']}: {meta['machine']}; torch {meta['torch']}, "
-           f"torch threads: {meta['threads']}.{quick}", ""]
+           f"torch threads: {meta['threads']}; load average (1 min) {meta['load']['start']} at the start, "
+           f"{meta['load']['end']} at the end, on {os.cpu_count()} cores.{quick}", ""]
     for sec in sections:
         rows = table(sec)
         out += [f"## {sec.title}", "", "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
         out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows[1:]]
         out += [""] + [f"{note}" for note in sec.notes] + [""]
     return "\n".join(out)
+
+
+def _load() -> float | None:
+    """The machine's 1-minute load average (runnable processes, this one included), where the OS has one."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -86,7 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores"
                        + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""),
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "quick": args.quick}
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "quick": args.quick,
+            "load": {"start": _load()}}
     sections = []
     for name in args.only or SECTIONS:
         start = time.perf_counter()
@@ -94,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
         sec.seconds = time.perf_counter() - start
         sections.append(sec)
         print(text_table(sec) + "\n", flush=True)
+    meta["load"]["end"] = _load()
     os.makedirs(args.out, exist_ok=True)
     results = {"meta": meta, "sections": {s.name: s.as_dict() for s in sections}}
     with open(os.path.join(args.out, "benchmarks.json"), "w") as f:

@@ -30,6 +30,9 @@ def _quick(tmp_path, *only):
 def test_quick_run_writes_table_json_and_markdown(tmp_path):
     results = _quick(tmp_path, "scoring", "data", "gpu")
     assert list(results["sections"]) == ["scoring", "data", "gpu"] and results["meta"]["quick"]
+    load = results["meta"]["load"]  # the machine's load is part of the record: figures are read against it
+    assert set(load) == {"start", "end"} and all(v is None or v >= 0 for v in load.values())
+    assert "load average" in (tmp_path / "benchmarks.md").read_text()
     rows = {r["name"]: r for r in results["sections"]["data"]["rows"]}
     assert rows["shards written, npy, 1 process"]["target"] == ">= 2000"
     assert all(isinstance(r["met"], bool) for r in rows.values() if r["target"])
