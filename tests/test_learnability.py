@@ -108,3 +108,20 @@ def _tiny_evalsets(root, size):
     out = os.path.join(root, f"eval-{size}px")
     write_evalsets(out, seed=1, image_size=size, n_probe_train=16, n_probe_test=8, n_items=1, n_caption_train=0)
     return out
+
+
+def test_ceiling_rule_takes_each_candidates_lower_loss_then_the_cheapest_reaching_the_target(tmp_path):
+    def row(config, lr, loss, gap):
+        return {"config": config, "recipe": {"lr": lr}, "final_loss": loss, "gap_mean4": gap}
+
+    rows = [row("a", 3e-3, 4.0, 20.0), row("a", 1e-3, 3.5, 28.0), row("b", 1e-3, 3.0, 25.0)]
+    (tmp_path / "ceiling.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    d = study.decide_ceiling(str(tmp_path))
+    assert d["choice"] == "a" and d["candidates"]["a"]["lr"] == 1e-3 and d["by"].startswith("highest")
+    rows += [row("b", 3e-3, 2.0, 60.0), row("c", 1e-3, 1.0, 55.0)]
+    (tmp_path / "ceiling.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="timing"):
+        study.decide_ceiling(str(tmp_path))
+    (tmp_path / "timing.jsonl").write_text(json.dumps({"config": "b", "mdc": 0.5, "arc": 0.6, "clip": 0.4}) + "\n"
+                                           + json.dumps({"config": "c", "mdc": 0.3, "arc": 0.3, "clip": 0.3}) + "\n")
+    assert study.decide_ceiling(str(tmp_path))["choice"] == "c"  # both reach 50; c is cheaper

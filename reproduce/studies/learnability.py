@@ -78,6 +78,9 @@ CONFIGS: dict[str, dict] = {
                 batch=64, lr=3e-3, warmup=56),
     "c64p16": dict(model=dict(BASE, image_size=64, patch_size=16, vision_stem="conv"), style="descriptive",
                    steps=560, batch=64, lr=3e-3, warmup=56),
+    # c64 with 4x the steps (lr 1e-3, chosen by the ceiling's training loss): what a 4x budget buys
+    "c64x4": dict(model=dict(BASE, image_size=64, patch_size=8, vision_stem="conv"), style="descriptive", steps=2240,
+                  batch=64, lr=1e-3, warmup=224),
     # finer patches at 32 px: 64 tokens
     "s32p4": dict(model=dict(BASE, image_size=32, patch_size=4), style="descriptive", steps=1000, batch=64, lr=1e-3,
                   warmup=50),
@@ -353,6 +356,34 @@ def decide(out: str) -> dict:
             "by": "fallback", "weakest_gap": weakest}
 
 
+def decide_ceiling(out: str) -> dict:
+    """Apply ``CEILING_RULE`` to ``ceiling.jsonl``: each candidate at the learning rate with the lower
+    final supervised loss, then the cheapest reaching the target (seconds per step from the timing pass),
+    else the highest ceiling."""
+    path = os.path.join(out, "ceiling.jsonl")
+    rows = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
+    best: dict[str, dict] = {}
+    for r in rows:
+        if r["config"] not in best or r["final_loss"] < best[r["config"]]["final_loss"]:
+            best[r["config"]] = r
+    candidates = {n: {"lr": r["recipe"]["lr"], "final_loss": r["final_loss"], "ceiling": r["gap_mean4"]}
+                  for n, r in best.items()}
+    reaching = [n for n, c in candidates.items() if c["ceiling"] >= CEILING_RULE["target"]]
+    timings = {}
+    if os.path.isfile(os.path.join(out, "timing.jsonl")):
+        for line in open(os.path.join(out, "timing.jsonl")):
+            t = json.loads(line)
+            timings[t["config"]] = max(t.get(o, 0.0) for o in ("mdc", "arc", "clip"))
+    if reaching and all(n in timings for n in reaching):
+        return {"rule": CEILING_RULE, "candidates": candidates, "choice": min(reaching, key=timings.get),
+                "by": "target"}
+    if reaching:
+        raise ValueError(f"{reaching} reach the target but have no timing pass: run --timing first")
+    return {"rule": CEILING_RULE, "candidates": candidates,
+            "choice": max(candidates, key=lambda n: candidates[n]["ceiling"]) if candidates else None,
+            "by": "highest ceiling (none reaches the target)"}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", nargs="*", default=[], choices=sorted(CONFIGS))
@@ -365,17 +396,20 @@ def main(argv=None) -> None:
     p.add_argument("--ceiling", action="store_true", help="the supervised ceiling of the configurations' encoders")
     p.add_argument("--lr", type=float, nargs="*", help="with --ceiling: learning rates to try (default: the recipe's)")
     p.add_argument("--timing", action="store_true", help="time the configurations (on an otherwise idle machine)")
-    p.add_argument("--write", metavar="DIR", help="with --summary: copy runs.jsonl, timing.jsonl and the decision here")
+    p.add_argument("--write", metavar="DIR", help="with --summary: copy runs.jsonl, timing.jsonl, ceiling.jsonl and "
+                                                  "the decisions here")
     args = p.parse_args(argv)
     if args.summary and args.write:
         import shutil
 
         os.makedirs(args.write, exist_ok=True)
-        for name in ("runs.jsonl", "timing.jsonl"):
+        for name in ("runs.jsonl", "timing.jsonl", "ceiling.jsonl"):
             if os.path.isfile(os.path.join(args.out, name)):
                 shutil.copy(os.path.join(args.out, name), os.path.join(args.write, name))
         with open(os.path.join(args.write, "decision.json"), "w") as f:
             json.dump(decide(args.out), f, indent=1)
+        with open(os.path.join(args.write, "ceiling_decision.json"), "w") as f:
+            json.dump(decide_ceiling(args.out), f, indent=1)
         print(summary(args.out))
         return
     if args.ceiling:
