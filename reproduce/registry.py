@@ -4,8 +4,8 @@
 Profiles:
 - ``smoke``: every artifact wired end to end with a handful of steps on tiny data (CI).
 - ``mini``: the synthetic scene world with the model config ``mini`` and ``--preset mini``
-  fixed by the learnability study (``reproduce/studies/learnability.md``); about an hour per
-  seed on 2 CPU cores.
+  fixed by the learnability study (``reproduce/studies/learnability.md``); about 7 hours per
+  seed on 2 CPU cores (estimated from the study's runs).
 - ``paper``: the paper's backbones, data and hyperparameters on GPU nodes. Data paths come from
   environment variables (see :data:`PAPER_ENV`); pretraining runs execute under torchrun when
   the runner is given ``--gpus-per-node``.
@@ -96,7 +96,7 @@ PROFILES = {
                  captioning=dict(finetune_steps=300, max_images=500, metrics=["bleu", "meteor", "rouge_l", "cider"]),
                  guidance=dict(max_images=300, strengths=[1.0, 2.0, 3.0, 4.0], metrics=["bleu", "meteor", "cider"],
                                composition_items=100),
-                 bert_ratios=(0.15, 0.4, 0.7, 1.0), fig5_fractions=(0.25, 0.5), timeout_s=3600),
+                 bert_ratios=(0.15, 0.4, 0.7, 1.0), fig5_fractions=(0.25, 0.5), timeout_s=3 * 3600),
 }
 
 

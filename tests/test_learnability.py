@@ -12,7 +12,8 @@ from mdc.factory import model_config
 from mdc.train import TrainConfig
 from reproduce.studies import learnability as study
 
-CHOSEN = "s32q"  # reproduce/studies/learnability/decision.json
+CHOSEN = "c64x4"  # the ceiling's choice c64 (learnability/ceiling_decision.json) at 4x the first study's steps
+FIRST = "s32q"  # the first study's choice (learnability/decision.json), the `mini` of the committed figures
 
 
 def test_the_frozen_model_is_the_studied_configuration():
@@ -20,7 +21,8 @@ def test_the_frozen_model_is_the_studied_configuration():
     assert {**vars(frozen), "name": None} == {**vars(studied), "name": None}
     for objective in ("mdc", "arc", "clip"):
         model = mdc.create_model("mini", objective=objective)
-        assert model.config.image_size == 32 and model.config.objective == objective
+        assert model.config.image_size == 64 and model.config.vision_stem == "conv"
+        assert model.config.objective == objective
 
 
 def test_the_mini_preset_is_the_studied_recipe():
@@ -31,9 +33,14 @@ def test_the_mini_preset_is_the_studied_recipe():
     assert c.epochs is None and c.weight_decay == 0.1
 
 
-def test_the_decision_file_names_the_frozen_configuration():
-    decision = json.load(open(os.path.join(os.path.dirname(study.__file__), "learnability", "decision.json")))
-    assert decision["choice"] == CHOSEN and decision["rule"]["max_minutes"] == study.RULE["max_minutes"]
+def test_the_decision_files_name_the_frozen_configuration():
+    folder = os.path.join(os.path.dirname(study.__file__), "learnability")
+    first = json.load(open(os.path.join(folder, "decision.json")))
+    assert first["choice"] == FIRST and first["rule"]["max_minutes"] == study.RULE["max_minutes"]
+    ceiling = json.load(open(os.path.join(folder, "ceiling_decision.json")))
+    assert ceiling["rule"] == json.loads(json.dumps(study.CEILING_RULE))
+    assert study.CONFIGS[ceiling["choice"]]["model"] == study.CONFIGS[CHOSEN]["model"]
+    assert ceiling["candidates"][ceiling["choice"]]["lr"] == study.CONFIGS[CHOSEN]["lr"]
 
 
 def _row(config, objective, seed, gap):
@@ -65,7 +72,7 @@ def test_rule_prefers_a_passing_configuration_then_falls_back_to_the_best_weakes
 
 
 def test_train_cli_runs_the_mini_preset(tmp_path):
-    write_shards(str(tmp_path / "shards"), 8, "descriptive", seed=0, image_size=32, shard_size=8)
+    write_shards(str(tmp_path / "shards"), 8, "descriptive", seed=0, image_size=64, shard_size=8)
     out = subprocess.run([sys.executable, "-m", "mdc.train", "--preset", "mini", "--objective", "mdc",
                           "--train-data", str(tmp_path / "shards"), "--steps", "2", "--batch-size", "4",
                           "--global-batch", "4", "--warmup-steps", "1", "--output-dir", str(tmp_path / "run"),
@@ -73,7 +80,7 @@ def test_train_cli_runs_the_mini_preset(tmp_path):
                                                                                    "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     model = mdc.load(str(tmp_path / "run"))
-    assert model.config.name == "mini" and model.config.image_size == 32
+    assert model.config.name == "mini" and model.config.image_size == 64 and model.config.vision_stem == "conv"
 
 
 def test_ceiling_labels_name_the_largest_object_and_the_count():
