@@ -40,7 +40,7 @@ class ModelConfig:
     # vision tower: timm ViT, trained from scratch
     image_size: int = 224  # input resolution (square)
     patch_size: int = 16  # image tokens: (image_size / patch_size)^2
-    vision_stem: str = "patch"  # "patch": one patch_size-stride projection (ViT) | "conv": log2(patch_size) 3x3 stride-2 convs
+    vision_stem: str = "patch"  # "patch": a patch_size-stride projection | "conv": log2(patch_size) stride-2 convs
     vision_width: int = 768
     vision_layers: int = 12
     vision_heads: int = 12

@@ -350,7 +350,8 @@ def decide(out: str) -> dict:
         return {"rule": RULE, "configs": verdict, "choice": min(passing, key=lambda n: verdict[n]["minutes"]),
                 "by": "rule"}
     affordable = [n for n, v in verdict.items() if v["minutes"] is not None and v["minutes"] <= RULE["max_minutes"]
-                  and _recipe(n)["style"] == RULE["style"] and all(o["gap"] is not None for o in v["objectives"].values())]
+                  and _recipe(n)["style"] == RULE["style"]
+                  and all(o["gap"] is not None for o in v["objectives"].values())]
     weakest = {n: min(o["gap"] for o in verdict[n]["objectives"].values()) for n in affordable}
     return {"rule": RULE, "configs": verdict, "choice": max(weakest, key=weakest.get) if weakest else None,
             "by": "fallback", "weakest_gap": weakest}
