@@ -19,6 +19,7 @@ informative tasks, with a seed standard deviation of that gap below ``max_std``,
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -135,7 +136,7 @@ def run(name: str, objective: str, seed: int, out: str, workers: int = 1, lr: fl
     import mdc
     from mdc.train import train
 
-    cfg = CONFIGS[name] if lr is None else {**CONFIGS[name], "lr": lr}
+    cfg = _recipe(name, lr)
     data = shards(os.path.join(out, "data"), cfg["style"], cfg["model"]["image_size"], cfg["steps"] * cfg["batch"])
     eval_dir = evalsets(os.path.join(out, "data"), cfg["model"]["image_size"])
     run_dir = os.path.join(out, "runs", f"{name}-{objective}-s{seed}" + (f"-lr{lr:g}" if lr is not None else ""))
@@ -168,7 +169,6 @@ def run(name: str, objective: str, seed: int, out: str, workers: int = 1, lr: fl
 
 # The supervised ceiling: the encoder trained on the probe's own labels (a linear head per label on its
 # GAP features), with the objectives' budget, data stream and probe -- what this encoder and world allow.
-CEILING_LABELS = ("shape", "colour", "texture", "count")  # of the largest object; count = objects - 1
 # Fixed before the first ceiling was read (issue 19): the encoder and the world's rendering are chosen by
 # the ceiling alone -- the cheapest candidate (seconds per step of its slowest objective, timing pass)
 # whose ceiling reaches `target` points on the rule's tasks; if none does, the highest ceiling.
@@ -201,7 +201,7 @@ def ceiling_run(name: str, seed: int, out: str, lr: float | None = None) -> dict
     from mdc.world.streams import STREAM_SCENE, stream_rng
     from mdc.world.text import MAX_OBJECTS
 
-    cfg = CONFIGS[name] if lr is None else {**CONFIGS[name], "lr": lr}
+    cfg = _recipe(name, lr)
     size = cfg["model"]["image_size"]
     eval_dir = evalsets(os.path.join(out, "data"), size)
     torch.manual_seed(seed)
@@ -305,10 +305,12 @@ def summary(out: str) -> str:
     return "\n".join(lines)
 
 
-def _recipe(config: str) -> dict:
-    """The recipe of a row's config: ``NAME`` or ``NAME@LR`` (NAME's recipe at another learning rate)."""
-    name, _, lr = config.partition("@")
-    return {**CONFIGS[name], "lr": float(lr)} if lr else CONFIGS[name]
+def _recipe(config: str, lr: float | None = None) -> dict:
+    """The recipe of ``config``, ``NAME`` or a row's ``NAME@LR`` (NAME's recipe at another learning
+    rate), with ``lr`` in place of its learning rate if given."""
+    name, _, at = config.partition("@")
+    lr = lr if lr is not None else float(at) if at else None
+    return CONFIGS[name] if lr is None else {**CONFIGS[name], "lr": lr}
 
 
 def _step_seconds(name: str, timings: dict) -> float | None:
@@ -395,7 +397,7 @@ def main(argv=None) -> None:
     p.add_argument("--compile", action="store_true", help="with --timing: torch.compile the loss")
     p.add_argument("--summary", action="store_true", help="print the table of the runs so far")
     p.add_argument("--ceiling", action="store_true", help="the supervised ceiling of the configurations' encoders")
-    p.add_argument("--lr", type=float, nargs="*", help="with --ceiling: learning rates to try (default: the recipe's)")
+    p.add_argument("--lr", type=float, nargs="*", help="learning rates in place of the recipe's, each in turn")
     p.add_argument("--timing", action="store_true", help="time the configurations (on an otherwise idle machine)")
     p.add_argument("--write", metavar="DIR", help="with --summary: copy runs.jsonl, timing.jsonl, ceiling.jsonl and "
                                                   "the decisions here")
@@ -428,8 +430,8 @@ def main(argv=None) -> None:
         return
     for seed in args.seeds:
         for name in args.configs:
-            for objective in args.objectives:
-                row = run(name, objective, seed, args.out, args.workers, args.lr[0] if args.lr else None)
+            for objective, lr in itertools.product(args.objectives, args.lr or [None]):
+                row = run(name, objective, seed, args.out, args.workers, lr)
                 print(json.dumps({k: row[k] for k in ("config", "objective", "seed", "wall_s", "gap_mean4")}),
                       flush=True)
     print(summary(args.out))
