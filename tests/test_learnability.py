@@ -71,16 +71,23 @@ def test_rule_prefers_a_passing_configuration_then_falls_back_to_the_best_weakes
     assert study.decide(str(tmp_path))["by"] == "fallback"  # std 2 > 1.5
 
 
-def test_train_cli_runs_the_mini_preset(tmp_path):
+def test_train_cli_runs_the_mini_preset_and_the_study_probes_the_run(tmp_path, monkeypatch):
     write_shards(str(tmp_path / "shards"), 8, "descriptive", seed=0, image_size=64, shard_size=8)
     out = subprocess.run([sys.executable, "-m", "mdc.train", "--preset", "mini", "--objective", "mdc",
                           "--train-data", str(tmp_path / "shards"), "--steps", "2", "--batch-size", "4",
                           "--global-batch", "4", "--warmup-steps", "1", "--output-dir", str(tmp_path / "run"),
-                          "--workers", "0"], capture_output=True, text=True, env={**os.environ,
-                                                                                   "OMP_NUM_THREADS": "1"})
+                          "--workers", "0", "--seed", "3"], capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     model = mdc.load(str(tmp_path / "run"))
     assert model.config.name == "mini" and model.config.image_size == 64 and model.config.vision_stem == "conv"
+
+    monkeypatch.setattr(study, "evalsets", lambda root, size: _tiny_evalsets(root, size))
+    row = study.probe_checkpoint(str(tmp_path / "run"), str(tmp_path / "study"))
+    assert row["seed"] == 3 and row["train"]["preset"] == "mini" and set(row["gap"]) == set(study.TASKS)
+    again = study.probe_checkpoint(str(tmp_path / "run" / "checkpoints" / "step_000002"), str(tmp_path / "study"))
+    assert again["random_init"] == row["random_init"] and again["trained"] == row["trained"]  # seeded, same weights
+    assert len((tmp_path / "study" / "probes.jsonl").read_text().splitlines()) == 2
 
 
 def test_ceiling_labels_name_the_largest_object_and_the_count():

@@ -3,6 +3,7 @@ questions be answered before any method is compared (the study behind the `mini`
 
     python -m reproduce.studies.learnability --configs s32 s48 --seeds 0 1 2 [--out DIR]
     python -m reproduce.studies.learnability --summary      # the table from the runs so far
+    python -m reproduce.studies.learnability --probe runs/my-mini-mdc   # any run, e.g. from mdc.train --preset mini
 
 Every run is real: synthetic shards -> ``mdc.train.train`` (the pretraining loop of the
 notebooks) -> ``mdc.eval.probe`` (CLIP_benchmark's linear probe) on the synthetic probe tasks
@@ -19,6 +20,7 @@ informative tasks, with a seed standard deviation of that gap below ``max_std``,
 from __future__ import annotations
 
 import argparse
+import copy
 import itertools
 import json
 import os
@@ -146,16 +148,12 @@ def run(name: str, objective: str, seed: int, out: str, workers: int = 1, lr: fl
                    warmup_steps=cfg["warmup"], seed=seed, workers=workers, save_every=cfg["steps"] // 4,
                    shuffle_buffer=2000)
     wall, cpu = time.perf_counter() - wall0, cpu_seconds() - cpu0
-    trained = mdc.load(result["checkpoint"])
     torch.manual_seed(seed)
     random_init = mdc.create_model("tiny", objective, **cfg["model"])
     cache = os.path.join(out, "features")
     row = {"config": name if lr is None else f"{name}@{lr:g}", "objective": objective, "seed": seed, "wall_s": wall,
-           "cpu_s": cpu,
-           "final_loss": result["final_loss"], "trained": probe(trained, eval_dir, cache),
-           "random_init": probe(random_init, eval_dir, cache), "recipe": {k: v for k, v in cfg.items()}}
-    row["gap"] = {t: row["trained"][t] - row["random_init"][t] for t in TASKS}
-    row["gap_mean4"] = float(np.mean([row["gap"][t] for t in RULE["tasks"]]))
+           "cpu_s": cpu, "final_loss": result["final_loss"], "recipe": {k: v for k, v in cfg.items()},
+           **beside_random_init(mdc.load(result["checkpoint"]), random_init, eval_dir, cache)}
     row["curve"] = {}  # fraction of the steps -> gap on the rule's tasks
     for quarter in (1, 2):
         step = cfg["steps"] // 4 * quarter
@@ -163,6 +161,40 @@ def run(name: str, objective: str, seed: int, out: str, workers: int = 1, lr: fl
         row["curve"][quarter / 4] = float(np.mean([early[t] - row["random_init"][t] for t in RULE["tasks"]]))
     row["curve"][1.0] = row["gap_mean4"]
     with open(os.path.join(out, "runs.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+    return row
+
+
+def beside_random_init(trained, random_init, eval_dir: str, cache: str) -> dict:
+    """{"trained", "random_init": top-1 per task, "gap": their difference, "gap_mean4": its mean on the
+    rule's tasks}."""
+    row = {"trained": probe(trained, eval_dir, cache), "random_init": probe(random_init, eval_dir, cache)}
+    row["gap"] = {t: row["trained"][t] - row["random_init"][t] for t in TASKS}
+    row["gap_mean4"] = float(np.mean([row["gap"][t] for t in RULE["tasks"]]))
+    return row
+
+
+def probe_checkpoint(path: str, out: str) -> dict:
+    """The study's probe of a model trained elsewhere, e.g. by ``python -m mdc.train --preset mini``:
+    ``path`` (a checkpoint or run folder) beside its architecture at random initialisation (seeded with
+    the run's training seed), on the held-out tasks at its resolution. Appends to ``probes.jsonl``."""
+    import torch
+
+    import mdc
+    from mdc.checkpoint import read_run_config
+    from mdc.factory import build, checkpoint_folder
+
+    folder = checkpoint_folder(path)
+    trained = mdc.load(folder)
+    run = read_run_config(folder) or {}
+    seed = run.get("train", {}).get("seed", 0)
+    torch.manual_seed(seed)
+    random_init = build(trained.config)
+    eval_dir = evalsets(os.path.join(out, "data"), trained.config.image_size)
+    row = {"checkpoint": folder, "model": trained.config.name, "objective": trained.config.objective, "seed": seed,
+           "train": {k: run.get("train", {}).get(k) for k in ("train_data", "preset", "steps", "batch_size", "lr")},
+           **beside_random_init(trained, random_init, eval_dir, os.path.join(out, "features"))}
+    with open(os.path.join(out, "probes.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
     return row
 
@@ -206,7 +238,7 @@ def ceiling_run(name: str, seed: int, out: str, lr: float | None = None) -> dict
     eval_dir = evalsets(os.path.join(out, "data"), size)
     torch.manual_seed(seed)
     model = mdc.create_model("tiny", "mdc", **cfg["model"])  # a captioner's tower: GAP features, no CLS token
-    random_init = {k: v.clone() for k, v in model.state_dict().items()}
+    random_init = copy.deepcopy(model)
     heads = torch.nn.ModuleList(torch.nn.Linear(cfg["model"]["vision_width"], n)
                                 for n in (len(SHAPES), len(COLOURS), len(TEXTURES), MAX_OBJECTS))
     params = torch.nn.ModuleList([model.visual, heads])
@@ -228,14 +260,9 @@ def ceiling_run(name: str, seed: int, out: str, lr: float | None = None) -> dict
         optimizer.step()
         scheduler.step()
     wall, cpu = time.perf_counter() - wall0, cpu_seconds() - cpu0
-    cache = os.path.join(out, "features")
-    trained = probe(model, eval_dir, cache)
-    model.load_state_dict(random_init)
     row = {"config": name, "objective": "labels", "seed": seed, "wall_s": wall, "cpu_s": cpu,
-           "final_loss": float(loss.detach()), "trained": trained, "random_init": probe(model, eval_dir, cache),
-           "recipe": cfg}
-    row["gap"] = {t: row["trained"][t] - row["random_init"][t] for t in TASKS}
-    row["gap_mean4"] = float(np.mean([row["gap"][t] for t in RULE["tasks"]]))
+           "final_loss": float(loss.detach()), "recipe": cfg,
+           **beside_random_init(model, random_init, eval_dir, os.path.join(out, "features"))}
     with open(os.path.join(out, "ceiling.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
     return row
@@ -398,6 +425,8 @@ def main(argv=None) -> None:
     p.add_argument("--summary", action="store_true", help="print the table of the runs so far")
     p.add_argument("--ceiling", action="store_true", help="the supervised ceiling of the configurations' encoders")
     p.add_argument("--lr", type=float, nargs="*", help="learning rates in place of the recipe's, each in turn")
+    p.add_argument("--probe", nargs="+", metavar="RUN", help="probe checkpoints (or run folders) trained "
+                                                                "elsewhere beside their random init")
     p.add_argument("--timing", action="store_true", help="time the configurations (on an otherwise idle machine)")
     p.add_argument("--write", metavar="DIR", help="with --summary: copy runs.jsonl, timing.jsonl, ceiling.jsonl and "
                                                   "the decisions here")
@@ -414,6 +443,12 @@ def main(argv=None) -> None:
         with open(os.path.join(args.write, "ceiling_decision.json"), "w") as f:
             json.dump(decide_ceiling(args.out), f, indent=1)
         print(summary(args.out))
+        return
+    if args.probe:
+        for path in args.probe:
+            row = probe_checkpoint(path, args.out)
+            print(json.dumps({k: row[k] for k in ("checkpoint", "objective", "seed", "gap_mean4")} |
+                             {"gap": {t: round(row["gap"][t], 1) for t in RULE["tasks"]}}), flush=True)
         return
     if args.ceiling:
         for seed in args.seeds:
