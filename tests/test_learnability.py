@@ -139,3 +139,27 @@ def test_ceiling_rule_takes_each_candidates_lower_loss_then_the_cheapest_reachin
     (tmp_path / "timing.jsonl").write_text(json.dumps({"config": "b", "mdc": 0.5, "arc": 0.6, "clip": 0.4}) + "\n"
                                            + json.dumps({"config": "c", "mdc": 0.3, "arc": 0.3, "clip": 0.3}) + "\n")
     assert study.decide_ceiling(str(tmp_path))["choice"] == "c"  # both reach 50; c is cheaper
+
+
+def test_timing_measures_steady_steps_whatever_the_start_up_costs(tmp_path, monkeypatch):
+    """Seconds per step from the runs' own per-step speeds after their first steps, so that a start-up
+    (workers, torch.compile) that varies between runs cannot make a step cost less than nothing."""
+    monkeypatch.setattr(study, "CONFIGS", {"a": dict(model={"image_size": 16}, style="descriptive", batch=64, steps=100,
+                                                     lr=1e-3, warmup=1)})
+    monkeypatch.setattr(study, "shards", lambda *a, **k: "unused")
+    monkeypatch.setattr(study, "loader_rate", lambda *a, **k: 1000.0)
+    start_ups = iter([0.4, 0.0, 0.4, 0.0])  # a longer start-up (compilation) in the first of two runs
+
+    def fake_train(output_dir, steps, **kw):
+        import time
+
+        time.sleep(next(start_ups))
+        os.makedirs(output_dir, exist_ok=True)
+        with open(os.path.join(output_dir, "metrics.jsonl"), "w") as f:  # 10 s to start, then 0.5 s a step
+            f.writelines(json.dumps({"step": s + 1, "images_per_s": 6.4 if s == 0 else 128.0}) + "\n"
+                         for s in range(steps))
+
+    monkeypatch.setattr("mdc.train.train", fake_train)
+    row = study.timing("a", str(tmp_path), steps=40, objectives=("mdc", "clip"))
+    assert row["mdc"] == pytest.approx(0.5) and row["clip"] == pytest.approx(0.5)
+    assert row["mdc_images_per_s"] == pytest.approx(128.0) and row["mdc_run_min"] == pytest.approx(100 * 0.5 / 60)

@@ -268,10 +268,15 @@ def ceiling_run(name: str, seed: int, out: str, lr: float | None = None) -> dict
     return row
 
 
-def timing(name: str, out: str, steps: int = 40, workers: int = 1, compile: bool = False,
+def timing(name: str, out: str, steps: int = 40, workers: int = 1, compile: bool = False, skip: int = 5,
            objectives=("mdc", "arc", "clip")) -> dict:
     """Seconds per optimizer step of a configuration through the real loader, per objective, measured
-    on its own (the machine otherwise idle): what a run of the full length would cost on 2 cores."""
+    on its own (the machine otherwise idle): what a run of the full length would cost on 2 cores.
+
+    A step's time is the median of the run's own per-step times (data wait, forward, backward, update)
+    after its first ``skip`` steps: start-up (workers, the first batches, compilation) is left out."""
+    import shutil
+
     import torch
 
     from mdc.train import train
@@ -281,15 +286,14 @@ def timing(name: str, out: str, steps: int = 40, workers: int = 1, compile: bool
     row = {"config": name, "workers": workers, "compile": compile, "threads": torch.get_num_threads(),
            "loader_images_per_s": loader_rate(name, out, workers)}
     for objective in objectives:
-        per = []
-        for n in (5, 5 + steps):  # the difference removes start-up (workers, first batches)
-            start = time.perf_counter()
-            run_dir = os.path.join(out, "timing", f"{name}-{objective}-w{workers}{'-compiled' if compile else ''}-{n}")
-            train(train_data=data, output_dir=run_dir, model="tiny",
-                  objective=objective, model_overrides=cfg["model"], steps=n, batch_size=cfg["batch"], lr=cfg["lr"],
-                  warmup_steps=1, workers=workers, save_every=10**6, shuffle_buffer=2000, compile=compile)
-            per.append(time.perf_counter() - start)
-        row[objective] = (per[1] - per[0]) / steps
+        run_dir = os.path.join(out, "timing", f"{name}-{objective}-w{workers}{'-compiled' if compile else ''}")
+        shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run, never a resumed one
+        train(train_data=data, output_dir=run_dir, model="tiny", objective=objective, model_overrides=cfg["model"],
+              steps=skip + steps, batch_size=cfg["batch"], lr=cfg["lr"], warmup_steps=1, workers=workers,
+              save_every=10**6, shuffle_buffer=2000, compile=compile)
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            rates = [json.loads(line)["images_per_s"] for line in f][skip:]
+        row[objective] = cfg["batch"] / float(np.median(rates))
         row[f"{objective}_run_min"] = row[objective] * cfg["steps"] / 60
         row[f"{objective}_images_per_s"] = cfg["batch"] / row[objective]
     with open(os.path.join(out, "timing.jsonl"), "a") as f:
