@@ -178,18 +178,16 @@ def probe_checkpoint(path: str, out: str) -> dict:
     """The study's probe of a model trained elsewhere, e.g. by ``python -m mdc.train --preset mini``:
     ``path`` (a checkpoint or run folder) beside its architecture at random initialisation (seeded with
     the run's training seed), on the held-out tasks at its resolution. Appends to ``probes.jsonl``."""
-    import torch
-
     import mdc
     from mdc.checkpoint import read_run_config
-    from mdc.factory import build, checkpoint_folder
+    from mdc.eval.probe import random_init_like
+    from mdc.factory import checkpoint_folder
 
     folder = checkpoint_folder(path)
     trained = mdc.load(folder)
     run = read_run_config(folder) or {}
     seed = run.get("train", {}).get("seed", 0)
-    torch.manual_seed(seed)
-    random_init = build(trained.config)
+    random_init = random_init_like(trained, seed)
     eval_dir = evalsets(os.path.join(out, "data"), trained.config.image_size)
     row = {"checkpoint": folder, "model": trained.config.name, "objective": trained.config.objective, "seed": seed,
            "train": {k: run.get("train", {}).get(k) for k in ("train_data", "preset", "steps", "batch_size", "lr")},
