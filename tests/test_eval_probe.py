@@ -21,6 +21,14 @@ def test_separable_task_is_solved():
     assert (res["n_train"], res["n_test"], res["weight_decay"]) == (400, 200, 0.0)
 
 
+def test_the_probe_records_which_test_items_it_got_right():
+    """Per-item outcomes (in test order) let an interval resample the test items (reproduce/claims.py)."""
+    train, test = _blobs(400, spread=6.0), _blobs(200, spread=6.0, seed=1)
+    res = linear_probe(train, test)
+    assert len(res["correct"]) == res["n_test"] == 200 and set(res["correct"]) == {"0", "1"}
+    assert res["correct"].count("1") / 200 == pytest.approx(res["top1"])
+
+
 def test_probe_agrees_with_sklearn_logistic_regression():
     from sklearn.linear_model import LogisticRegression
 

@@ -22,7 +22,9 @@ Results of :func:`probe_datasets`::
 
     {"datasets": {name: {"top1": float, "top5": float | null, "mean_per_class_recall": float,
                          "weight_decay": float, "classes": int, "chance": float,
-                         "n_train": int, "n_test": int}},
+                         "n_train": int, "n_test": int,
+                         "correct": str}},        # "0"/"1" per test item, in test order
+                                                  # (intervals over the items: reproduce/claims.py)
      "average": float,                     # mean top-1 over the datasets
      "protocol": {batch_size, epochs, lr, weight_decay, val_proportion, normalize, seed}}
 
@@ -137,7 +139,8 @@ def _accuracy(layer: nn.Linear, x: torch.Tensor, y: torch.Tensor, device="cpu") 
     if logits.shape[1] >= 5:
         top5 = float((logits.topk(5, 1).indices == y[:, None]).any(1).float().mean())
     recalls = [float((pred[y == c] == c).float().mean()) for c in y.unique()]
-    return {"top1": float((pred == y).float().mean()), "top5": top5, "mean_per_class_recall": float(np.mean(recalls))}
+    return {"top1": float((pred == y).float().mean()), "top5": top5, "mean_per_class_recall": float(np.mean(recalls)),
+            "correct": "".join("1" if right else "0" for right in (pred == y).tolist())}  # per item, in order
 
 
 def _search_weight_decay(x, y, num_classes, cfg: ProbeConfig, device) -> float:
