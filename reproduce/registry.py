@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from reproduce import report
+from reproduce import claims, report
 from reproduce.runner import Run
 
 
@@ -51,6 +51,8 @@ ARTIFACTS = {
     "fig6": Artifact("Qualitative captions: MDC-10/15/20 and ARC", report.fig6),
     "guidance": Artifact("MC-Diffusion: reference metrics vs CLIPScore across guidance strengths, CFG vs MCS "
                          "(as printed, mirrored)", report.guidance),
+    "claims": Artifact("The paper's probe claims on the synthetic world: each difference, its 95% interval over "
+                       "seeds and test items, and the verdict", claims.build),
 }
 PROBED = {"table1", "table4", "table5", "fig4", "fig5"}  # artifacts made of linear probes
 STYLES = ("alt", "descriptive")  # the CC12M and Recap-DataComp analogues
@@ -162,7 +164,7 @@ def pretrain_runs(p: dict, seed: int) -> list[Run]:
                       seed=seed, output_dir=f"{{run:pretrain/{name}-s{seed}}}", workers=p["workers"],
                       **_train_params(p, frac, scale))
         params.update(extra)
-        labels = {**labels, "seed": seed, "pairs": min(num, shards * shard) if frac < 1 else num}
+        labels = {**labels, "seed": seed, "pairs": min(num, shards * shard) if frac < 1 else num, "fraction": frac}
         runs.append(Run(f"pretrain/{name}-s{seed}", "pretrain", params, deps=(f"data/{style}",),
                         artifacts=tuple(artifacts), labels=labels, timeout_s=p["timeout_s"]))
     return runs
@@ -198,7 +200,7 @@ def build(profile: str, seeds: int = 1) -> list[Run]:
             runs.append(Run(f"probe/{tag}", "linear_probe",
                             dict(checkpoint=f"{{run:{r.name}}}", evalsets_dir=evalsets, seed=seed,
                                  output_dir=f"{{run:probe/{tag}}}", **p["probe"]),
-                            deps=(r.name, "data/evalsets"), artifacts=r.artifacts, labels=r.labels,
+                            deps=(r.name, "data/evalsets"), artifacts=r.artifacts + ("claims",), labels=r.labels,
                             timeout_s=p["timeout_s"]))
         for objective in ("clip", "arc", "mdc"):
             tag = f"{objective}-descriptive-s{seed}"
