@@ -71,6 +71,18 @@ def test_rule_prefers_a_passing_configuration_then_falls_back_to_the_best_weakes
     assert study.decide(str(tmp_path))["by"] == "fallback"  # std 2 > 1.5
 
 
+def test_a_configuration_timed_in_several_settings_costs_its_fastest(tmp_path, monkeypatch):
+    """Timing passes with and without workers or torch.compile: the order they ran in must not matter."""
+    cfg = dict(model={"image_size": 32}, style="descriptive", batch=64, steps=600)
+    monkeypatch.setattr(study, "CONFIGS", {"a": cfg})
+    rows = [_row("a", o, 0, 10) for o in ("mdc", "arc", "clip")]
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    timing = [{"config": "a", "workers": 1, "mdc": 0.5, "arc": 0.5, "clip": 0.4},
+              {"config": "a", "workers": 1, "compile": True, "mdc": 0.6, "arc": 0.55, "clip": 0.45}]
+    (tmp_path / "timing.jsonl").write_text("".join(json.dumps(t) + "\n" for t in timing))
+    assert study.decide(str(tmp_path))["configs"]["a"]["minutes"] == pytest.approx(600 * 0.5 / 60)
+
+
 def test_train_cli_runs_the_mini_preset_and_the_study_probes_the_run(tmp_path, monkeypatch):
     write_shards(str(tmp_path / "shards"), 8, "descriptive", seed=0, image_size=64, shard_size=8)
     out = subprocess.run([sys.executable, "-m", "mdc.train", "--preset", "mini", "--objective", "mdc",

@@ -316,6 +316,18 @@ def loader_rate(name: str, out: str, workers: int, batches: int = 60) -> float:
     return batches * cfg["batch"] / (time.perf_counter() - start)
 
 
+def step_seconds(out: str) -> dict[str, float]:
+    """{config: seconds per step of its slowest objective} from the timing passes; a configuration timed
+    in several settings (workers, torch.compile) costs what its fastest setting costs."""
+    path = os.path.join(out, "timing.jsonl")
+    timings: dict[str, float] = {}
+    for line in open(path) if os.path.isfile(path) else []:
+        t = json.loads(line)
+        slowest = max(t.get(o, 0.0) for o in ("mdc", "arc", "clip"))
+        timings[t["config"]] = min(timings.get(t["config"], slowest), slowest)
+    return timings
+
+
 def summary(out: str) -> str:
     """Markdown table: per config and objective, mean ± std over seeds of the gap and the times."""
     path = os.path.join(out, "runs.jsonl")
@@ -357,11 +369,7 @@ def decide(out: str) -> dict:
     cheapest configuration that passes for all three (minutes from the idle-machine timing pass)."""
     path = os.path.join(out, "runs.jsonl")
     rows = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
-    timings = {}
-    if os.path.isfile(os.path.join(out, "timing.jsonl")):
-        for line in open(os.path.join(out, "timing.jsonl")):
-            t = json.loads(line)
-            timings[t["config"]] = max(t[o] for o in ("mdc", "arc", "clip"))  # seconds per step
+    timings = step_seconds(out)
     verdict = {}
     for name in dict.fromkeys(r["config"] for r in rows):
         per = {}
@@ -401,11 +409,7 @@ def decide_ceiling(out: str) -> dict:
     candidates = {n: {"lr": r["recipe"]["lr"], "final_loss": r["final_loss"], "ceiling": r["gap_mean4"]}
                   for n, r in best.items()}
     reaching = [n for n, c in candidates.items() if c["ceiling"] >= CEILING_RULE["target"]]
-    timings = {}
-    if os.path.isfile(os.path.join(out, "timing.jsonl")):
-        for line in open(os.path.join(out, "timing.jsonl")):
-            t = json.loads(line)
-            timings[t["config"]] = max(t.get(o, 0.0) for o in ("mdc", "arc", "clip"))
+    timings = step_seconds(out)
     if reaching and all(n in timings for n in reaching):
         return {"rule": CEILING_RULE, "candidates": candidates, "choice": min(reaching, key=timings.get),
                 "by": "target"}
@@ -430,14 +434,14 @@ def main(argv=None) -> None:
     p.add_argument("--probe", nargs="+", metavar="RUN", help="probe checkpoints (or run folders) trained "
                                                                 "elsewhere beside their random init")
     p.add_argument("--timing", action="store_true", help="time the configurations (on an otherwise idle machine)")
-    p.add_argument("--write", metavar="DIR", help="with --summary: copy runs.jsonl, timing.jsonl, ceiling.jsonl and "
-                                                  "the decisions here")
+    p.add_argument("--write", metavar="DIR", help="with --summary: copy runs.jsonl, timing.jsonl, ceiling.jsonl, "
+                                                  "probes.jsonl and the decisions here")
     args = p.parse_args(argv)
     if args.summary and args.write:
         import shutil
 
         os.makedirs(args.write, exist_ok=True)
-        for name in ("runs.jsonl", "timing.jsonl", "ceiling.jsonl"):
+        for name in ("runs.jsonl", "timing.jsonl", "ceiling.jsonl", "probes.jsonl"):
             if os.path.isfile(os.path.join(args.out, name)):
                 shutil.copy(os.path.join(args.out, name), os.path.join(args.write, name))
         with open(os.path.join(args.write, "decision.json"), "w") as f:
