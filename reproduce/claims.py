@@ -73,7 +73,7 @@ def _matches(labels: dict, want: dict) -> bool:
 
 
 def paired_items(runs: list[dict], claim: Claim) -> list[tuple[dict, dict]]:
-    """[(a, b)] per seed present on both sides: each ``{task: int8 array}`` of per-item outcomes (1 right)."""
+    """[(a, b)] per seed present on both sides: each ``{task: array of 0/1}``, the per-item outcomes (1: right)."""
     def side(want: dict) -> dict[int, dict]:
         by_seed: dict[int, dict] = {}
         for r in runs:
@@ -89,7 +89,7 @@ def paired_items(runs: list[dict], claim: Claim) -> list[tuple[dict, dict]]:
     a, b = side(claim.a), side(claim.b)
     pairs = []
     for seed in sorted(set(a) & set(b)):
-        (ra, rb) = a[seed], b[seed]
+        ra, rb = a[seed], b[seed]
         for t in TASKS:
             if len(ra[t]) != len(rb[t]):
                 raise ValueError(f"claim {claim.what!r}, seed {seed}: {ra['name']} and {rb['name']} were probed on "
