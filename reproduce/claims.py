@@ -21,7 +21,7 @@ Table 3) are judged in the README from their own tables.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,7 +39,7 @@ class Claim:
     a: dict
     b: dict
     expect: str = "greater"  # "greater": a beats b; "equal": a is comparable to b
-    what: str = field(default="")  # the difference, in words
+    what: str = ""  # the difference, in words
 
     def __post_init__(self):
         if self.expect not in ("greater", "equal"):
