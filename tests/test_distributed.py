@@ -17,8 +17,9 @@ from conftest import CAPTIONS, SMALL
 ENV = dict(os.environ, OMP_NUM_THREADS="1")  # conftest puts this checkout on PYTHONPATH
 
 TRAIN_SCRIPT = textwrap.dedent('''
-    """Train under torchrun; every rank also dumps its in-memory weights at each checkpoint."""
-    import json, os, sys
+    """Train under torchrun; every rank also dumps its in-memory weights at each checkpoint, and counts
+    its native threads (not Python's) before and after the training."""
+    import json, os, sys, threading
     from safetensors.torch import save_file
     import mdc.train
 
@@ -31,7 +32,10 @@ TRAIN_SCRIPT = textwrap.dedent('''
         return save(cfg, step, model, *rest)
 
     mdc.train.loop._save = dump_then_save
+    native = lambda: len(os.listdir("/proc/self/task")) - threading.active_count()
+    before = native()
     results = mdc.train.train(**kwargs)
+    results["threads"] = [before, native()]
     with open(os.path.join(out, f"results{os.environ['RANK']}.json"), "w") as f:
         json.dump(results, f)
 ''')
@@ -149,6 +153,9 @@ def test_ddp_training_keeps_ranks_identical(tmp_path):
     assert any(not torch.equal(saved[n], initial[n]) for n in w0)  # it did train
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # rank 0 alone writes the log
+    # train() leaves no gloo thread behind: one alive at exit can abort a run that succeeded (SIGABRT)
+    # while the interpreter shuts down
+    assert [r["threads"][1] for r in results] == [r["threads"][0] for r in results], results
 
 
 def test_clip_loss_on_two_ranks_equals_single_process_on_the_whole_batch(tmp_path):

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401  before any process group: see setup_distributed
 from torch import nn
 
 from mdc import checkpoint, optim
@@ -125,7 +126,12 @@ def accumulate(net: nn.Module, model: nn.Module, batches: list[tuple[torch.Tenso
 
 
 def setup_distributed() -> tuple[int, int, torch.device, bool]:
-    """(rank, world_size, device, created): joins the torchrun process group if the env defines one."""
+    """(rank, world_size, device, created): joins the torchrun process group if the env defines one.
+
+    ``torch.distributed.nn`` (imported by DDP) binds the default process group that exists when it is
+    first imported as the default argument of its functions, so that ``destroy_process_group`` can no
+    longer free it; its gloo threads then outlive the run and may abort the process (SIGABRT) while the
+    interpreter shuts down. It is imported at the top of this module, before any group exists."""
     created = False
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=dist_timeout())
