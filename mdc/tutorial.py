@@ -5,7 +5,8 @@ for a laptop CPU and deterministic for a fixed thread count (:func:`setup` fixes
 
 - :func:`setup` (one thread, seeded) and :func:`workdir` (a temporary folder);
 - :data:`TUTORIAL_CONFIG`: ``tiny`` made smaller (32 px, patch 8, 2 + 2 layers of width 64,
-  40-token context), the synthetic world's compact vocabulary;
+  40-token context), the synthetic world's compact vocabulary; :data:`QUICKSTART_CONFIG`: the
+  same with the ``mini`` profile's encoder (a convolutional stem at 64 px);
 - :func:`scene_data`: one- and two-object scenes of the synthetic world (fewer objects are
   learnt faster), rendered and captioned in memory, training and held-out streams disjoint;
 - :func:`train_tiny`: the training loop of Alg. 1 on such data, a few hundred steps;
@@ -34,6 +35,9 @@ from mdc.world.text import BACKGROUND_WORDS, REL_PREP, caption, references, rela
 #: ``tiny`` overrides for the tutorials: a model of ~0.3 M parameters that trains at ~10 steps/s.
 TUTORIAL_CONFIG = dict(image_size=32, patch_size=8, vision_width=64, vision_layers=2, vision_heads=2,
                        text_width=64, text_layers=2, text_heads=2, embed_dim=64, context_length=40)
+#: The quickstart's model: the encoder that the ``mini`` profile chose by its supervised ceiling
+#: (``vision_stem="conv"`` at 64 px: 64 image tokens), at the tutorials' width and depth.
+QUICKSTART_CONFIG = dict(TUTORIAL_CONFIG, image_size=64, vision_stem="conv")
 
 
 _WORKDIRS: list = []  # kept alive until the process (the notebook's kernel) exits

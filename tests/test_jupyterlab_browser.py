@@ -31,7 +31,7 @@ CHROMEDRIVER = shutil.which("chromedriver")
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-dev-shm-usage", "--window-size=1400,1000")
-EXPECTED_TEXT = "4096 training pairs, images (4096, 3, 32, 32)"  # the data cell's first line
+EXPECTED_TEXT = "4096 training pairs, images (4096, 3, 64, 64)"  # the data cell's first line
 
 
 def _skip_reason() -> str | None:
