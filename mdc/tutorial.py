@@ -1,6 +1,6 @@
 """Helpers of the tutorials (``notebooks/tutorials``): a small world, a small model, seconds of CPU.
 
-The tutorials show the method at work in about a minute each, so everything here is sized
+The tutorials show the method at work in a minute or two each, so everything here is sized
 for a laptop CPU and deterministic for a fixed thread count (:func:`setup` fixes one thread):
 
 - :func:`setup` (one thread, seeded) and :func:`workdir` (a temporary folder);
