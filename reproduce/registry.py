@@ -115,13 +115,15 @@ def _mini_recipe() -> dict:
 
 def _train_params(p: dict, frac: float = 1.0, batch_scale: int = 1) -> dict:
     """Pretraining parameters of a run: the profile's recipe; ``frac`` of its steps (Fig. 5 trains on a
-    fraction of the pairs for as many epochs), ``batch_scale`` x the batch for as many pairs (CLIP-LB)."""
+    fraction of the pairs for as many epochs), ``batch_scale`` x the batch for as many pairs (CLIP-LB).
+    Checkpoints every tenth of the run, the two newest kept: the runner resumes a stopped run from them."""
     t = dict(p["train"])
     t["steps"] = max(1, round(t["steps"] * frac / batch_scale))
     t["batch_size"] = t["batch_size"] * batch_scale
     if t.get("warmup_steps"):
         t["warmup_steps"] = max(1, round(t["warmup_steps"] * frac / batch_scale))
-    t["save_every"] = t["steps"]
+    t["save_every"] = max(1, -(-t["steps"] // 10))  # a stopped run loses at most a tenth of its steps
+    t["keep_last"] = 2
     return t
 
 

@@ -13,9 +13,16 @@ Layout under ``<out>/<profile>/``::
     runs.csv                      name, notebook, status, seconds, peak memory (MB), key
 
 A run's *key* hashes its notebook, its parameters and the keys of the runs it depends on, so
-changing a parameter reruns that run and everything downstream of it, and nothing else. A
-failed run is reported and the runs that do not depend on it still execute; the runner ends
-with a non-zero exit status if anything failed.
+changing a parameter reruns that run and everything downstream of it, and nothing else.
+Parameters that only steer bookkeeping (checkpoint cadence, resumption: the trainer's
+``RESUME_FREE`` but for the run's folder) stay out of the key. A failed run is reported and the
+runs that do not depend on it still execute; the runner ends with a non-zero exit status if
+anything failed.
+
+One folder, one run: an execution records its key in ``<run name>/run.json`` before its notebook
+starts. A run that executes again with the same key continues in its folder (a pretraining run
+resumes from its last checkpoint); a folder left by a run with another key is first moved aside
+to ``<run name>.superseded-<its key>``, kept whole, and the log says so.
 
 One owner: a runner holds ``<out>/<profile>/.reproduce.lock`` (:mod:`mdc.lock`) while it runs
 (``only=`` a run, as a SLURM job does: that run's folder instead), so a second runner on the
@@ -44,10 +51,13 @@ from dataclasses import dataclass, field
 
 from mdc.checkpoint import atomic_write_text
 from mdc.lock import FolderLock
+from mdc.train.config import RESUME_FREE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 RUNNER_LOCK = ".reproduce.lock"
+# parameters that change no result, so not a run's key: the trainer's RESUME_FREE but the run's own folder
+BOOKKEEPING = tuple(name for name in RESUME_FREE if name != "output_dir")
 
 
 @dataclass(frozen=True)
@@ -92,7 +102,8 @@ def keys(runs: list[Run]) -> dict[str, str]:
             r = by_name[name]
             with open(os.path.join(NOTEBOOKS, f"{r.notebook}.ipynb"), "rb") as f:
                 nb = hashlib.sha256(f.read()).hexdigest()
-            payload = json.dumps([r.notebook, nb, r.params, [key(d) for d in r.deps]], sort_keys=True)
+            params = {k: v for k, v in r.params.items() if k not in BOOKKEEPING}
+            payload = json.dumps([r.notebook, nb, params, [key(d) for d in r.deps]], sort_keys=True)
             out[name] = hashlib.sha256(payload.encode()).hexdigest()[:16]
         return out[name]
 
@@ -132,6 +143,28 @@ def is_done(out: str, run: Run, key: str) -> bool:
         return False
 
 
+def recorded_key(folder: str) -> str | None:
+    """The key of the run that last executed in ``folder`` (None: no run recorded there)."""
+    for name in ("run.json", "done.json"):  # done.json alone: a folder written before run.json existed
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            with open(os.path.join(folder, name)) as f:
+                return json.load(f)["key"]
+    return None
+
+
+def set_aside(out: str, run: Run, key: str) -> str | None:
+    """Move a folder that another run of this name left (another key) out of ``run``'s way; returns where."""
+    folder = run_dir(out, run)
+    old = recorded_key(folder)
+    if old is None or old == key:
+        return None
+    target, n = f"{folder}.superseded-{old}", 1
+    while os.path.exists(target):
+        target, n = f"{folder}.superseded-{old}-{n}", n + 1
+    os.rename(folder, target)
+    return target
+
+
 def execute(out: str, run: Run, key: str, torchrun: tuple[int, int] | None = None) -> dict:
     """Run one notebook in a subprocess; returns {status, seconds, peak_mb, error}.
 
@@ -141,6 +174,7 @@ def execute(out: str, run: Run, key: str, torchrun: tuple[int, int] | None = Non
     os.makedirs(folder, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):  # not done until this execution succeeds
         os.remove(os.path.join(folder, "done.json"))
+    atomic_write_text(os.path.join(folder, "run.json"), json.dumps({"key": key}))
     params = resolve(run.params, out)
     params_file = os.path.join(folder, "parameters.json")
     with open(params_file, "w") as f:
@@ -207,7 +241,10 @@ def run_all(runs: list[Run], out: str, jobs: int = 1, dry_run: bool = False, log
     if dry_run:
         for r in runs:
             state = "done" if is_done(out, r, key[r.name]) else "would run"
-            log(f"{state:9s} {r.name}  ({r.notebook}; needs {', '.join(r.deps) or 'nothing'})")
+            recorded = recorded_key(run_dir(out, r))
+            aside = "; its folder holds a run with other parameters, to be moved aside" if (
+                recorded and recorded != key[r.name]) else ""
+            log(f"{state:9s} {r.name}  ({r.notebook}; needs {', '.join(r.deps) or 'nothing'}{aside})")
         return {}
     if only is not None:
         unknown = set(only) - {r.name for r in runs}
@@ -245,6 +282,9 @@ def _run_all(runs, key, out, jobs, log, torchrun, only) -> dict[str, dict]:
                         outcome[r.name] = {"status": "skipped", "seconds": 0.0, "peak_mb": 0.0, "error": ""}
                         log(f"[{len(outcome)}/{total}] done     {r.name} (completed earlier, same parameters)")
                     elif len(running) < max(1, jobs):
+                        moved = set_aside(out, r, key[r.name])
+                        if moved:
+                            log(f"{r.name}: its folder held a run with other parameters; moved to {moved}")
                         log(f"[{len(outcome) + len(running) + 1}/{total}] running  {r.name}")
                         running[pool.submit(execute, out, r, key[r.name], torchrun)] = r
                     else:

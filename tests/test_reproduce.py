@@ -15,6 +15,10 @@ from reproduce.runner import Run
 TOY = '''
 import json, os, time
 os.makedirs(output_dir, exist_ok=True)
+mine = os.path.join(output_dir, "value.txt")  # like the trainer, a run refuses a folder holding another run
+if os.path.exists(mine) and open(mine).read() != str(value):
+    raise RuntimeError(f"{output_dir} belongs to a different run")
+open(mine, "w").write(str(value))
 if fail:
     raise RuntimeError("this run fails on purpose")
 time.sleep(sleep)
@@ -56,13 +60,36 @@ def test_completed_runs_are_skipped_and_a_change_reruns_its_dependents(toy):
     assert {o["status"] for o in first.values()} == {"ok"}
     again = runner.run_all(_runs(), str(out), log=lambda *a: None)
     assert {o["status"] for o in again.values()} == {"skipped"}
-    runner.run_all(_runs(b=5), str(out), log=lambda *a: None)  # b changed: b and c rerun, a and d do not
-    assert [_calls(out, n) for n in "abcd"] == [1, 2, 2, 1]
+    key = runner.keys(_runs())
+    changed = runner.run_all(_runs(b=5), str(out), log=lambda *a: None)  # b changed: b and c rerun, a and d do not
+    assert [changed[n]["status"] for n in "abcd"] == ["skipped", "ok", "ok", "skipped"]
+    assert [_calls(out, n) for n in "abcd"] == [1, 1, 1, 1]  # b and c ran afresh in their folders...
+    for n in "bc":  # ...and what the earlier runs left is kept beside them, named by its key
+        assert _calls(out, f"{n}.superseded-{key[n]}") == 1
     rows = {r["name"]: r for r in csv.DictReader(open(out / "runs.csv"))}
     assert rows["a"]["status"] == "skipped" and float(rows["a"]["seconds"]) > 0  # measured figures kept
     assert float(rows["b"]["peak_mb"]) > 10  # the notebook kernel's memory is counted
     index = json.load(open(out / "index.json"))
     assert index["b"]["params"]["output_dir"] == str(out / "b") and (out / "b" / "toy.ipynb").is_file()
+
+
+def test_a_run_stopped_half_way_continues_in_its_folder(toy):
+    out = toy
+    runner.run_all(_runs(), str(out), log=lambda *a: None)
+    os.remove(out / "b" / "done.json")  # killed before it finished: same parameters, not done
+    (out / "b" / "checkpoint.txt").write_text("step 3")
+    again = runner.run_all(_runs(), str(out), log=lambda *a: None)
+    assert again["b"]["status"] == "ok" and _calls(out, "b") == 2
+    assert (out / "b" / "checkpoint.txt").read_text() == "step 3"  # the notebook resumes from what it left
+    assert not [p for p in os.listdir(out) if ".superseded-" in p]
+
+
+def test_bookkeeping_parameters_leave_the_key_alone():
+    """Checkpoint cadence and resumption do not change what a pretraining run trains (RESUME_FREE)."""
+    def run(**extra):
+        return [Run("p", "pretrain", {"output_dir": "{run:p}", "steps": 8, **extra})]
+    assert runner.keys(run(save_every=2, keep_last=1)) == runner.keys(run(save_every=8, resume=False))
+    assert runner.keys(run(steps=9)) != runner.keys(run())
 
 
 def test_a_failed_run_is_reported_and_the_rest_complete(toy):
