@@ -266,30 +266,36 @@ def _run_all(runs, key, out, jobs, log, torchrun, only) -> dict[str, dict]:
                    for r in runs if r.name not in only}
     pending = [r for r in runs if r.name not in outcome]
     total = len(runs)
+    depth: dict[str, int] = {}
+    for r in runs:  # dependencies first (order()), so theirs are known
+        depth[r.name] = 1 + max((depth[d] for d in r.deps), default=-1)
+
+    def ready(r: Run) -> bool:
+        return all(outcome.get(d, {}).get("status") in ("ok", "skipped") for d in r.deps)
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         running = {}
         while pending or running:
-            for r in list(pending):
+            for r in list(pending):  # dependencies first: settle what is blocked or completed earlier
                 if any(outcome.get(d, {}).get("status") not in (None, "ok", "skipped") for d in r.deps):
                     failed = [d for d in r.deps if outcome.get(d, {}).get("status") not in ("ok", "skipped")]
                     outcome[r.name] = {"status": "blocked", "seconds": 0.0, "peak_mb": 0.0,
                                        "error": f"dependency failed: {', '.join(failed)}"}
                     pending.remove(r)
                     log(f"[{len(outcome)}/{total}] blocked  {r.name} (a dependency failed)")
-                elif all(outcome.get(d, {}).get("status") in ("ok", "skipped") for d in r.deps):
+                elif ready(r) and is_done(out, r, key[r.name]):
+                    outcome[r.name] = {"status": "skipped", "seconds": 0.0, "peak_mb": 0.0, "error": ""}
                     pending.remove(r)
-                    if is_done(out, r, key[r.name]):
-                        outcome[r.name] = {"status": "skipped", "seconds": 0.0, "peak_mb": 0.0, "error": ""}
-                        log(f"[{len(outcome)}/{total}] done     {r.name} (completed earlier, same parameters)")
-                    elif len(running) < max(1, jobs):
-                        moved = set_aside(out, r, key[r.name])
-                        if moved:
-                            log(f"{r.name}: its folder held a run with other parameters; moved to {moved}")
-                        log(f"[{len(outcome) + len(running) + 1}/{total}] running  {r.name}")
-                        running[pool.submit(execute, out, r, key[r.name], torchrun)] = r
-                    else:
-                        pending.insert(0, r)
-                        break
+                    log(f"[{len(outcome)}/{total}] done     {r.name} (completed earlier, same parameters)")
+            # then deeper runs first: a seed's evaluations follow its pretraining runs instead of waiting
+            # behind every other pretraining run (results sooner, a failing evaluation found early)
+            for r in sorted(filter(ready, pending), key=lambda r: -depth[r.name])[:max(1, jobs) - len(running)]:
+                pending.remove(r)
+                moved = set_aside(out, r, key[r.name])
+                if moved:
+                    log(f"{r.name}: its folder held a run with other parameters; moved to {moved}")
+                log(f"[{len(outcome) + len(running) + 1}/{total}] running  {r.name}")
+                running[pool.submit(execute, out, r, key[r.name], torchrun)] = r
             if running:
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in finished:

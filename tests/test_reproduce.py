@@ -92,6 +92,18 @@ def test_bookkeeping_parameters_leave_the_key_alone():
     assert runner.keys(run(steps=9)) != runner.keys(run())
 
 
+def test_a_ready_evaluation_goes_before_the_next_pretraining_run(toy):
+    runs = [Run("pre0", "toy", {"output_dir": "{run:pre0}"}), Run("pre1", "toy", {"output_dir": "{run:pre1}"}),
+            Run("pre2", "toy", {"output_dir": "{run:pre2}"}),
+            Run("probe0", "toy", {"output_dir": "{run:probe0}"}, deps=("pre0",)),
+            Run("probe1", "toy", {"output_dir": "{run:probe1}"}, deps=("pre1",))]
+    lines = []
+    runner.run_all(runs[1:2], str(toy), log=lambda *a: None)  # pre1 completed by an earlier runner
+    runner.run_all(runs, str(toy), log=lines.append)
+    started = [line.split()[-1] for line in lines if " running " in line]
+    assert started == ["probe1", "pre0", "probe0", "pre2"]
+
+
 def test_a_failed_run_is_reported_and_the_rest_complete(toy):
     outcome = runner.run_all(_runs(fail_b=True), str(toy), log=lambda *a: None)
     assert outcome["b"]["status"] == "failed" and "on purpose" in outcome["b"]["error"]
