@@ -153,7 +153,10 @@ def recorded_key(folder: str) -> str | None:
 
 
 def set_aside(out: str, run: Run, key: str) -> str | None:
-    """Move a folder that another run of this name left (another key) out of ``run``'s way; returns where."""
+    """Move what another run of this name left (another key) out of ``run``'s way; returns where.
+
+    Everything moves but the runner's lock (a cluster job's ``--run`` holds it in this folder), the
+    run records last: a move cut short leaves the old key recorded, so the next try finishes it."""
     folder = run_dir(out, run)
     old = recorded_key(folder)
     if old is None or old == key:
@@ -161,7 +164,11 @@ def set_aside(out: str, run: Run, key: str) -> str | None:
     target, n = f"{folder}.superseded-{old}", 1
     while os.path.exists(target):
         target, n = f"{folder}.superseded-{old}-{n}", n + 1
-    os.rename(folder, target)
+    os.makedirs(target)
+    records = ("run.json", "done.json")
+    for name in sorted(os.listdir(folder), key=lambda name: name in records):
+        if name != RUNNER_LOCK:
+            os.rename(os.path.join(folder, name), os.path.join(target, name))
     return target
 
 

@@ -73,6 +73,23 @@ def test_completed_runs_are_skipped_and_a_change_reruns_its_dependents(toy):
     assert index["b"]["params"]["output_dir"] == str(out / "b") and (out / "b" / "toy.ipynb").is_file()
 
 
+def test_a_cluster_job_keeps_its_lock_when_it_sets_an_old_run_aside(toy, monkeypatch):
+    """``--run`` (one SLURM job) locks the run's own folder: moving the old run aside keeps the lock in place."""
+    out = toy
+    runner.run_all(_runs(), str(out), log=lambda *a: None)
+    held, execute = [], runner.execute
+
+    def spy(out_, run, key, torchrun=None):
+        held.append(os.path.isfile(os.path.join(out_, run.name, runner.RUNNER_LOCK)))
+        return execute(out_, run, key, torchrun)
+
+    monkeypatch.setattr(runner, "execute", spy)
+    assert runner.run_all(_runs(b=5), str(out), log=lambda *a: None, only={"b"})["b"]["status"] == "ok"
+    assert held == [True] and _calls(out, "b") == 1
+    old = out / f"b.superseded-{runner.keys(_runs())['b']}"
+    assert _calls(out, old.name) == 1 and not (old / runner.RUNNER_LOCK).exists()
+
+
 def test_a_run_stopped_half_way_continues_in_its_folder(toy):
     out = toy
     runner.run_all(_runs(), str(out), log=lambda *a: None)
