@@ -106,8 +106,15 @@ class Worker:
 
 
 def build_coca(open_clip, cfg: dict, name: str):
-    """open_clip's ``create_model`` on config dict ``cfg`` registered as ``name``, random weights."""
+    """open_clip's ``create_model`` on config dict ``cfg`` registered as ``name``, random weights.
+
+    Its multimodal decoder's output projection is allocated with ``torch.empty`` and never
+    initialised (``MultimodalTransformer.init_parameters`` is not called, open_clip PR #551): it is
+    drawn here as that method would, so decoding never runs on whatever the memory held (NaN at times).
+    """
     import logging
+
+    import torch
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, name + ".json")
@@ -117,9 +124,13 @@ def build_coca(open_clip, cfg: dict, name: str):
     root, level = logging.getLogger(), logging.getLogger().level
     root.setLevel(logging.ERROR)  # open_clip warns "no pretrained weights loaded": intended
     try:
-        return open_clip.create_model(name, pretrained=None)
+        coca = open_clip.create_model(name, pretrained=None)
     finally:
         root.setLevel(level)
+    proj = coca.text_decoder.text_projection  # [width, output_dim]
+    with torch.no_grad():
+        proj.normal_(std=proj.shape[0] ** -0.5)
+    return coca
 
 
 def _serve() -> None:

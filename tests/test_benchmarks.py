@@ -95,6 +95,19 @@ def _small_coca():
     return coca_like(arc).eval(), arc.tokenizer
 
 
+def test_coca_like_has_no_uninitialised_weights(monkeypatch):
+    """open_clip's multimodal decoder allocates its output projection with ``torch.empty`` and never
+    initialises it: whatever the memory held (NaN at times) decided the benchmark's beam search. Memory
+    that holds NaN makes the fault show every time."""
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(math.nan))
+    coca, _ = _small_coca()
+    monkeypatch.undo()
+    assert not [name for name, p in coca.named_parameters() if not p.isfinite().all()]
+    width = coca.text_decoder.text_projection.shape[0]
+    assert coca.text_decoder.text_projection.std().item() == pytest.approx(width ** -0.5, rel=0.2)
+
+
 def test_coca_beam_search_returns_a_caption_per_image_when_no_hypothesis_ends():
     """[EOT] barred to the end (min_length beyond the length): every beam runs out of room unfinished,
     and each image gets its best live hypothesis (as open_clip's and Hugging Face's beam search do)."""
