@@ -152,14 +152,20 @@ def recorded_key(folder: str) -> str | None:
     return None
 
 
+def superseded_key(folder: str, key: str) -> str | None:
+    """The key of another run that last executed in ``folder`` (None: none there, or this ``key``)."""
+    old = recorded_key(folder)
+    return None if old == key else old
+
+
 def set_aside(out: str, run: Run, key: str) -> str | None:
     """Move what another run of this name left (another key) out of ``run``'s way; returns where.
 
     Everything moves but the runner's lock (a cluster job's ``--run`` holds it in this folder), the
     run records last: a move cut short leaves the old key recorded, so the next try finishes it."""
     folder = run_dir(out, run)
-    old = recorded_key(folder)
-    if old is None or old == key:
+    old = superseded_key(folder, key)
+    if old is None:
         return None
     target, n = f"{folder}.superseded-{old}", 1
     while os.path.exists(target):
@@ -248,9 +254,8 @@ def run_all(runs: list[Run], out: str, jobs: int = 1, dry_run: bool = False, log
     if dry_run:
         for r in runs:
             state = "done" if is_done(out, r, key[r.name]) else "would run"
-            recorded = recorded_key(run_dir(out, r))
-            aside = "; its folder holds a run with other parameters, to be moved aside" if (
-                recorded and recorded != key[r.name]) else ""
+            aside = "; its folder holds a run with other parameters, to be moved aside" if superseded_key(
+                run_dir(out, r), key[r.name]) else ""
             log(f"{state:9s} {r.name}  ({r.notebook}; needs {', '.join(r.deps) or 'nothing'}{aside})")
         return {}
     if only is not None:
