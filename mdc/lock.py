@@ -4,7 +4,8 @@
 (``.train.lock`` for a training run, ``.reproduce.lock`` for the reproduction runner,
 ``.shards.lock`` for shard writing) and writes its holder into it: pid, host, start time and
 command. A second process that asks for the same folder is refused at once with a
-:class:`FolderInUseError` naming the folder and the holder. The kernel releases the lock when
+:class:`FolderInUseError` naming the folder and the holder (if it caught the holder between its lock
+and its writing, it waits up to ``NAME_WAIT_S`` for the name). The kernel releases the lock when
 the holder exits, however it exits: a SIGKILL or a lost machine leaves no stale lock (a leftover
 lock *file* is harmless; the next owner locks it again). Children forked by the holder (DataLoader
 workers, multiprocessing pools) close their copy of the descriptor at once, so a killed holder's
@@ -29,6 +30,7 @@ from mdc.errors import RunError
 __all__ = ["FolderInUseError", "FolderLock", "holder"]
 
 _HELD: set[int] = set()  # descriptors of the locks this process holds
+NAME_WAIT_S = 2.0  # how long a refused caller waits for a holder that has not yet written who it is
 
 
 def _close_in_child() -> None:
@@ -97,14 +99,17 @@ class FolderLock:
             os.close(fd)
         info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "owner": self.owner, "command": " ".join(sys.argv)[:500]}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
+        data = json.dumps(info).encode()
+        os.pwrite(fd, data, 0)  # then cut what a previous holder left beyond it: the file is never empty
+        os.ftruncate(fd, len(data))
         self.fd = fd
         _HELD.add(fd)
         return self
 
     def _refusal(self) -> FolderInUseError:
-        info = holder(self.path)
+        deadline = time.monotonic() + NAME_WAIT_S  # a holder names itself just after its flock succeeds
+        while not (info := holder(self.path)).get("pid") and time.monotonic() < deadline:
+            time.sleep(0.01)
         who = f"pid {info.get('pid', '?')} on host {info.get('host', '?')}"
         if info.get("since"):
             who += f", since {info['since']}"

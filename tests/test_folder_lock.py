@@ -68,6 +68,27 @@ def _cli(args: dict) -> list[str]:
     return cmd
 
 
+def test_a_refusal_waits_for_the_holder_to_write_its_name(tmp_path):
+    """The holder writes who it is just after its flock succeeds; a process refused in between must
+    still name it (under load that window is long enough for "pid ? on host ?")."""
+    import fcntl
+    import threading
+
+    lock = FolderLock(str(tmp_path / "run"), ".x.lock", "a test")
+    os.makedirs(lock.folder)
+    fd = os.open(lock.path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held, nothing written yet
+    info = {"pid": 4242, "host": "elsewhere", "since": "2026-01-01 00:00:00", "owner": "a training"}
+    late = threading.Timer(0.3, lambda: os.pwrite(fd, json.dumps(info).encode(), 0))
+    late.start()
+    try:
+        with pytest.raises(FolderInUseError, match=r"in use by a training \(pid 4242 on host elsewhere, since "):
+            lock.acquire()
+    finally:
+        late.join()
+        os.close(fd)
+
+
 def test_two_trainings_started_together_into_one_folder(shards, tmp_path):
     """An MDC and an ARC training, same --output-dir, started at once: exactly one refuses, naming the
     other's pid and host; the other completes and the folder holds its run only."""
