@@ -28,6 +28,7 @@ PROBE_COLUMNS = {"object": "imagenet1k", "texture": "food101", "shape": "cifar10
                  "colour": "pets"}
 REAL_COLUMNS = {"imagenet1k": "imagenet1k", "food101": "food101", "cifar10": "cifar10", "cifar100": "cifar100",
                 "pets": "pets", "wds/imagenet1k": "imagenet1k"}
+LOSS_COLUMN = "pretraining loss, first → last 10 steps (per seed)"  # every objective must train (issue 19)
 EXTRA_TASKS = ("count", "relation", "background")  # synthetic tasks without a paper column
 STYLE_DATA = {"alt": "CC12M", "descriptive": "Recap-DataComp-10M"}  # the paper's data of each caption style
 PAPER_BACKBONE = "ViT-B/32"  # the paper row a synthetic run is printed beside (the smallest backbone)
@@ -88,7 +89,9 @@ def write_table(rows: list[dict], path: str, caption: str = "") -> list[str]:
         w.writerows(rows)
 
     def tex(s):
-        return str(s).replace("±", r"$\pm$").replace("%", r"\%").replace("_", r"\_").replace("&", r"\&")
+        for plain, latex in (("±", r"$\pm$"), ("→", r"$\to$"), ("%", r"\%"), ("_", r"\_"), ("&", r"\&")):
+            s = str(s).replace(plain, latex)
+        return s
 
     with open(files[2], "w") as f:
         f.write("\\begin{table}[t]\n\\centering\n" + (f"\\caption{{{tex(caption)}}}\n" if caption else "")
@@ -118,6 +121,22 @@ def _probe_top1(record: dict, floor: bool = False) -> dict[str, float]:
     return out
 
 
+def _loss_ends(runs: Iterable[dict], n: int = 10) -> dict[str, str]:
+    """{checkpoint id: "first → last"}: a pretraining run's mean loss over its first and last ``n`` steps
+    (its metrics.jsonl), keyed by the weights it wrote, which the probes of those weights record too."""
+    out = {}
+    for r in runs:
+        record = r["record"]
+        metrics = (record.get("results") or {}).get("metrics")
+        if r["notebook"] != "pretrain" or not record.get("checkpoint_id") or not metrics or not os.path.isfile(metrics):
+            continue
+        with open(metrics) as f:
+            losses = [row["loss"] for row in map(json.loads, f) if "loss" in row]
+        if losses:
+            out[record["checkpoint_id"]] = f"{np.mean(losses[:n]):.2f} → {np.mean(losses[-n:]):.2f}"
+    return out
+
+
 def _informative_mean(top1: Mapping[str, float]) -> float | None:
     """Mean of the synthetic tasks the learnability study found informative (object, shape, texture, count)."""
     keys = ("imagenet1k", "cifar10", "food101", "count")
@@ -136,11 +155,13 @@ def table1(runs: list[dict], paper_dir: str, out: str) -> list[str]:
                 "average": cell([np.mean([t[c] for c in columns if c in t]) for t in top1]),
                 "mean4": cell([_informative_mean(t) for t in top1])}
 
+    losses = _loss_ends(runs)
     rows = []
     for (style, method), records in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "CLIP-LB")):
         top1 = [_probe_top1(r) for r in records]
         extra = [c for c in EXTRA_TASKS if c in top1[0]]
-        row = {"data": style, "method": method, "seeds": str(len(records)), **cells(top1, extra)}
+        row = {"data": style, "method": method, "seeds": str(len(records)), **cells(top1, extra),
+               LOSS_COLUMN: ", ".join(losses.get(r.get("checkpoint_id"), "-") for r in records)}
         ref = next((p for p in paper if p["backbone"] == PAPER_BACKBONE and p["pretrain_data"] == STYLE_DATA.get(style)
                     and p["method"] == method), None)
         row["paper average"] = paper_cell(ref["average"]) if ref else "-"
@@ -150,7 +171,7 @@ def table1(runs: list[dict], paper_dir: str, out: str) -> list[str]:
         if method in ("CLIP", "ARC", "MDC"):  # each method's own random-initialised encoder
             floor = [_probe_top1(r, floor=True) for r in records]
             rows.append({"data": style, "method": f"{method} random init", "seeds": str(len(records)),
-                         **cells(floor, extra), "paper average": "-", "paper": "-"})
+                         **cells(floor, extra), LOSS_COLUMN: "-", "paper average": "-", "paper": "-"})
     return write_table(rows, os.path.join(out, "table1_linear_probe"),
                        "Table 1: linear probe top-1 (%), mean ± std over seeds; on the synthetic world the columns "
                        "hold the tasks standing in for the paper's datasets (imagenet1k: object, food101: texture, "

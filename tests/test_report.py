@@ -2,7 +2,8 @@
 
 The index mimics the registry's wiring (two seeds of the probe runs, Table 2's three scorers, two
 captioning runs); the expected digests are those of the tables the builders wrote before they
-moved out of ``mdc`` (mdc/report.py), so a change to any table's bytes shows up here.
+moved out of ``mdc`` (mdc/report.py), Table 1's since it gained the pretraining-loss column, so a change
+to any table's bytes shows up here.
 """
 import hashlib
 import json
@@ -20,9 +21,9 @@ TABLES = ["table1", "table2", "table3", "table4", "table5", "tables6-8"]
 TASKS = ("object", "shape", "texture", "count", "relation", "shape_texture", "colour", "background")
 # sha256 (16 hex digits) of every table file written from synthetic_index() by mdc/report.py
 EXPECTED = {
-    "table1_linear_probe.csv": "e9c36bfd2187b61d",
-    "table1_linear_probe.md": "7a19675683c105f7",
-    "table1_linear_probe.tex": "d76783e03245758e",
+    "table1_linear_probe.csv": "8ab3633616d2fc06",
+    "table1_linear_probe.md": "7db9ef1bce0cea63",
+    "table1_linear_probe.tex": "500ea74387799ecb",
     "table2_compositionality.csv": "d7e03bfb219e02d1",
     "table2_compositionality.md": "4c9ec72bd93a1deb",
     "table2_compositionality.tex": "dc0022117dde7dd2",
@@ -127,3 +128,34 @@ def test_table2_shows_blind_and_debiased_rows_and_flags_a_text_decided_column(tm
     assert list(rows) == ["MDC (Heuristic)", "MDC (Heuristic) per token", "MDC (Heuristic), no image",
                           "MDC (Heuristic), image-debiased"]  # per token only for the raw score
     assert "| 97.0* |" in rows["MDC (Heuristic), no image"] and rows["MDC (Heuristic)"].count("*") == 0
+
+
+def test_table1_shows_each_seeds_pretraining_loss_so_a_run_that_did_not_train_is_seen(tmp_path):
+    """The issue's rule 'every objective trains': a probe row carries its pretraining runs' loss, first -> last."""
+    index = {}
+    for seed, (first, last) in enumerate(((4.3, 3.0), (4.2, 3.9))):  # seed 1 barely moves
+        run = tmp_path / f"pretrain-s{seed}"
+        run.mkdir()
+        losses = np.linspace(first, last, 40)
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "loss": float(v)}) + "\n"
+                                                   for i, v in enumerate(losses)))
+        write_results(str(run / "results.json"), "pretrain", {"metrics": str(run / "metrics.jsonl")})
+        probe = tmp_path / f"probe-s{seed}" / "results.json"
+        write_results(str(probe), "linear_probe", _probe(np.random.default_rng(seed)))
+        for path in (run / "results.json", probe):  # both name the same weights, as the notebooks record them
+            record = json.loads(path.read_text())
+            path.write_text(json.dumps({**record, "checkpoint_id": f"weights-{seed}"}))
+        index[f"pretrain/clip-alt-s{seed}"] = {"notebook": "pretrain", "params": {}, "labels": {"seed": seed},
+                                               "artifacts": ["table1"], "results": str(run / "results.json")}
+        index[f"probe/clip-alt-s{seed}"] = {"notebook": "linear_probe", "params": {}, "artifacts": ["table1"],
+                                            "labels": {"method": "CLIP", "style": "alt", "seed": seed},
+                                            "results": str(probe)}
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    registry.build_artifacts(str(tmp_path / "index.json"), str(tmp_path / "figures"), PAPER_DIR, ["table1"])
+    lines = (tmp_path / "figures" / "table1_linear_probe.md").read_text().splitlines()
+    header = [c.strip() for c in lines[2].strip("|").split("|")]
+    rows = {r[1]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines[4:])}
+    column = header.index("pretraining loss, first → last 10 steps (per seed)")
+    ends = [np.linspace(first, last, 40) for first, last in ((4.3, 3.0), (4.2, 3.9))]
+    assert rows["CLIP"][column] == ", ".join(f"{v[:10].mean():.2f} → {v[-10:].mean():.2f}" for v in ends)
+    assert rows["CLIP random init"][column] == "-"
