@@ -28,7 +28,7 @@ PROBE_COLUMNS = {"object": "imagenet1k", "texture": "food101", "shape": "cifar10
                  "colour": "pets"}
 REAL_COLUMNS = {"imagenet1k": "imagenet1k", "food101": "food101", "cifar10": "cifar10", "cifar100": "cifar100",
                 "pets": "pets", "wds/imagenet1k": "imagenet1k"}
-LOSS_COLUMN = "pretraining loss, first → last 10 steps (per seed)"  # every objective must train (issue 19)
+LOSS_COLUMN = "pretraining loss, first → last 10 steps (per seed)"  # a run that did not train shows here
 EXTRA_TASKS = ("count", "relation", "background")  # synthetic tasks without a paper column
 STYLE_DATA = {"alt": "CC12M", "descriptive": "Recap-DataComp-10M"}  # the paper's data of each caption style
 PAPER_BACKBONE = "ViT-B/32"  # the paper row a synthetic run is printed beside (the smallest backbone)
