@@ -12,8 +12,9 @@ Layout under ``<out>/<profile>/``::
     index.json                    every run: notebook, parameters, labels, artifacts, results path
     runs.csv                      name, notebook, status, seconds, peak memory (MB), key
 
-A run's *key* hashes its notebook, its parameters and the keys of the runs it depends on, so
-changing a parameter reruns that run and everything downstream of it, and nothing else.
+A run's *key* hashes its notebook's code cells, its parameters and the keys of the runs it depends
+on, so changing a parameter reruns that run and everything downstream of it, and nothing else; a
+notebook saved from Jupyter with outputs, metadata or a markdown note keeps its runs.
 Parameters that only steer bookkeeping (checkpoint cadence, resumption: the trainer's
 ``RESUME_FREE`` but for the run's folder) stay out of the key. A failed run is reported and the
 runs that do not depend on it still execute; the runner ends with a non-zero exit status if
@@ -48,6 +49,8 @@ import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+
+import nbformat
 
 from mdc.checkpoint import atomic_write_text
 from mdc.lock import FolderLock
@@ -93,15 +96,21 @@ def resolve(value, out: str):
     return value
 
 
+def code_digest(path: str) -> str:
+    """sha256 of a notebook's code cells: saving it with outputs, counts, metadata or prose keeps it."""
+    nb = nbformat.read(path, as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    return hashlib.sha256(json.dumps(code).encode()).hexdigest()
+
+
 def keys(runs: list[Run]) -> dict[str, str]:
-    """Content key of every run: notebook file, parameters and the keys of its dependencies."""
+    """Content key of every run: its notebook's code, parameters and the keys of its dependencies."""
     by_name, out = {r.name: r for r in runs}, {}
 
     def key(name: str) -> str:
         if name not in out:
             r = by_name[name]
-            with open(os.path.join(NOTEBOOKS, f"{r.notebook}.ipynb"), "rb") as f:
-                nb = hashlib.sha256(f.read()).hexdigest()
+            nb = code_digest(os.path.join(NOTEBOOKS, f"{r.notebook}.ipynb"))
             params = {k: v for k, v in r.params.items() if k not in BOOKKEEPING}
             payload = json.dumps([r.notebook, nb, params, [key(d) for d in r.deps]], sort_keys=True)
             out[name] = hashlib.sha256(payload.encode()).hexdigest()[:16]

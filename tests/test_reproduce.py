@@ -109,6 +109,23 @@ def test_bookkeeping_parameters_leave_the_key_alone():
     assert runner.keys(run(steps=9)) != runner.keys(run())
 
 
+def test_a_notebook_saved_with_outputs_keeps_its_runs(toy):
+    """Opening a notebook in Jupyter, running it and saving it (outputs, counts, metadata, a markdown note)
+    does not change what its runs compute; a change to its code does."""
+    before = runner.keys(_runs())
+    path = os.path.join(runner.NOTEBOOKS, "toy.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[1].execution_count = 7
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="done\n")]
+    nb.cells.insert(1, nbformat.v4.new_markdown_cell("A note written while exploring."))
+    nb.metadata["language_info"] = {"name": "python", "version": "3.11.9"}
+    nbformat.write(nb, path)
+    assert runner.keys(_runs()) == before
+    nb.cells[2].source += "\nprint('one more line')"
+    nbformat.write(nb, path)
+    assert runner.keys(_runs())["a"] != before["a"]
+
+
 def test_a_ready_evaluation_goes_before_the_next_pretraining_run(toy):
     runs = [Run("pre0", "toy", {"output_dir": "{run:pre0}"}), Run("pre1", "toy", {"output_dir": "{run:pre1}"}),
             Run("pre2", "toy", {"output_dir": "{run:pre2}"}),
