@@ -92,7 +92,9 @@ def _main(args: argparse.Namespace) -> int:
         return 1
     if args.dry_run and args.profile == "paper":  # what it would cost (reproduce/cost.py)
         print("\n" + cost.render(cost.plan(runs, out), args.mfu))
-    if not args.dry_run:
+    if args.run and not args.dry_run:  # one job of the graph: the figures come from their own run
+        print(f"\n{args.run} complete in {os.path.join(out, args.run)}")
+    elif not args.dry_run:
         print(f"\nall {len(outcome)} runs complete; tables and figures in {figures}; per-run times in "
               f"{os.path.join(out, 'runs.csv')}")
     return 0

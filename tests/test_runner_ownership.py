@@ -135,3 +135,13 @@ def test_runner_command_line_refuses_bad_values_in_one_line(argv, line, tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and len(err) == 1 and err[0].startswith(line), err
     assert not (tmp_path / "runs").exists()
+
+
+def test_one_run_says_it_ran_that_run_not_the_whole_profile(tmp_path, capsys, monkeypatch):
+    """``--run`` executes one job: its closing line names that run, and promises no tables or figures."""
+    def one(runs, out, only=None, **kwargs):
+        return {r.name: {"status": "ok" if r.name in only else "skipped"} for r in runs}
+    monkeypatch.setattr(runner, "run_all", one)
+    assert main(["--profile", "smoke", "--out", str(tmp_path / "runs"), "--run", "data/descriptive"]) == 0
+    out = capsys.readouterr().out
+    assert "data/descriptive complete" in out and "all" not in out and "figures" not in out, out
