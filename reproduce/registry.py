@@ -108,16 +108,20 @@ def _mini_recipe() -> dict:
     from mdc.optim import preset_values
 
     r = preset_values("mini", "mdc")
-    return dict(train=dict(steps=r["steps"], batch_size=r["global_batch"], lr=r["lr"], weight_decay=r["weight_decay"],
+    lr = {objective: preset_values("mini", objective)["lr"] for objective in ("mdc", "arc", "clip")}
+    return dict(train=dict(steps=r["steps"], batch_size=r["global_batch"], lr=lr, weight_decay=r["weight_decay"],
                            warmup_steps=r["warmup_steps"]),
                 data=dict(num=r["steps"] * r["global_batch"], image_size=model_config("mini").image_size))
 
 
-def _train_params(p: dict, frac: float = 1.0, batch_scale: int = 1) -> dict:
-    """Pretraining parameters of a run: the profile's recipe; ``frac`` of its steps (Fig. 5 trains on a
-    fraction of the pairs for as many epochs), ``batch_scale`` x the batch for as many pairs (CLIP-LB).
-    Checkpoints every tenth of the run, the two newest kept: the runner resumes a stopped run from them."""
+def _train_params(p: dict, objective: str, frac: float = 1.0, batch_scale: int = 1) -> dict:
+    """Pretraining parameters of a run: the profile's recipe (its lr: one, or one per objective); ``frac``
+    of its steps (Fig. 5 trains on a fraction of the pairs for as many epochs), ``batch_scale`` x the batch
+    for as many pairs (CLIP-LB). Checkpoints every tenth of the run, the two newest kept: the runner
+    resumes a stopped run from them."""
     t = dict(p["train"])
+    if isinstance(t.get("lr"), dict):
+        t["lr"] = t["lr"][objective]
     t["steps"] = max(1, round(t["steps"] * frac / batch_scale))
     t["batch_size"] = t["batch_size"] * batch_scale
     if t.get("warmup_steps"):
@@ -164,7 +168,7 @@ def pretrain_runs(p: dict, seed: int) -> list[Run]:
         data = f"{{run:data/{style}}}/shards" + ("" if frac == 1.0 else "/{000000..%06d}.tar" % (shards - 1))
         params = dict(objective=objective, model=p["model"], model_overrides=p["model_overrides"], train_data=data,
                       seed=seed, output_dir=f"{{run:pretrain/{name}-s{seed}}}", workers=p["workers"],
-                      **_train_params(p, frac, scale))
+                      **_train_params(p, objective, frac, scale))
         params.update(extra)
         labels = {**labels, "seed": seed, "pairs": min(num, shards * shard) if frac < 1 else num, "fraction": frac}
         runs.append(Run(f"pretrain/{name}-s{seed}", "pretrain", params, deps=(f"data/{style}",),

@@ -10,6 +10,7 @@ import mdc
 from mdc.world.scenes import write_shards
 from mdc.factory import model_config
 from mdc.train import TrainConfig
+from reproduce import registry
 from reproduce.studies import learnability as study
 
 CHOSEN = "c64x4"  # the ceiling's choice c64 (learnability/ceiling_decision.json) at 4x the first study's steps
@@ -31,6 +32,19 @@ def test_the_mini_preset_is_the_studied_recipe():
     assert (c.model, c.steps, c.batch_size, c.accum_steps, c.lr, c.warmup_steps) == \
         ("mini", recipe["steps"], recipe["batch"], 1, recipe["lr"], recipe["warmup"])
     assert c.epochs is None and c.weight_decay == 0.1
+
+
+def test_the_mini_preset_gives_clip_the_learning_rate_its_rule_chose():
+    """learnability.md, "Rule for CLIP's learning rate": CLIP (and CLIP-LB) 3e-4, MDC and ARC 1e-3, through the
+    public command line's config and in every pretraining run of `make reproduce`."""
+    chosen = {"mdc": 1e-3, "arc": 1e-3, "clip": 3e-4}
+    for objective, lr in chosen.items():
+        c = TrainConfig(output_dir="x", preset="mini", objective=objective, train_data="x.tar").resolved(world_size=1)
+        assert c.lr == lr, objective
+    pretraining = [r for r in registry.build("mini", seeds=1) if r.notebook == "pretrain"]
+    assert {r.name for r in pretraining if r.params["objective"] == "clip"} == \
+        {"pretrain/clip-alt-s0", "pretrain/clip-descriptive-s0", "pretrain/cliplb-descriptive-s0"}
+    assert [(r.name, r.params["lr"]) for r in pretraining if r.params["lr"] != chosen[r.params["objective"]]] == []
 
 
 def test_the_decision_files_name_the_frozen_configuration():
