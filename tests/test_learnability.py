@@ -39,8 +39,8 @@ def test_the_mini_preset_gives_clip_the_learning_rate_its_rule_chose():
     public command line's config and in every pretraining run of `make reproduce`."""
     chosen = {"mdc": 1e-3, "arc": 1e-3, "clip": 3e-4}
     for objective, lr in chosen.items():
-        c = TrainConfig(output_dir="x", preset="mini", objective=objective, train_data="x.tar").resolved(world_size=1)
-        assert c.lr == lr, objective
+        c = TrainConfig(output_dir="x", preset="mini", objective=objective, train_data="x.tar")
+        assert c.resolved(world_size=1).lr == lr, objective
     pretraining = [r for r in registry.build("mini", seeds=1) if r.notebook == "pretrain"]
     assert {r.name for r in pretraining if r.params["objective"] == "clip"} == \
         {"pretrain/clip-alt-s0", "pretrain/clip-descriptive-s0", "pretrain/cliplb-descriptive-s0"}

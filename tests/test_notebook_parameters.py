@@ -18,8 +18,9 @@ def _assigned(source: str) -> list[str]:
     """Names assigned at the top level of a parameters cell."""
     names = []
     for node in ast.parse(source).body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        names += [t.id for t in targets if isinstance(t, ast.Name)]
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names += [t.id for t in targets if isinstance(t, ast.Name)]
     return names
 
 
