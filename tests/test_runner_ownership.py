@@ -144,4 +144,4 @@ def test_one_run_says_it_ran_that_run_not_the_whole_profile(tmp_path, capsys, mo
     monkeypatch.setattr(runner, "run_all", one)
     assert main(["--profile", "smoke", "--out", str(tmp_path / "runs"), "--run", "data/descriptive"]) == 0
     out = capsys.readouterr().out
-    assert "data/descriptive complete" in out and "all" not in out and "figures" not in out, out
+    assert "data/descriptive complete" in out and "runs complete" not in out and "tables and figures" not in out, out
