@@ -106,11 +106,12 @@ def code_digest(path: str) -> str:
 def keys(runs: list[Run]) -> dict[str, str]:
     """Content key of every run: its notebook's code, parameters and the keys of its dependencies."""
     by_name, out = {r.name: r for r in runs}, {}
+    code = {nb: code_digest(os.path.join(NOTEBOOKS, f"{nb}.ipynb")) for nb in {r.notebook for r in runs}}
 
     def key(name: str) -> str:
         if name not in out:
             r = by_name[name]
-            nb = code_digest(os.path.join(NOTEBOOKS, f"{r.notebook}.ipynb"))
+            nb = code[r.notebook]
             params = {k: v for k, v in r.params.items() if k not in BOOKKEEPING}
             payload = json.dumps([r.notebook, nb, params, [key(d) for d in r.deps]], sort_keys=True)
             out[name] = hashlib.sha256(payload.encode()).hexdigest()[:16]
