@@ -20,6 +20,7 @@ import argparse
 import os
 import re
 import sys
+import traceback
 from typing import Callable, Iterable, Mapping, TypeVar
 
 __all__ = ["ArgumentParser", "ConfigError", "DEBUG_ENV", "RunError", "debugging", "flags", "must", "report"]
@@ -73,9 +74,14 @@ def debugging(argv_flag: bool = False) -> bool:
 
 
 def report(work: Callable[[], T], parser: argparse.ArgumentParser | None = None, debug: bool = False,
-           expected: Iterable[type[BaseException]] = (ValueError, OSError, RunError)) -> T:
+           expected: Iterable[type[BaseException]] = (ValueError, OSError, RunError),
+           ends_process: Iterable[type[BaseException]] = ()) -> T:
     """``work()``; a :class:`ConfigError` exits 2 and an ``expected`` error exits 1, each after one
-    ``error: ...`` message on stderr, unless debugging (then it propagates with its traceback)."""
+    ``error: ...`` message on stderr, unless debugging (then it propagates with its traceback).
+
+    An error of ``ends_process`` ends the process at once after its message (or its traceback, when
+    debugging), without the interpreter's teardown: one that leaves native threads the teardown would
+    wait for forever (a rank that lost its peers, see :class:`mdc.train.PeerLostError`)."""
     try:
         return work()
     except ConfigError as exn:
@@ -84,6 +90,12 @@ def report(work: Callable[[], T], parser: argparse.ArgumentParser | None = None,
         _say(exn.flagged(flags(parser)) if parser is not None else str(exn))
         raise SystemExit(2) from None
     except tuple(expected) as exn:
+        if isinstance(exn, tuple(ends_process)):
+            if debugging(debug):
+                traceback.print_exc()
+            else:
+                _say(str(exn))
+            _end_now(1)
         if debugging(debug):
             raise
         if isinstance(exn, OSError) and exn.strerror:  # "No space left on device: 'path'", not "[Errno 28] ..."
@@ -91,6 +103,14 @@ def report(work: Callable[[], T], parser: argparse.ArgumentParser | None = None,
         else:
             _say(str(exn) or type(exn).__name__)
         raise SystemExit(1) from None
+
+
+def _end_now(status: int) -> None:
+    """Exit with ``status`` now, once what was printed is flushed (``os._exit``: no atexit handlers, no
+    teardown of the objects still alive)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _say(message: str) -> None:

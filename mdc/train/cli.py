@@ -9,7 +9,9 @@ is off by default and ``--no-name`` when on. A field without a default is a requ
 Errors (:mod:`mdc.errors`): a bad value prints one line, ``error: --batch-size must be >= 1, got 0``,
 and exits with status 2, before anything is written; a run that stops for a reason the user must
 act on (its folder in use, a resume of a different run, a full disk) prints ``error: ...`` and
-exits with status 1. ``--debug`` (or ``MDC_DEBUG=1``) shows the traceback instead. Besides the
+exits with status 1. ``--debug`` (or ``MDC_DEBUG=1``) shows the traceback instead. A rank that lost its
+peers (:class:`~mdc.train.PeerLostError`) ends its process right after its message, without tearing down its
+process group, which could wait forever for a collective still pending with a silent peer. Besides the
 checks of :meth:`TrainConfig.resolved`, the command line refuses flags that contradict each other
 (:func:`check_flags`): MDC's objective flags with another objective, ``--mask-ratio`` with
 ``--t-interval`` or ``--t-sampling``.
@@ -25,7 +27,7 @@ import typing
 
 from mdc.errors import ArgumentParser, ConfigError, report
 from mdc.train.config import TrainConfig
-from mdc.train.loop import train
+from mdc.train.loop import PeerLostError, train
 
 DESCRIPTION = "Pretraining: one loop for MDC, ARC and CLIP, from a laptop CPU to multi-node DDP."
 
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     docstring for how errors are reported."""
     parser = make_parser()
     args = parser.parse_args(argv)
-    results = report(lambda: _train(_kwargs(args)), parser, debug=args.debug)
+    results = report(lambda: _train(_kwargs(args)), parser, debug=args.debug, ends_process=(PeerLostError,))
     if os.environ.get("RANK", "0") == "0":
         print(json.dumps(results))
     return results

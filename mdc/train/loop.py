@@ -41,7 +41,11 @@ class NonFiniteLossError(RunError):
 
 class PeerLostError(RunError):
     """A distributed run lost a rank (it died, or hung past ``MDC_DIST_TIMEOUT``); the message names
-    this rank, the step and the last checkpoint to resume from."""
+    this rank, the step and the last checkpoint to resume from.
+
+    The process should end after it: a collective may still be pending with the silent rank, and freeing
+    the process group then deadlocks (gloo's worker thread needs the interpreter lock that the freeing
+    thread holds while it joins it). ``python -m mdc.train`` exits at once (``os._exit``) after the message."""
 
 
 DIST_TIMEOUT_ENV = "MDC_DIST_TIMEOUT"  # seconds a collective waits for the other ranks (default: torch's 1800)
