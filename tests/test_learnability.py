@@ -97,6 +97,35 @@ def test_a_configuration_timed_in_several_settings_costs_its_fastest(tmp_path, m
     assert study.decide(str(tmp_path))["configs"]["a"]["minutes"] == pytest.approx(600 * 0.5 / 60)
 
 
+def test_writing_the_record_keeps_its_rows_and_adds_the_working_folders(tmp_path, monkeypatch, capsys):
+    """``--summary --write DIR`` from a working folder that holds this session's runs only (the folder of
+    earlier sessions is gone): DIR keeps every row it had, gains the new ones once, and decides from all."""
+    monkeypatch.setattr(study, "CONFIGS", {"a": dict(model={"image_size": 32}, style="descriptive", batch=64,
+                                                     steps=100)})
+
+    def full(seed, gap):
+        return [_row("a", o, seed, gap) | {"gap": dict.fromkeys(study.TASKS, gap), "wall_s": 60.0, "cpu_s": 120.0}
+                for o in ("mdc", "arc", "clip")]
+
+    def lines(rows):
+        return "".join(json.dumps(r) + "\n" for r in rows)
+
+    record, work = tmp_path / "record", tmp_path / "work"
+    record.mkdir(), work.mkdir()
+    earlier, probe = full(0, 21.0), {"checkpoint": "runs/x", "seed": 7, "gap_mean4": 21.1}
+    (record / "runs.jsonl").write_text(lines(earlier))
+    (record / "probes.jsonl").write_text(lines([probe]))
+    (record / "timing.jsonl").write_text(lines([{"config": "a", "mdc": 1.0, "arc": 1.0, "clip": 1.0}]))
+    (work / "runs.jsonl").write_text(lines(earlier[:1] + full(1, 22.0)))  # one row the record already has
+    study.main(["--summary", "--out", str(work), "--write", str(record)])
+    kept = [json.loads(line) for line in (record / "runs.jsonl").read_text().splitlines()]
+    assert kept == earlier + full(1, 22.0)
+    assert (record / "probes.jsonl").read_text() == lines([probe])
+    decision = json.loads((record / "decision.json").read_text())["configs"]["a"]
+    assert decision["objectives"]["mdc"]["seeds"] == 2 and decision["minutes"] == 100 / 60
+    assert "| a | mdc | 2 | 21.5 ± 0.7 |" in capsys.readouterr().out
+
+
 def test_train_cli_runs_the_mini_preset_and_the_study_probes_the_run(tmp_path, monkeypatch):
     write_shards(str(tmp_path / "shards"), 8, "descriptive", seed=0, image_size=64, shard_size=8)
     out = subprocess.run([sys.executable, "-m", "mdc.train", "--preset", "mini", "--objective", "mdc",

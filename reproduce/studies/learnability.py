@@ -4,12 +4,14 @@ questions be answered before any method is compared (the study behind the `mini`
     python -m reproduce.studies.learnability --configs s32 s48 --seeds 0 1 2 [--out DIR]
     python -m reproduce.studies.learnability --summary      # the table from the runs so far
     python -m reproduce.studies.learnability --probe runs/my-mini-mdc   # any run, e.g. from mdc.train --preset mini
+    python -m reproduce.studies.learnability --summary --write reproduce/studies/learnability  # into the record
 
 Every run is real: synthetic shards -> ``mdc.train.train`` (the pretraining loop of the
 notebooks) -> ``mdc.eval.probe`` (CLIP_benchmark's linear probe) on the synthetic probe tasks
 at the run's resolution. Beside each trained encoder the same architecture is probed at its
 random initialisation (same seed): the *gap* is trained minus random-init top-1, in points.
-Wall and CPU time (this process and its data workers) are recorded per run.
+Wall and CPU time (this process and its data workers) are recorded per run. Rows go to the working
+folder (``--out``); ``--write`` adds the ones the committed record lacks to it, and it only ever grows.
 
 The rule that picks `mini` is fixed in ``RULE`` before any method is compared, and it is the
 same for the three objectives: the cheapest configuration in which MDC, ARC and CLIP each
@@ -316,13 +318,19 @@ def loader_rate(name: str, out: str, workers: int, batches: int = 60) -> float:
     return batches * cfg["batch"] / (time.perf_counter() - start)
 
 
+def read_rows(path: str) -> list[dict]:
+    """The rows of a JSON-lines record; none if it does not exist."""
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def step_seconds(out: str) -> dict[str, float]:
     """{config: seconds per step of its slowest objective} from the timing passes; a configuration timed
     in several settings (workers, torch.compile) costs what its fastest setting costs."""
-    path = os.path.join(out, "timing.jsonl")
     timings: dict[str, float] = {}
-    for line in open(path) if os.path.isfile(path) else []:
-        t = json.loads(line)
+    for t in read_rows(os.path.join(out, "timing.jsonl")):
         slowest = max(t.get(o, 0.0) for o in ("mdc", "arc", "clip"))
         timings[t["config"]] = min(timings.get(t["config"], slowest), slowest)
     return timings
@@ -330,8 +338,7 @@ def step_seconds(out: str) -> dict[str, float]:
 
 def summary(out: str) -> str:
     """Markdown table: per config and objective, mean ± std over seeds of the gap and the times."""
-    path = os.path.join(out, "runs.jsonl")
-    rows = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
+    rows = read_rows(os.path.join(out, "runs.jsonl"))
     groups: dict[tuple, list] = {}
     for r in rows:
         groups.setdefault((r["config"], r["objective"]), []).append(r)
@@ -367,8 +374,7 @@ def _step_seconds(name: str, timings: dict) -> float | None:
 def decide(out: str) -> dict:
     """Apply ``RULE`` to the runs so far: per configuration, whether each objective passes, and the
     cheapest configuration that passes for all three (minutes from the idle-machine timing pass)."""
-    path = os.path.join(out, "runs.jsonl")
-    rows = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
+    rows = read_rows(os.path.join(out, "runs.jsonl"))
     timings = step_seconds(out)
     verdict = {}
     for name in dict.fromkeys(r["config"] for r in rows):
@@ -400,8 +406,7 @@ def decide_ceiling(out: str) -> dict:
     """Apply ``CEILING_RULE`` to ``ceiling.jsonl``: each candidate at the learning rate with the lower
     final supervised loss, then the cheapest reaching the target (seconds per step from the timing pass),
     else the highest ceiling."""
-    path = os.path.join(out, "ceiling.jsonl")
-    rows = [json.loads(line) for line in open(path)] if os.path.isfile(path) else []
+    rows = read_rows(os.path.join(out, "ceiling.jsonl"))
     best: dict[str, dict] = {}
     for r in rows:
         if r["config"] not in best or r["final_loss"] < best[r["config"]]["final_loss"]:
@@ -420,6 +425,27 @@ def decide_ceiling(out: str) -> dict:
             "by": "highest ceiling (none reaches the target)"}
 
 
+RECORDS = ("runs.jsonl", "timing.jsonl", "ceiling.jsonl", "probes.jsonl")  # one JSON row per line
+
+
+def merge_records(src: str, dst: str) -> dict[str, int]:
+    """Append to each record of ``dst`` (the committed one, ``reproduce/studies/learnability``) the rows of
+    ``src`` (a working folder) it lacks, in ``src``'s order; returns the rows added per file. Rows already in
+    ``dst`` stay, those of earlier sessions whose working folders are gone included: a record only grows."""
+    os.makedirs(dst, exist_ok=True)
+    added = {}
+    for name in RECORDS:
+        mine, theirs = (os.path.join(folder, name) for folder in (src, dst))
+        if not os.path.isfile(mine):
+            continue
+        have = {json.dumps(r, sort_keys=True) for r in read_rows(theirs)}
+        new = [r for r in read_rows(mine) if json.dumps(r, sort_keys=True) not in have]
+        with open(theirs, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in new)
+        added[name] = len(new)
+    return added
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", nargs="*", default=[], choices=sorted(CONFIGS))
@@ -434,21 +460,18 @@ def main(argv=None) -> None:
     p.add_argument("--probe", nargs="+", metavar="RUN", help="probe checkpoints (or run folders) trained "
                                                                 "elsewhere beside their random init")
     p.add_argument("--timing", action="store_true", help="time the configurations (on an otherwise idle machine)")
-    p.add_argument("--write", metavar="DIR", help="with --summary: copy runs.jsonl, timing.jsonl, ceiling.jsonl, "
-                                                  "probes.jsonl and the decisions here")
+    p.add_argument("--write", metavar="DIR", help="with --summary: add the runs' rows to the record in DIR (rows "
+                                                  "it lacks, appended) and write its decisions from it")
     args = p.parse_args(argv)
     if args.summary and args.write:
-        import shutil
-
-        os.makedirs(args.write, exist_ok=True)
-        for name in ("runs.jsonl", "timing.jsonl", "ceiling.jsonl", "probes.jsonl"):
-            if os.path.isfile(os.path.join(args.out, name)):
-                shutil.copy(os.path.join(args.out, name), os.path.join(args.write, name))
+        added = merge_records(args.out, args.write)
         with open(os.path.join(args.write, "decision.json"), "w") as f:
-            json.dump(decide(args.out), f, indent=1)
+            json.dump(decide(args.write), f, indent=1)
         with open(os.path.join(args.write, "ceiling_decision.json"), "w") as f:
-            json.dump(decide_ceiling(args.out), f, indent=1)
-        print(summary(args.out))
+            json.dump(decide_ceiling(args.write), f, indent=1)
+        print(summary(args.write))
+        print(f"rows added to {args.write}: " + (", ".join(f"{name} {n}" for name, n in added.items())
+                                                  or f"none ({args.out} holds no record)"))
         return
     if args.probe:
         for path in args.probe:
