@@ -6,6 +6,7 @@ passing it logs "Passed unknown parameter" while the notebook silently keeps its
 import ast
 import glob
 import os
+import warnings
 
 import nbformat
 import papermill
@@ -33,3 +34,13 @@ def test_papermill_reads_every_parameter_with_its_help(path):
     assert names, f"{path}: its parameters cell assigns nothing"
     assert [n for n in names if n not in read] == [], f"{path}: papermill does not see these parameters"
     assert [n for n in names if not read[n]["help"]] == [], f"{path}: parameters without a help comment"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + sorted(glob.glob(os.path.join(os.path.dirname(NOTEBOOKS[0]), "tutorials",
+                                                                            "*.ipynb"))), ids=os.path.basename)
+def test_every_notebook_is_valid_in_its_format(path):
+    """Its nbformat version's schema, cell ids included (4.5): reading one without them warns on every
+    ``python -m reproduce`` (the runner reads each notebook's code) and Jupyter rewrites it on save."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nbformat.validate(nbformat.read(path, as_version=nbformat.NO_CONVERT))
