@@ -111,7 +111,8 @@ def test_writing_the_record_keeps_its_rows_and_adds_the_working_folders(tmp_path
         return "".join(json.dumps(r) + "\n" for r in rows)
 
     record, work = tmp_path / "record", tmp_path / "work"
-    record.mkdir(), work.mkdir()
+    record.mkdir()
+    work.mkdir()
     earlier, probe = full(0, 21.0), {"checkpoint": "runs/x", "seed": 7, "gap_mean4": 21.1}
     (record / "runs.jsonl").write_text(lines(earlier))
     (record / "probes.jsonl").write_text(lines([probe]))
