@@ -24,7 +24,7 @@ from mdc import optim
 from mdc.data.pipeline import SkipStats, StreamPosition, iterate_batches, make_loader
 from mdc.data.writer import npy_bytes, png_bytes, write_tar
 from mdc.world.render import render_array
-from mdc.world.sampling import scene_record
+from mdc.world.graphs import scene_record
 from mdc.world.scenes import NUM_REFERENCES, sample_scene, write_shards
 from mdc.world.streams import STREAM_CAPTION, STREAM_REFERENCES, STREAM_SCENE, stream_rng
 from mdc.world.text import caption, references

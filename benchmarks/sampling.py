@@ -17,7 +17,7 @@ import torch
 
 import mdc
 from mdc.diffusion import caption_log_probs
-from mdc.sampler import masked_row
+from mdc.diffusion import masked_row
 
 from benchmarks import peers
 from benchmarks.common import (Context, Section, coca_config, coca_like, count_calls, interleaved, median, small,

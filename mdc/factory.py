@@ -83,7 +83,7 @@ def create_model(name: str, objective: str = "mdc", **overrides):
 def image_transform(model, train: bool = False):
     """The image transform of a model (or an image size): PIL image -> normalised FloatTensor
     [3, S, S]. Eval: resize the shorter side to S, centre crop. Train: a mild random-resized
-    crop. Both normalise with CLIP's mean/std (see :class:`mdc.data.pipeline.ImageTransform`)."""
+    crop. Both normalise with CLIP's mean/std (see :class:`mdc.data.transforms.ImageTransform`)."""
     return _transform(model if isinstance(model, int) else model.config.image_size, train)
 
 

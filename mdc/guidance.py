@@ -38,21 +38,18 @@ together with a strength are ValueErrors too.
 
 :class:`Guide` is the guided :class:`mdc.distribution.CaptionDistribution`; :func:`encoder`
 hands it to the sampler and scorers, as :func:`mdc.api.generate` and :func:`mdc.api.score` do.
-The sweeps of ``notebooks/guidance.ipynb`` live in :mod:`mdc.eval.guidance`.
+The sweeps of ``notebooks/guidance.ipynb`` live in :mod:`mdc.eval.guidance_sweeps`.
 """
 from __future__ import annotations
 
 import torch
 
-from mdc.condition import has_token_mask, num_image_tokens, partial_mask, training_condition, vary_condition
+from mdc.condition import has_token_mask, partial_mask, vary_condition
 from mdc.diffusion import caption_log_probs
-from mdc.distribution import CaptionDistribution, as_distribution
+from mdc.distribution import CaptionDistribution
 
-# Names that lived here before the condition variants moved into the core (kept for one release).
-mcs_token_mask, as_guide = partial_mask, as_distribution
 __all__ = ["GUIDANCE", "RULES", "UNGUIDED", "Guide", "check_guidance", "combine", "encoder", "is_unguided",
-           "scale_label", "scale_of", "strength_label", "strength_of",
-           "as_guide", "mcs_token_mask", "num_image_tokens", "training_condition", "vary_condition"]
+           "scale_label", "scale_of", "strength_label", "strength_of"]
 
 GUIDANCE = ("cfg", "mcs", "mcs_mirror")
 UNGUIDED = {"cfg": 1.0, "mcs": 0.0, "mcs_mirror": 1.0}  # the scale at which each rule is the plain conditional model

@@ -28,7 +28,7 @@ from mdc.loss import arc_loss, clip_loss, mdc_loss
 from mdc.tokenizer import Tokenizer, trim_padding, valid_mask
 from mdc.transformer import Head, TextTransformer
 
-__all__ = ["CLIP", "Captioner", "ImageContext", "ModelConfig", "evaluating", "vision_tower"]
+__all__ = ["CLIP", "Captioner", "ModelConfig", "evaluating", "vision_tower"]
 
 OBJECTIVES = ("mdc", "arc", "clip")
 
@@ -290,17 +290,6 @@ class Captioner(_Model):
         """Encode once: every block's cross-attention keys/values of the projected image tokens.
         ``null`` [B] / ``token_mask`` [B, T] (bool): the condition's variants (mdc/condition.py)."""
         return self.kv_context(vary_condition(self, self.condition(images, token_mask), null))  # [B, T, W]
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        if prefix + "cond_mask" in state_dict:  # the MCS mask of earlier releases: a different parameter
-            raise ValueError(
-                "this checkpoint holds 'cond_mask' (MCS's mask of an earlier release), a vector that replaced a "
-                "whole condition token after the position embedding, so the decoder could not tell which image "
-                "regions were masked. MCS now masks a token's content and keeps its position (the ViT's "
-                "'cond_mask_token', a patch embedding; VQ codes' [MASK] code), which this checkpoint never "
-                "learnt. Retrain with cond_mask_prob > 0; or, to use it without MCS (plain captioning, CFG), "
-                "delete 'cond_mask' from its model.safetensors and set cond_mask_prob to 0 in its config.json")
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def kv_context(self, v: torch.Tensor) -> ImageContext:
         """The cross-attention keys/values of condition tokens ``v`` [B, T, W]."""

@@ -145,7 +145,7 @@ def plot_guidance_tradeoff(results: Mapping, path: str | None = None,
     the unguided model (strength 0, a star) with its points labelled by strength. Strength is the
     distance from the rule's unguided scale (:mod:`mdc.guidance`), so equal labels mean the same
     for every rule. Without CLIPScore (none computed) the y axis is the strength. ``results``: the
-    ``results`` of a ``kind="guidance"`` results file (:mod:`mdc.eval.guidance`); runs recorded
+    ``results`` of a ``kind="guidance"`` results file (:mod:`mdc.eval.guidance_sweeps`); runs recorded
     with a scale only (earlier files) are placed at that scale's strength."""
     runs = results["runs"]
     clip = any(r.get("clipscore") is not None for r in runs)

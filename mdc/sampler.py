@@ -22,7 +22,7 @@ from mdc import distribution
 from mdc.diffusion import caption_log_probs, masked_row
 from mdc.model import evaluating
 
-__all__ = ["arc_sample", "check_length", "generate", "masked_row", "mdc_sample"]
+__all__ = ["arc_sample", "check_length", "generate", "mdc_sample"]
 
 
 def check_length(model, length: int) -> None:

@@ -42,7 +42,7 @@ from torch import nn
 from mdc.data.formats import IMAGE_SUFFIXES, load_image
 from mdc.data.transforms import image_transform
 from mdc.world.render import render
-from mdc.world.sampling import sample_scene
+from mdc.world.graphs import sample_scene
 from mdc.world.streams import STREAM_SCENE, stream_rng
 
 

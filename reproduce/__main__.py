@@ -20,7 +20,8 @@ import argparse
 import os
 import sys
 
-from mdc.errors import ArgumentParser, ConfigError, must, report
+from mdc.cli import ArgumentParser, report
+from mdc.errors import ConfigError, must
 from reproduce import cost, registry, runner
 
 

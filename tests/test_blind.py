@@ -8,7 +8,7 @@ import torch
 import mdc
 import mdc.eval.compositionality as C
 from conftest import small_model
-from mdc.data.pipeline import image_transform
+from mdc.data.transforms import image_transform
 from mdc.distribution import encode_null
 from mdc.world.evalsets import write_evalsets
 
@@ -95,7 +95,7 @@ def test_a_blind_accuracy_far_from_chance_is_flagged_and_sugarcrepe_has_its_macr
 
 
 def test_guided_compositionality_reports_each_setting_blind_and_debiased(evalsets):
-    from mdc.eval.guidance import guided_compositionality
+    from mdc.eval.guidance_sweeps import guided_compositionality
 
     model = small_model(cond_drop_prob=0.1, cond_mask_prob=0.1).eval()
     suites = C.load_suites(evalsets, ["aro_relation"])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import mdc
-from mdc.data import benchmarks as comp
+from mdc.data import aro_sugarcrepe as comp
 from mdc.data.formats import load_image, load_karpathy, load_wds_classification
 from mdc.data.pipeline import SkipStats, iterate_batches, make_loader
 from mdc.world.evalsets import write_evalsets

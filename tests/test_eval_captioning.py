@@ -8,7 +8,7 @@ from PIL import Image
 
 import pycocoevalcap.meteor.meteor as meteor_module
 from mdc.data.formats import load_karpathy_test
-from mdc.data.pipeline import image_transform
+from mdc.data.transforms import image_transform
 from mdc.eval import captioning as cap
 from mdc.eval.judge import JUDGE_PROMPT, llm_judge, parse_choice
 from mdc.plots import plot_captions

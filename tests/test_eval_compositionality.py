@@ -10,7 +10,7 @@ from PIL import Image
 import mdc.eval.compositionality as C
 from conftest import small_model
 from mdc.world.evalsets import write_evalsets
-from mdc.data.pipeline import image_transform
+from mdc.data.transforms import image_transform
 
 
 def _suite(name, groups, K=2, identical=None, data="synthetic", **item_fields):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mdc.data.benchmarks import (
+from mdc.data.aro_sugarcrepe import (
     ARO_SYMMETRIC_RELATIONS, load_order_suite, load_sugarcrepe, load_vg_attribution, load_vg_relation,
     normalise_caption, order_accuracy, pairwise_correct, perturb_caption, sugarcrepe_columns, vg_attribution_accuracy,
     vg_relation_accuracy,

@@ -7,9 +7,10 @@ import torch
 import mdc
 from conftest import CAPTIONS, SMALL, small_model
 from mdc.diffusion import banned_ids, caption_log_probs
-from mdc.guidance import Guide, encoder, mcs_token_mask, scale_label, scale_of, strength_label, strength_of, \
-    training_condition
-from mdc.sampler import masked_row, mdc_sample
+from mdc.condition import partial_mask, training_condition
+from mdc.diffusion import masked_row
+from mdc.guidance import Guide, encoder, scale_label, scale_of, strength_label, strength_of
+from mdc.sampler import mdc_sample
 
 GUIDED = dict(cond_drop_prob=0.1, cond_mask_prob=0.1)
 
@@ -134,30 +135,13 @@ def test_masked_condition_is_the_patch_embedding_masked(images):
     """The ViT masks at the patch embedding: the learned mask token replaces the patch, then timm's
     position embedding is added and the encoder runs; the unmasked path is forward_features."""
     model = guided_model(cond_mask_prob=0.5)
-    mask = mcs_token_mask(model, len(images), seed=0)
+    mask = partial_mask(model, len(images), seed=0)
     vit = model.visual
     with torch.no_grad():
         x = torch.where(mask[..., None], model.cond_mask_token, vit.patch_embed(images))
         expected = model.image_proj(vit.norm(vit.blocks(vit.norm_pre(vit.patch_drop(vit._pos_embed(x))))))
         assert torch.allclose(model.condition(images, token_mask=mask), expected, atol=1e-6)
         assert torch.equal(model.condition(images), model.image_proj(vit.forward_features(images)))
-
-
-def test_a_checkpoint_of_the_old_mask_fails_loudly(tmp_path):
-    """The old MCS mask replaced a whole condition token after the encoder ('cond_mask' [text_width]);
-    loading it into the position-keeping mask would be wrong, so it is refused with the reason."""
-    from safetensors.torch import load_file, save_file
-
-    model = guided_model()
-    model.save(tmp_path)
-    state = load_file(tmp_path / "model.safetensors")
-    del state["cond_mask_token"]
-    state["cond_mask"] = torch.zeros(SMALL["text_width"])
-    save_file(state, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match="'cond_mask' .* after the position embedding.* cond_mask_prob"):
-        mdc.load(tmp_path)
-    with pytest.raises(ValueError, match="'cond_mask'"):
-        guided_model().load_state_dict(state)
 
 
 def test_null_condition_ignores_the_image(images):
@@ -191,7 +175,7 @@ def test_guided_distribution_is_the_papers_combination(images, guidance, scale):
         got = Guide.of(model, images, guidance, scale, seed=3).log_probs(x)
         cond = caption_log_probs(model(images, x), tok)
         variant = dict(null=torch.ones(len(images), dtype=torch.bool)) if guidance == "cfg" else \
-            dict(token_mask=mcs_token_mask(model, len(images), seed=3))
+            dict(token_mask=partial_mask(model, len(images), seed=3))
         other = caption_log_probs(model.logits(x, model.context(images, **variant)), tok)
     allowed = [i for i in range(tok.vocab_size) if i not in banned_ids(tok)]
     w = 1 - scale if guidance == "mcs" else scale  # CFG: (1-g) null + g cond; MCS: g partial + (1-g) cond; mirror: w=g
@@ -214,8 +198,8 @@ def test_mcs_masks_are_seeded(images):
     a = mdc.generate(model, images, 6, guidance="mcs", guidance_scale=3.0, guidance_seed=1, return_tokens=True)
     b = mdc.generate(model, images, 6, guidance="mcs", guidance_scale=3.0, guidance_seed=1, return_tokens=True)
     assert torch.equal(a, b)
-    assert not torch.equal(mcs_token_mask(model, 4, 1), mcs_token_mask(model, 4, 2))
-    assert abs(mcs_token_mask(model, 2000, 0).float().mean() - 0.5) < 0.02
+    assert not torch.equal(partial_mask(model, 4, 1), partial_mask(model, 4, 2))
+    assert abs(partial_mask(model, 2000, 0).float().mean() - 0.5) < 0.02
 
 
 def test_temperature_sampling_under_guidance(images):
@@ -257,7 +241,7 @@ def test_mirrored_mcs_is_the_formula(images):
     with torch.no_grad():
         got = Guide.of(model, images, "mcs_mirror", scale_of("mcs_mirror", s), seed=3).log_probs(x)
         cond = caption_log_probs(model(images, x), tok)
-        masked = caption_log_probs(model.logits(x, model.context(images, token_mask=mcs_token_mask(model, 4, 3))), tok)
+        masked = caption_log_probs(model.logits(x, model.context(images, token_mask=partial_mask(model, 4, 3))), tok)
         printed = Guide.of(model, images, "mcs", scale_of("mcs", s), seed=3).log_probs(x)
     allowed = [i for i in range(tok.vocab_size) if i not in banned_ids(tok)]
     expected = torch.log_softmax((1 + s) * cond[..., allowed] - s * masked[..., allowed], -1)
@@ -346,7 +330,7 @@ def _results(clip=True):
 
 @pytest.mark.parametrize("clip", [True, False])
 def test_tradeoff_figure_and_table(tmp_path, clip):
-    from mdc.eval.guidance import runs_markdown
+    from mdc.eval.guidance_sweeps import runs_markdown
     from mdc.plots import plot_guidance_tradeoff
 
     fig = plot_guidance_tradeoff(_results(clip), path=str(tmp_path / "fig.png"))
@@ -363,7 +347,7 @@ def test_tradeoff_figure_and_table(tmp_path, clip):
 
 
 def test_sweep_settings_and_missing_clip():
-    from mdc.eval.guidance import clipscore_sweep, sweep_settings
+    from mdc.eval.guidance_sweeps import clipscore_sweep, sweep_settings
 
     assert sweep_settings([1, 2], ["mcs"]) == [(None, None), ("mcs", 1.0), ("mcs", 2.0)]  # (guidance, strength)
     assert len(sweep_settings([1.0])) == 4  # the three rules by default
@@ -378,7 +362,7 @@ def test_sweep_settings_and_missing_clip():
 
 
 def test_results_record_strength_and_scale():
-    from mdc.eval.guidance import guidance_results, sweep_settings
+    from mdc.eval.guidance_sweeps import guidance_results, sweep_settings
 
     settings = sweep_settings([2.0], ["cfg", "mcs", "mcs_mirror"])
     metrics = {strength_label(g, s): {"bleu4": 0.1, "meteor": None, "cider": 0.2, "unavailable": {}}

@@ -182,7 +182,7 @@ def test_clip_text_embedding_ignores_trailing_padding():
 
 def test_folded_context_equals_copied_context(images):
     """Repeated rows are folded into longer query sequences, not copied: same logits either way."""
-    from mdc.model import ImageContext
+    from mdc.condition import ImageContext
 
     m = small_model().eval()
     tok = m.tokenizer(CAPTIONS)

@@ -17,7 +17,7 @@ from mdc.data.pipeline import SKIP_REASONS, SkipStats, iterate_batches, make_loa
 from mdc.diffusion import corrupt
 from mdc.tokenizer import Tokenizer, _bpe, caption_mask
 from mdc.world.render import BACKGROUNDS, COLOURS, SHAPES, TEXTURES
-from mdc.world.sampling import AXIS_RATIO, GAP, relation, sample_scene
+from mdc.world.graphs import AXIS_RATIO, GAP, relation, sample_scene
 from mdc.world.scenes import write_shards
 from mdc.world.text import MAX_OBJECTS
 from conftest import CAPTIONS, SMALL, VOCAB

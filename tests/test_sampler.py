@@ -8,7 +8,8 @@ import torch.nn.functional as F
 import mdc
 from conftest import small_model
 from mdc.diffusion import banned_ids
-from mdc.sampler import _decode_step, arc_sample, masked_row, mdc_sample
+from mdc.diffusion import masked_row
+from mdc.sampler import _decode_step, arc_sample, mdc_sample
 
 
 def _recording(model):
@@ -162,7 +163,7 @@ def test_generate_never_returns_banned_ids(images):
 @torch.no_grad()
 def _loop_beam_search(model, images, max_length, beam_size, length_penalty=1.0):
     """The plain beam search (a Python loop over rows and candidates), kept as the reference."""
-    from mdc.model import ImageContext
+    from mdc.condition import ImageContext
 
     tok = model.tokenizer
     B, K, dev = len(images), beam_size, images.device

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import mdc
+import mdc.condition
 from conftest import CAPTIONS, small_model
 from mdc.diffusion import caption_log_probs
 from mdc.scoring import elbo_score
@@ -186,8 +187,8 @@ def test_elbo_chunks_fold_the_image_context(images, monkeypatch):
     assert _chunks(2, 5, 2) == [slice(0, 2), slice(2, 4), slice(4, 5), slice(5, 7), slice(7, 9), slice(9, 10)]
     model = small_model().eval()
     folds = []
-    select = mdc.model.ImageContext.select
-    monkeypatch.setattr(mdc.model.ImageContext, "select", lambda self, rows: (folds.append(
+    select = mdc.condition.ImageContext.select
+    monkeypatch.setattr(mdc.condition.ImageContext, "select", lambda self, rows: (folds.append(
         select(self, rows).fold), select(self, rows))[1])
     a = mdc.score(model, images, CAPTIONS, method="elbo", num_samples=8, max_rows=16)
     assert set(folds) == {8}  # every chunk folds its 8 copies per caption onto one image

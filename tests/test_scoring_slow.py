@@ -6,7 +6,7 @@ import torch
 import mdc
 from conftest import SMALL
 from mdc.world.evalsets import _sugar_item
-from mdc.data.pipeline import image_transform
+from mdc.data.transforms import image_transform
 from mdc.world.scenes import caption, render, sample_scene, stream_rng, vocabulary
 
 pytestmark = pytest.mark.slow

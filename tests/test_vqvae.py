@@ -6,7 +6,7 @@ import torch
 
 import mdc
 from conftest import CAPTIONS, SMALL
-from mdc.guidance import num_image_tokens
+from mdc.condition import num_image_tokens
 from mdc.optim import param_groups
 from mdc.vqvae import VQConfig, VQVAE, load_vqvae, main, synthetic_images, train_vqvae
 

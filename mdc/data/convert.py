@@ -30,7 +30,8 @@ from PIL import Image
 
 from mdc.data.formats import IMAGE_SUFFIXES, load_coco_captions, load_karpathy
 from mdc.data.writer import write_tar
-from mdc.errors import ArgumentParser, ConfigError, must, report
+from mdc.cli import ArgumentParser, report
+from mdc.errors import ConfigError, must
 from mdc.lock import FolderLock
 
 # image suffix -> shard member extension (img2dataset writes jpg; the training loader reads these)

@@ -13,7 +13,7 @@ official COCO captions file (:func:`load_coco_captions`) and ARO/BLIP's Karpathy
 (:func:`load_karpathy_test`); all three give ``{image_id, image_path, references}`` items.
 
 The compositionality benchmarks (SugarCrepe, ARO, COCO/Flickr30k-Order) live in
-``mdc.data.benchmarks``.
+``mdc.data.aro_sugarcrepe``.
 """
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from webdataset.utils import make_seed, pytorch_worker_info
 
 from mdc.data.shards import fast_forward, open_at, shard_samples, shuffled
-from mdc.data.transforms import CLIP_MEAN, CLIP_STD, ImageTransform, image_transform  # noqa: F401 (importers use these)
+from mdc.data.transforms import ImageTransform, image_transform
 from mdc.tokenizer import TextStats
 
 logger = logging.getLogger(__name__)

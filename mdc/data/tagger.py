@@ -255,7 +255,7 @@ def word_classes(words: Sequence[str], tagger: str = "auto") -> list[str]:
 
     With spaCy (``tagger="spacy"``, or "auto" when ``spacy`` and ``en_core_web_sm`` import):
     each word's fine-grained tag, tagging the words as given (one token each), for
-    :func:`mdc.data.benchmarks.perturb_caption` of a word list. The order suites tag the raw caption
+    :func:`mdc.data.aro_sugarcrepe.perturb_caption` of a word list. The order suites tag the raw caption
     with :func:`tag_caption` instead, spaCy's own tokens as ARO. Without: :func:`builtin_word_classes`.
     """
     if resolve_tagger(tagger) == "builtin":

@@ -62,7 +62,7 @@ import numpy as np
 import torch
 
 from mdc.api import score_candidates
-from mdc.data import benchmarks as comp
+from mdc.data import aro_sugarcrepe as comp
 from mdc.data.formats import load_image
 from mdc.distribution import encode_null
 from mdc.eval.suites import SUGARCREPE, SUITES, Suite, describe, load_suites, synthetic_data

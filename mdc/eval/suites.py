@@ -2,7 +2,7 @@
 candidate captions, the true caption first.
 
 Suites (``SUITES``): ARO VG-Relation, VG-Attribution, COCO-Order, Flickr30k-Order and the seven
-SugarCrepe sub-files, read as published (:mod:`mdc.data.benchmarks`) or from the synthetic
+SugarCrepe sub-files, read as published (:mod:`mdc.data.aro_sugarcrepe`) or from the synthetic
 sets of :mod:`mdc.world.evalsets` (same formats). :mod:`mdc.eval.compositionality` scores them.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mdc.data import benchmarks as comp
+from mdc.data import aro_sugarcrepe as comp
 from mdc.world.evalsets import write_evalsets
 
 SUGARCREPE = tuple(f"sugarcrepe/{s}" for s in comp.SUGARCREPE_SUBSETS)

@@ -25,7 +25,8 @@ import os
 import types
 import typing
 
-from mdc.errors import ArgumentParser, ConfigError, report
+from mdc.cli import ArgumentParser, report
+from mdc.errors import ConfigError
 from mdc.train.config import TrainConfig
 from mdc.train.loop import PeerLostError, train
 

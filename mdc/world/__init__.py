@@ -3,7 +3,7 @@
 - :mod:`mdc.world.render`: what can be drawn (shapes, colours, sizes, textures, backgrounds) and
   how a scene graph becomes pixels;
 - :mod:`mdc.world.text`: the word lists, templates and caption styles, and the vocabulary;
-- :mod:`mdc.world.sampling`: scene graphs (objects, positions, relations);
+- :mod:`mdc.world.graphs`: scene graphs (objects, positions, relations);
 - :mod:`mdc.world.scenes`: the training shards (``python -m mdc.world.scenes``);
 - :mod:`mdc.world.evalsets`: the held-out probe, ARO, SugarCrepe and captioning sets
   (``python -m mdc.world.evalsets``);

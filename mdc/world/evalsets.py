@@ -33,7 +33,8 @@ import os
 import numpy as np
 
 from mdc.data.writer import png_bytes, write_tar
-from mdc.errors import ArgumentParser, must, report
+from mdc.cli import ArgumentParser, report
+from mdc.errors import must
 from mdc.lock import FolderLock
 from mdc.world.render import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES, render
 from mdc.world.scenes import SHARDS_LOCK, sample_scene

@@ -1,6 +1,6 @@
 """Scenes of the synthetic world and its training shards (the embedded default image-caption dataset).
 
-A scene (:func:`sample_scene`, :mod:`mdc.world.sampling`) holds 1-4 objects on a background; it
+A scene (:func:`sample_scene`, :mod:`mdc.world.graphs`) holds 1-4 objects on a background; it
 renders with :func:`render` and is captioned with :func:`caption`.
 
 :func:`write_shards` writes webdataset tar shards in img2dataset's layout (``000000.tar``, ...,
@@ -34,10 +34,11 @@ import os
 from PIL import Image
 
 from mdc.data.writer import npy_bytes, png_bytes, write_tar
-from mdc.errors import ArgumentParser, ConfigError, must, report
+from mdc.cli import ArgumentParser, report
+from mdc.errors import ConfigError, must
 from mdc.lock import FolderLock
 from mdc.world.render import render, render_array
-from mdc.world.sampling import AXIS_RATIO, GAP, P_LARGE, relation, sample_scene, scene_record
+from mdc.world.graphs import AXIS_RATIO, GAP, P_LARGE, relation, sample_scene, scene_record
 from mdc.world.streams import STREAM_CAPTION, STREAM_REFERENCES, STREAM_SCENE, stream_rng
 from mdc.world.text import MAX_OBJECTS, MAX_TOKENS, RELATIONS, STYLES, caption, references, vocabulary
 
