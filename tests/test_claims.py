@@ -1,15 +1,18 @@
-"""reproduce.claims: a probe claim's difference, its two-level bootstrap interval and the verdict it implies."""
+"""reproduce.claims: a probe claim's difference, its interval over seeds and test items (coverage checked by
+simulation), the verdict it implies, and the README's copy of the claims table."""
 import json
 import os
+from statistics import NormalDist
 
 import numpy as np
 import pytest
 
 from mdc.eval.results import write_results
 from reproduce import claims, registry
-from reproduce.claims import TASKS, Claim, difference, paired_items, verdict
+from reproduce.claims import TASKS, Claim, difference, paired_items, verdict, write_readme_table
 
 N = 1000  # test items per task
+LEARNABILITY = os.path.join(os.path.dirname(claims.__file__), "studies", "learnability", "runs.jsonl")
 
 
 def _outcomes(rate: float, rng, n: int = N) -> str:
@@ -26,47 +29,121 @@ def _pair(a: np.ndarray, b: np.ndarray) -> tuple[dict, dict]:
     return {t: a for t in TASKS}, {t: b for t in TASKS}
 
 
+def simulate(seed_sd: float, seeds: int, reps: int, rng, gap: float = 1.0, n: int = N, rho: float = 0.8,
+             rates=(0.3, 0.4, 0.55, 0.7)) -> list[list[tuple[dict, dict]]]:
+    """``reps`` claims of ``seeds`` (a, b) pairs whose true mean4 difference is ``gap`` points.
+
+    Per replicate, each task has n items with a difficulty z_i ~ N(0, 1) shared by both models; model m
+    "knows" item i when rho z_i + sqrt(1 - rho^2) e_mi < Phi^-1(rate) (the same rate for both, so the
+    models agree on most items), for every seed. At seed s, model a gets an item right with probability
+    0.1 + 0.8 known + (gap + u_s) / 2 and b with 0.1 + 0.8 known - (gap + u_s) / 2, u_s ~ N(0, seed_sd)
+    (points, cut at +-9): the seed's expected difference is gap + u_s, its SD over seeds seed_sd."""
+    q = np.array([NormalDist().inv_cdf(r) for r in rates])[:, None]  # [4, 1]
+    z = rng.standard_normal((reps, 1, 4, n))
+    known = [rho * z + np.sqrt(1 - rho**2) * rng.standard_normal((reps, 1, 4, n)) < q for _ in "ab"]
+    shift = (gap + np.clip(rng.normal(0, seed_sd, (reps, seeds, 1, 1)), -9, 9)) / 200
+    y = [(rng.random((reps, seeds, 4, n)) < 0.1 + 0.8 * kn + sign * shift).astype(np.uint8)
+         for kn, sign in zip(known, (1, -1))]
+    return [[tuple({t: ym[r, s, j] for j, t in enumerate(TASKS)} for ym in y) for s in range(seeds)]
+            for r in range(reps)]
+
+
+def coverage(difference=difference, reps: int = 400, seed: int = 0) -> dict[tuple[int, float], float]:
+    """{(seeds, seed SD): share of the ``reps`` intervals of ``difference(pairs)`` that hold the true gap}."""
+    rng = np.random.default_rng(seed)
+    table = {}
+    for k in (1, 3):
+        for sd in (0.5, 1.0, 2.0, 2.5):
+            hits = [d["low"] <= 1.0 <= d["high"] for d in map(difference, simulate(sd, k, reps, rng))]
+            table[k, sd] = float(np.mean(hits))
+    return table
+
+
+def test_the_interval_covers_the_true_difference_at_the_measured_variance_components():
+    table = coverage()
+    print("\nseeds | seed SD 0.5 | 1 | 2 | 2.5\n" + "\n".join(
+        f"{k} | " + " | ".join(f"{table[k, sd]:.1%}" for sd in (0.5, 1.0, 2.0, 2.5)) for k in (1, 3)))
+    assert all(c >= 0.93 for c in table.values()), table
+
+
+def test_the_item_part_alone_covers_about_95_percent():
+    """No seed noise and seed_sd=0: the interval is the item variance's normal interval."""
+    rng = np.random.default_rng(1)
+    hits = 0
+    for _ in range(400):  # a truly +5 points better encoder, both probed on 300 fresh items per task
+        a = {t: (rng.random(300) < 0.55).astype(np.uint8) for t in TASKS}
+        b = {t: (rng.random(300) < 0.50).astype(np.uint8) for t in TASKS}
+        d = difference([(a, b)], seed_sd=0.0)
+        hits += d["low"] <= 5.0 <= d["high"]
+    assert 0.92 <= hits / 400 <= 0.98
+
+
+def test_the_t_quantile():
+    for p, df, want in ((0.975, 1, 12.706), (0.975, 2, 4.303), (0.95, 2, 2.920), (0.975, 10, 2.228),
+                        (0.95, float("inf"), 1.645)):
+        assert claims._t_quantile(p, df) == pytest.approx(want, abs=1e-3)
+
+
+def test_the_one_seed_spread_is_the_largest_the_learnability_study_measured():
+    """SEED_SD >= every seed SD of a difference of two c64x4 models' mean4 (seeds 0-2, the same test items)."""
+    mean4 = {}
+    with open(LEARNABILITY) as f:
+        for r in map(json.loads, f):
+            if r["config"].startswith("c64x4"):
+                by_seed = mean4.setdefault((r["config"], r["objective"]), {})
+                by_seed[r["seed"]] = np.mean([r["trained"][t] for t in TASKS])
+    models = sorted(m for m, by_seed in mean4.items() if sorted(by_seed) == [0, 1, 2])
+    sds = [np.std([mean4[a][s] - mean4[b][s] for s in range(3)], ddof=1) for i, a in enumerate(models)
+           for b in models[i + 1:]]
+    assert len(models) == 4 and max(sds) == pytest.approx(2.62, abs=0.01)
+    assert max(sds) <= claims.SEED_SD < max(sds) + 0.1
+
+
 def test_the_difference_is_the_mean_over_seeds_of_the_paired_mean4_gap():
     right, wrong = np.ones(N, np.uint8), np.zeros(N, np.uint8)
     half = np.r_[np.ones(N // 2, np.uint8), np.zeros(N // 2, np.uint8)]
     d = difference([_pair(right, half), _pair(half, half)])  # +50 and 0 points
     assert d["seeds"] == 2 and d["mean"] == pytest.approx(25.0)
     assert d["low"] <= 25.0 <= d["high"]
-    same = difference([_pair(half, half)])  # identical outcomes: no item resample can separate them
-    assert (same["mean"], same["low"], same["high"]) == (0.0, 0.0, 0.0)
-    assert difference([_pair(wrong, right)])["high"] == -100.0
+    same = difference([_pair(half, half)])  # identical outcomes: only the assumed seed spread is left
+    assert same["mean"] == 0.0 and same["high"] == pytest.approx(1.96 * claims.SEED_SD, abs=0.01)
+    assert same["low"] == -same["high"] and same["tost_high"] == pytest.approx(1.645 * claims.SEED_SD, abs=0.01)
+    assert difference([_pair(wrong, right)], seed_sd=0.0)["high"] == -100.0
+    with pytest.raises(ValueError, match="same test items"):
+        difference([_pair(half, half), _pair(half[:-1], half[:-1])])
 
 
-def test_the_interval_carries_the_seed_spread_not_only_the_items():
+def test_the_interval_carries_the_seed_spread_and_the_shared_items():
     rng = np.random.default_rng(0)
     base = (rng.random(N) < 0.5).astype(np.uint8)
     flip = lambda x, k: np.r_[1 - x[:k], x[k:]].astype(np.uint8)  # noqa: E731  (k items' outcomes changed)
     # seeds that disagree (+10, -10, +10 points) against seeds that agree (+3.3 each): same mean
     spread = difference([_pair(np.maximum(base, flip(base, 200)), base), _pair(base, np.maximum(base, flip(base, 200))),
                          _pair(np.maximum(base, flip(base, 200)), base)])
-    items_only = difference([_pair(np.maximum(base, flip(base, 67)), base)] * 3)
-    assert spread["mean"] == pytest.approx(10 / 3, abs=0.5) and items_only["mean"] == pytest.approx(spread["mean"],
-                                                                                                     abs=0.5)
-    assert spread["high"] - spread["low"] > 3 * (items_only["high"] - items_only["low"])
-    assert spread["low"] < 0 < items_only["low"]
+    agree = difference([_pair(np.maximum(base, flip(base, 67)), base)] * 3)
+    assert spread["mean"] == pytest.approx(10 / 3, abs=0.5) and agree["mean"] == pytest.approx(spread["mean"], abs=0.5)
+    assert spread["high"] - spread["low"] > 3 * (agree["high"] - agree["low"])
+    assert spread["low"] < 0 < agree["low"]
+    # the same items in three seeds are no more informative than in one (the seed part aside)
+    one = difference([_pair(np.maximum(base, flip(base, 67)), base)], seed_sd=0.0)
+    assert agree["v_seeds"] == 0.0 and agree["v_items"] == pytest.approx(one["v_items"])
 
 
-def test_the_item_interval_covers_the_true_gap_about_95_percent_of_the_time():
-    rng = np.random.default_rng(1)
-    hits = 0
-    for trial in range(200):  # a truly +5 points better encoder, both probed on 300 fresh items per task
-        a = {t: (rng.random(300) < 0.55).astype(np.uint8) for t in TASKS}
-        b = {t: (rng.random(300) < 0.50).astype(np.uint8) for t in TASKS}
-        d = difference([(a, b)], resamples=400, seed=trial)
-        hits += d["low"] <= 5.0 <= d["high"]
-    assert 0.88 <= hits / 200 <= 0.99
+def test_verdicts_follow_from_the_intervals():
+    def d(low, high, seeds=3, tost=None):
+        tost_low, tost_high = tost or (low, high)
+        return dict(seeds=seeds, low=low, high=high, tost_low=tost_low, tost_high=tost_high)
 
-
-def test_verdicts_follow_from_the_interval():
-    assert verdict("greater", 0.4, 3.0) == "reproduced" and verdict("greater", -3.0, -0.2) == "contradicted"
-    assert verdict("greater", -0.5, 3.0) == "not resolved"
-    assert verdict("equal", -1.5, 1.9) == "reproduced" and verdict("equal", -1.5, 2.5) == "not resolved"
-    assert verdict("equal", 2.0, 6.0) == "contradicted" and verdict("equal", -7.0, -2.5) == "contradicted"
+    assert verdict("greater", d(0.4, 3.0)) == "reproduced" and verdict("greater", d(-3.0, -0.2)) == "contradicted"
+    assert verdict("greater", d(-0.5, 3.0)) == "not resolved"
+    assert verdict("greater", d(0.4, 3.0, seeds=1)) == "reproduced (provisional)"
+    assert verdict("greater", d(-0.5, 3.0, seeds=1)) == "not resolved (provisional)"
+    # comparable: TOST at 5% reads the 90% interval; contradicted needs the 95% interval outside the margin
+    assert verdict("equal", d(-2.1, 1.9, tost=(-1.5, 1.5))) == "reproduced"
+    assert verdict("equal", d(-2.1, 1.9, tost=(-1.5, 1.5), seeds=1)) == "reproduced (provisional)"
+    assert verdict("equal", d(-1.5, 2.5, tost=(-1.0, 2.1))) == "not resolved"
+    assert verdict("equal", d(2.0, 6.0)) == "contradicted" and verdict("equal", d(-7.0, -2.5)) == "contradicted"
+    assert verdict("equal", d(1.9, 6.0, tost=(2.2, 5.7))) == "not resolved"
     with pytest.raises(ValueError, match="expect"):
         Claim("x", {}, {}, expect="less")
 
@@ -94,7 +171,7 @@ def test_the_claims_table_from_an_index_shaped_as_the_registry_writes_it(tmp_pat
     margin and equals ARC: the table names each claim, its seeds and the verdicts those imply."""
     rng = np.random.default_rng(0)
     index = {}
-    for r in registry.build("mini", seeds=2):
+    for r in registry.build("mini", seeds=3):
         if r.notebook != "linear_probe":
             continue
         rate = {"MDC": 0.6, "ARC": 0.6, "CLIP": 0.3}.get(r.labels["method"], 0.45)
@@ -111,11 +188,12 @@ def test_the_claims_table_from_an_index_shaped_as_the_registry_writes_it(tmp_pat
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
     by_what = {row[1]: row for row in rows}
     assert len(rows) == len(claims.CLAIMS)
-    assert by_what["MDC - CLIP, descriptive"][2] == "2" and by_what["MDC - CLIP, descriptive"][5] == "reproduced |"
-    assert by_what["MDC - ARC, descriptive"][5] in ("reproduced |", "not resolved |")
-    assert by_what["MDC - BERT 15%, alt"][5] == "reproduced |"
-    assert all(row[2] == "2" for row in rows)  # every claim found its runs, in both seeds
-    assert by_what["all pairs - 25% of them, descriptive"][5] == "not resolved |"  # both sides at the same rate
+    verdicts = {what: row[-1].rstrip(" |") for what, row in by_what.items()}
+    assert verdicts["MDC - CLIP, descriptive"] == "reproduced" and verdicts["MDC - BERT 15%, alt"] == "reproduced"
+    assert verdicts["MDC - ARC, descriptive"] in ("reproduced", "not resolved")
+    assert by_what["MDC - ARC, descriptive"][5].startswith("[") and by_what["MDC - CLIP, descriptive"][5] == "-"
+    assert all(row[2] == "3" for row in rows)  # every claim found its runs, in all three seeds
+    assert verdicts["all pairs - 25% of them, descriptive"] == "not resolved"  # both sides at the same rate
 
 
 def test_a_claim_without_runs_says_so(tmp_path):
@@ -124,3 +202,48 @@ def test_a_claim_without_runs_says_so(tmp_path):
     files = registry.build_artifacts(str(tmp_path / "index.json"), str(tmp_path / "figures"), "unused", ["claims"])
     assert open(files["claims"][0]).read().count("not run (no seed has runs on both sides)") == len(claims.CLAIMS)
     assert os.path.isfile(files["claims"][1]) and os.path.isfile(files["claims"][2])
+
+
+README = """# Title
+
+Intro.
+
+<!-- claims:begin -->
+| old | table |
+|---|---|
+| x | y |
+<!-- claims:end -->
+
+After, with trailing spaces   
+and no final newline"""
+
+
+def test_the_readme_block_becomes_the_table_and_nothing_else_changes(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_bytes(README.encode())
+    table = "| claim | verdict |\n|---|---|\n| 1. a | reproduced (provisional) |\n"
+    assert write_readme_table(str(readme), table)
+    text = readme.read_bytes().decode()
+    begin, end = text.index(claims.BEGIN), text.index(claims.END)
+    assert text[begin:end] == claims.BEGIN + "\n" + table
+    assert text[:begin] == README[:README.index(claims.BEGIN)] and text[end:] == README[README.index(claims.END):]
+    assert write_readme_table(str(readme), table) and readme.read_bytes().decode() == text  # idempotent
+
+
+def test_a_readme_without_markers_is_left_alone(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_bytes(README.replace(claims.END, "").encode())
+    assert not write_readme_table(str(readme), "| a |\n")
+    assert readme.read_bytes() == README.replace(claims.END, "").encode()
+    assert "not rewritten" in capsys.readouterr().out
+
+
+def test_only_a_build_into_the_repositorys_figures_rewrites_its_readme(tmp_path, monkeypatch):
+    monkeypatch.setattr(claims, "ROOT", str(tmp_path))
+    (tmp_path / "README.md").write_bytes(README.encode())
+    claims.build([], "unused", str(tmp_path / "elsewhere"))
+    assert (tmp_path / "README.md").read_bytes() == README.encode()
+    files = claims.build([], "unused", str(tmp_path / "figures"))
+    table = "".join(line for line in open(files[0]) if line.startswith("|"))
+    assert table.count("not run (") == len(claims.CLAIMS)
+    assert claims.BEGIN + "\n" + table + claims.END in (tmp_path / "README.md").read_text()
