@@ -28,7 +28,7 @@ LENGTH, BEAMS, SEED = 20, 6, 0
 
 @torch.no_grad()
 def plain_mdc_sample(model, images, length: int) -> torch.Tensor:
-    """Greedy confidence unmasking as :func:`mdc.sampler.mdc_sample` does it, but running the whole
+    """Greedy confidence unmasking as :func:`mdc.noise.mdc_sample` does it, but running the whole
     model, image encoder included, at every step: the loop the cached sampler replaces."""
     tok = model.tokenizer
     x = masked_row(tok, len(images), length, images.device)

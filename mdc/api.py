@@ -4,9 +4,11 @@
 :func:`mdc.scoring.score` / :func:`mdc.scoring.score_candidates` plus MC-Diffusion's options:
 ``guidance`` "cfg" | "mcs" | "mcs_mirror" with ``guidance_strength`` s >= 0 (the distance from the
 plain model, 0 for every rule) or ``guidance_scale`` (:mod:`mdc.guidance`: CFG and mirrored MCS are
-unguided at 1, MCS as printed at 0; give one of the two) and, for a ``noise="mask_replace"``
-captioner, the D3PM reverse process (:mod:`mdc.d3pm`). The core never imports the extensions;
-this module picks them, as the factory picks a model's visual tower and loss.
+unguided at 1, MCS as printed at 0; give one of the two). The core never imports the extensions;
+this module picks guidance, as the factory picks a model's visual tower and its noise process: a
+captioner samples, and is scored, by the noise process it carries (``model.noise``, :mod:`mdc.noise`;
+the D3PM reverse process of :mod:`mdc.d3pm` for a ``noise="mask_replace"`` captioner, which
+supports none of the MDC scorers).
 """
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from typing import Sequence
 import torch
 
 from mdc import sampler, scoring
-from mdc.d3pm import d3pm_sample
 from mdc.guidance import encoder
 
 __all__ = ["generate", "score", "score_candidates"]
@@ -35,14 +36,12 @@ def generate(model, images, length: int = 15, *, guidance: str | None = None, gu
     """
     if model.config.objective != "clip":  # a CLIP model is refused by the sampler, naming itself
         kw["encode"] = encoder(model, guidance, guidance_scale, guidance_seed, guidance_strength)
-        if model.config.noise == "mask_replace":
-            kw["diffusion_sampler"] = d3pm_sample
     return sampler.generate(model, images, length, **kw)
 
 
 def _scoring_encoder(model, method, guidance, guidance_scale, seed, encode, guidance_strength=None):
-    if guidance is not None and (method or scoring.DEFAULT[model.config.objective]) not in ("heuristic", "elbo"):
-        raise ValueError(f"guidance applies to the MDC scorers 'heuristic' and 'elbo'; got method {method!r}")
+    if guidance is not None and not scoring.resolve(model, method)[1].caption_distribution:
+        raise ValueError(f"guidance applies to the MDC scorers {scoring.DISTRIBUTION_SCORERS}; got method {method!r}")
     if guidance is not None and encode is not None:
         raise ValueError("give either guidance or encode (a caption distribution of your own), not both")
     # MCS masks keyed by (seed, the image's first key)

@@ -1,8 +1,9 @@
 """Mask-and-replace discrete diffusion on captions (D3PM; VQ-Diffusion's transition), MC-Diffusion's noise.
 
 An alternative to MDC's absorbing noise for the captioner, and an extension of the core: with
-``ModelConfig(noise="mask_replace")`` the factory (:func:`mdc.factory.build`) makes ``model.loss``
-:func:`d3pm_loss`, and ``mdc.generate`` (:mod:`mdc.api`) samples with :func:`d3pm_sample`.
+``ModelConfig(noise="mask_replace")`` the factory (:func:`mdc.factory.build`) gives the model
+:data:`MASK_REPLACE` as its noise process (``model.noise``, the interface of :mod:`mdc.noise`), so
+``model.loss`` is :func:`d3pm_loss` and ``mdc.generate`` samples with :func:`d3pm_sample`.
 
 States: the K caption tokens (the ids :func:`mdc.diffusion.caption_log_probs` keeps) and
 [MASK]; [SOT], [EOT] and padding never change. One forward step t (the paper's Q_t):
@@ -29,8 +30,12 @@ with lambda = ``aux_loss_weight`` (MC-Diffusion does not give it; 0.01). T * L_{
 unbiased estimate of the whole bound; like the MDC loss the batch sum is divided by the
 number of caption tokens. The decoder predicts p(x_0 | x_t, y) and stays time-independent,
 as in MDC (the share of [MASK] tokens reveals t). The condition variants of
-:mod:`mdc.condition` (``cond_drop_prob``, ``cond_mask_prob``) apply here as in MDC. The MDC
-scorers (``mdc.score``) still walk the absorbing path: for this model a heuristic.
+:mod:`mdc.condition` (``cond_drop_prob``, ``cond_mask_prob``) apply here as in MDC.
+
+Scoring: none of the MDC scorers applies, and ``mdc.score`` refuses them in one line. "elbo" is
+the bound of the absorbing process (Eq. 8: masks only, no replaced tokens) and "heuristic" walks
+its unmasking path; neither is a likelihood under this process. Its own bound would sum the T
+terms L_{t-1} above over x_t drawn by :func:`q_sample` (not implemented).
 
 Sampling: x_T from the stationary distribution, then T ancestral steps x_{t-1} ~ p(x_{t-1} |
 x_t, y) (``generator``); the last step keeps the most probable x_0, under the caption
@@ -48,7 +53,7 @@ import torch.nn.functional as F
 from mdc import distribution
 from mdc.condition import training_condition
 from mdc.diffusion import banned_ids, caption_log_probs, masked_row
-from mdc.sampler import check_length
+from mdc.noise import NoiseProcess, check_length
 from mdc.tokenizer import caption_mask, trim_padding
 
 EPS = 1e-30  # floor of probabilities before division and log
@@ -179,6 +184,28 @@ def d3pm_sample(model, images, length: int, generator=None, encode=None) -> torc
         p = posterior(logp0.exp(), x[pos], torch.full_like(x[pos], t), sched, ids, tok.mask_id)
         x[pos] = torch.multinomial(p, 1, generator=generator).squeeze(-1)
     return x
+
+
+class MaskReplace(NoiseProcess):
+    """The mask-and-replace process as a captioner's noise (module docstring): loss :func:`d3pm_loss`,
+    sampler :func:`d3pm_sample`, no scorer. Ancestral sampling draws every step at temperature 1; the
+    unmasking sampler's options (``tokens_per_step``, ``threshold``, ``trace``, another temperature)
+    have no meaning here and are refused."""
+    name = "mask_replace"
+    scorers = ()
+
+    def loss(self, model, images, tokens, **kw):
+        return d3pm_loss(model, images, tokens, **kw)  # kw: t, generator
+
+    def sample(self, model, images, length, *, generator=None, encode=None, temperature=None, **options):
+        if options or temperature not in (None, 1.0):
+            given = sorted(options) + ([] if temperature in (None, 1.0) else [f"temperature={temperature}"])
+            raise ValueError(f"the {self.name!r} reverse process samples at temperature 1 without the unmasking "
+                             f"sampler's options; got {given}")
+        return d3pm_sample(model, images, length, generator=generator, encode=encode)
+
+
+MASK_REPLACE = MaskReplace()
 
 
 def step_matrix(sched: Schedule, t: int) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
 The factory is where the extensions are wired in, as open_clip's factory picks a model's loss:
 :func:`build` gives a captioner the VQ-VAE tokens of :mod:`mdc.vqvae` as its visual tower and
-the D3PM loss of :mod:`mdc.d3pm` when its config asks for them. The core never imports them.
+its noise process (:mod:`mdc.noise`; :data:`mdc.d3pm.MASK_REPLACE` for ``noise="mask_replace"``)
+when its config asks for them. The core never imports them; the noise is chosen here, once, and
+the model carries it (``model.noise``).
 """
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from dataclasses import fields
 from safetensors.torch import load_file
 
 from mdc.checkpoint import latest
-from mdc.d3pm import d3pm_loss
+from mdc.d3pm import MASK_REPLACE
 from mdc.data.transforms import image_transform as _transform
 from mdc.model import CLIP, Captioner, ModelConfig
+from mdc.noise import ABSORBING
 from mdc.tokenizer import Tokenizer
 from mdc.vqvae import VQImageTokens, read_config
 from mdc.world.text import vocabulary
@@ -29,13 +32,15 @@ _ARCHS: dict[str, dict] = {
     "tiny": _TINY,
     # tiny with a convolutional stem (64 px, 64 image tokens): the `mini` reproduction profile's model, the
     # encoder with the highest supervised ceiling in the learnability study (reproduce/studies/learnability.md),
-    # trained with the preset "mini".
+    # trained with the preset file reproduce/presets/mini.json.
     "mini": dict(_TINY, vision_stem="conv"),
     "vit-b-32": dict(_VIT_B, patch_size=32),
     "vit-b-16": dict(_VIT_B, patch_size=16),
     "vit-l-14": dict(image_size=224, patch_size=14, vision_width=1024, vision_layers=24, vision_heads=16,
                      text_width=768, text_layers=12, text_heads=12, embed_dim=768),
 }
+# ModelConfig.noise -> the caption noise process a captioner carries (mdc/noise.py)
+NOISE = {process.name: process for process in (ABSORBING, MASK_REPLACE)}
 
 
 def list_models() -> list[str]:
@@ -68,7 +73,7 @@ def build(cfg: ModelConfig):
     if cfg.objective == "clip":
         return CLIP(cfg)
     return Captioner(cfg, visual=VQImageTokens(cfg) if cfg.vqvae is not None else None,
-                     diffusion_loss=d3pm_loss if cfg.noise == "mask_replace" else None)
+                     noise=NOISE[cfg.noise])  # an ARC captioner has none and ignores it
 
 
 def create_model(name: str, objective: str = "mdc", **overrides):

@@ -24,7 +24,8 @@ from torch import nn
 
 from mdc._compat import patch_torchvision
 from mdc.condition import ImageContext, masked_features, vary_condition
-from mdc.loss import arc_loss, clip_loss, mdc_loss
+from mdc.loss import arc_loss, clip_loss
+from mdc.noise import ABSORBING, NoiseProcess
 from mdc.tokenizer import Tokenizer, trim_padding, valid_mask
 from mdc.transformer import Head, TextTransformer
 
@@ -62,7 +63,7 @@ class ModelConfig:
     cond_drop_prob: float = 0.0  # CFG's P_cond: per caption, the whole image condition -> a learned null condition
     cond_mask_prob: float = 0.0  # MCS's P_mask: each image token of a selected caption masked, its position kept
     cond_mask_select_prob: float = 0.1  # Alg. 1's P_cond for MCS: share of captions whose condition is masked
-    noise: str = "absorbing"  # caption noise: "absorbing" (MDC) | "mask_replace" (D3PM / VQ-Diffusion, mdc/d3pm.py)
+    noise: str = "absorbing"  # caption noise: "absorbing" (MDC) | "mask_replace" (D3PM, mdc/d3pm.py); model.noise
     diffusion_steps: int = 100  # mask_replace: T
     replace_prob: float = 0.1  # mask_replace: cumulative uniform-replacement probability at T (mask: 1 - it)
     aux_loss_weight: float = 0.01  # mask_replace: lambda of the auxiliary x_0 cross-entropy
@@ -193,6 +194,7 @@ def vision_tower(cfg: ModelConfig, class_token: bool) -> nn.Module:
 # ---------------------------------------------------------------------------- models
 class _Model(nn.Module):
     """What every model shares: its config, its tokenizer, input checks and (safe) saving."""
+    noise: NoiseProcess | None = None  # the caption noise process (mdc/noise.py); a diffusion captioner's only
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -250,19 +252,20 @@ class _Model(nn.Module):
 class Captioner(_Model):
     """Image-conditioned text decoder: MDC (bidirectional) or ARC (causal).
 
-    ``visual`` (default: a ViT from scratch) and ``diffusion_loss`` (default: the MDC loss) are
-    where extensions plug in; :func:`mdc.factory.build` passes the VQ-VAE tokens of
-    :mod:`mdc.vqvae` and the D3PM loss of :mod:`mdc.d3pm` when the config asks for them."""
+    ``visual`` (default: a ViT from scratch) and ``noise`` (default: MDC's absorbing process,
+    :data:`mdc.noise.ABSORBING`) are where extensions plug in; :func:`mdc.factory.build` passes the
+    VQ-VAE tokens of :mod:`mdc.vqvae` and the mask-and-replace process of :mod:`mdc.d3pm` when the
+    config asks for them. ``model.noise`` trains, samples and scores an MDC captioner; ARC has none."""
 
-    def __init__(self, cfg: ModelConfig, visual: nn.Module | None = None, diffusion_loss=None):
+    def __init__(self, cfg: ModelConfig, visual: nn.Module | None = None, noise: NoiseProcess | None = None):
         super().__init__(cfg)
+        self.noise = None if self.causal else noise if noise is not None else ABSORBING
         for option, unwired in (("vqvae", cfg.vqvae is not None and visual is None),
-                                ("noise", cfg.noise != "absorbing" and diffusion_loss is None)):
+                                ("noise", self.noise is not None and self.noise.name != cfg.noise)):
             if unwired:
                 raise ValueError(f"{option} = {getattr(cfg, option)!r} is an extension: build the model with "
                                  "mdc.create_model / mdc.factory.build, which wires it in")
         self.visual = visual if visual is not None else vision_tower(cfg, class_token=False)
-        self.diffusion_loss = diffusion_loss or mdc_loss
         self.image_proj = nn.Linear(cfg.vision_width, cfg.text_width)
         self.decoder = TextTransformer(cfg, self.tokenizer.vocab_size, cross=True)
         self.head = Head(cfg.text_width, self.tokenizer.vocab_size, bias=False)
@@ -309,9 +312,11 @@ class Captioner(_Model):
         return self.logits(tokens, self.context(images))
 
     def loss(self, images, tokens, **kw):
-        """ARC teacher forcing (causal) or the diffusion loss: MDC's (kw: t, noise, generator) or,
-        with ``noise="mask_replace"``, the D3PM loss of mdc/d3pm.py (kw: t, generator)."""
-        return (arc_loss if self.causal else self.diffusion_loss)(self, images, tokens, **kw)
+        """ARC teacher forcing (no noise process), else the noise process's loss: MDC's (kw: t, noise,
+        generator) or, with ``noise="mask_replace"``, the D3PM loss of mdc/d3pm.py (kw: t, generator)."""
+        if self.noise is None:
+            return arc_loss(self, images, tokens, **kw)
+        return self.noise.loss(self, images, tokens, **kw)
 
 
 class CLIP(_Model):

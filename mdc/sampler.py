@@ -1,15 +1,13 @@
-"""Caption generation: MDC greedy confidence unmasking (Eq. 6); ARC greedy and beam search.
+"""Caption generation: a captioner's noise process samples MDC; ARC greedy and beam search here.
 
-MDC starts from [SOT] [MASK]*N' [EOT] and runs ceil(N'/k) steps. Each step predicts every
-masked position, takes the confidence of position i as max_j p(j) under the caption-token
-distribution of :func:`mdc.diffusion.caption_log_probs` (ids a caption never holds removed,
-the rest renormalised; the heuristic scorer ranks by the same numbers), and reveals the k
-most confident masked positions (k = 1 by default: N' steps, Eq. 6). Revealed tokens stay
-fixed. The image is encoded and every block's cross-attention keys/values are computed once
-per batch (:class:`mdc.condition.ImageContext`); only the text is re-run.
+:func:`generate` is the one entry point. A diffusion captioner's sampler is its noise process's
+(``model.noise.sample``, :mod:`mdc.noise`): MDC's greedy confidence unmasking (Eq. 6,
+:func:`mdc.noise.mdc_sample`) or, for a ``mask_replace`` model, the D3PM
+reverse process (:mod:`mdc.d3pm`). ARC decodes left to right with a KV cache (:func:`arc_sample`).
+The image is encoded once per batch (:class:`mdc.condition.ImageContext`).
 
-The sampler queries a :class:`mdc.distribution.CaptionDistribution` made by an ``encode``
-function (default: the plain model's); MC-Diffusion's guidance passes its guided one
+The diffusion samplers query a :class:`mdc.distribution.CaptionDistribution` made by an
+``encode`` function (default: the plain model's); MC-Diffusion's guidance passes its guided one
 (:func:`mdc.api.generate` wires it in).
 """
 from __future__ import annotations
@@ -18,62 +16,11 @@ import math
 
 import torch
 
-from mdc import distribution
-from mdc.diffusion import caption_log_probs, masked_row
+from mdc.diffusion import caption_log_probs
 from mdc.model import evaluating
+from mdc.noise import check_length
 
-__all__ = ["arc_sample", "check_length", "generate", "mdc_sample"]
-
-
-def check_length(model, length: int) -> None:
-    if not 1 <= length <= model.config.context_length - 2:
-        raise ValueError(f"length must lie in [1, {model.config.context_length - 2}] "
-                         f"(context {model.config.context_length} minus SOT/EOT); got {length}")
-
-
-@torch.no_grad()
-def mdc_sample(model, images, length: int, tokens_per_step: int = 1, temperature: float = 0.0,
-               generator: torch.Generator | None = None, threshold: float | None = None,
-               trace: list | None = None, encode=None) -> torch.Tensor:
-    """Greedy confidence unmasking. Returns tokens [B, length + 2] without [MASK].
-
-    Each step reveals the ``tokens_per_step`` most confident masked positions, or, with
-    ``threshold`` (parallel decoding after Fast-dLLM), every masked position whose confidence
-    exceeds it, at least the most confident one. The head runs only at still-masked positions.
-    ``encode(images)`` makes the distribution ranked and sampled (default: the plain model's;
-    MC-Diffusion's guided one from :func:`mdc.guidance.encoder`). ``trace``: a list that receives one
-    record per step, ``{"revealed": [B, N'+2] bool, "tokens": [B, N'+2] after the step,
-    "confidence": [B, N'+2]}`` (each still-masked position's confidence at that step, -1 at the
-    others); :func:`mdc.plots.plot_unmasking` draws it (nothing is recorded without a list)."""
-    check_length(model, length)
-    if tokens_per_step < 1:
-        raise ValueError(f"tokens_per_step must be >= 1; got {tokens_per_step}")
-    if threshold is not None and not 0.0 < threshold <= 1.0:
-        raise ValueError(f"threshold must lie in (0, 1]; got {threshold}")
-    tok = model.tokenizer
-    dist = (encode or distribution.encode)(model, images)  # encoder + cross-attn K/V, once
-    x = masked_row(tok, len(images), length, images.device)  # [B, N'+2]
-    while True:
-        still = x == tok.mask_id  # [B, N'+2]
-        if not bool(still.any()):
-            return x
-        logp = dist.log_probs(x, where=still, temperature=temperature or None)  # [M, V] masked positions only
-        if temperature > 0:
-            p = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)  # [M]
-            c = logp.gather(-1, p[:, None]).squeeze(1).exp()
-        else:
-            c, p = logp.exp().max(-1)  # [M]
-        conf = torch.full(x.shape, -1.0, device=x.device).masked_scatter_(still, c)  # [B, N'+2]
-        pred = x.masked_scatter(still, p)
-        if threshold is None:
-            top = conf.topk(min(tokens_per_step, int(still.sum(1).max())), dim=-1).indices  # [B, k] most confident
-            reveal = torch.zeros_like(still).scatter_(1, top, True) & still
-        else:
-            reveal = (conf > threshold) | (conf == conf.max(1, keepdim=True).values)  # at least the best one
-            reveal &= still
-        x = torch.where(reveal, pred, x)
-        if trace is not None:
-            trace.append({"revealed": reveal.cpu(), "tokens": x.cpu(), "confidence": conf.float().cpu()})
+__all__ = ["arc_sample", "generate"]
 
 
 def _decode_step(model, tokens, context, cache, start):
@@ -150,35 +97,31 @@ def arc_sample(model, images, max_length: int | None = None, beam_size: int = 1,
     return out
 
 
-def generate(model, images, length: int = 15, *, beam_size: int = 6, tokens_per_step: int = 1,
-             threshold: float | None = None, temperature: float = 0.0, generator=None, return_tokens: bool = False,
-             precision: str = "auto", trace: list | None = None, encode=None, diffusion_sampler=None):
+def generate(model, images, length: int = 15, *, beam_size: int = 6, tokens_per_step: int | None = None,
+             threshold: float | None = None, temperature: float | None = None, generator=None,
+             return_tokens: bool = False, precision: str = "auto", trace: list | None = None, encode=None):
     """Captions for `images` [B, 3, H, W]: list[str] (or the token tensor).
 
-    MDC: exactly `length` tokens by greedy confidence unmasking (``tokens_per_step`` or a confidence
-    ``threshold`` reveal several per step). ARC: at most `length` tokens,
-    beam search with `beam_size` (1 = greedy). ``precision``: "auto" (bf16 autocast on CUDA,
-    fp32 elsewhere) | "fp32" | "bf16". ``trace`` (MDC's unmasking sampler only): a list that
-    receives each step's revealed positions, tokens and confidences (see :func:`mdc_sample`).
-    Extensions (wired by :func:`mdc.api.generate`): ``encode`` makes the caption distribution of
-    the images (MC-Diffusion's guidance); ``diffusion_sampler(model, images, length, generator=,
-    encode=)`` replaces the unmasking sampler (the D3PM reverse process of a ``mask_replace`` model).
+    A diffusion captioner samples with its noise process (``model.noise.sample``): MDC's absorbing
+    noise gives exactly `length` tokens by greedy confidence unmasking (``tokens_per_step`` or a
+    confidence ``threshold`` reveal several per step; ``temperature`` > 0 samples; ``trace``: a list
+    that receives each step's revealed positions, tokens and confidences, see :func:`mdc.noise.mdc_sample`);
+    a ``mask_replace`` model runs the D3PM reverse process (``generator`` drives it) and refuses
+    those options. ARC: at most `length` tokens, beam search with `beam_size` (1 = greedy).
+    ``precision``: "auto" (bf16 autocast on CUDA, fp32 elsewhere) | "fp32" | "bf16". ``encode``
+    makes the caption distribution of the images (MC-Diffusion's guidance, wired by :func:`mdc.api.generate`).
     """
-    objective = model.config.objective
-    if objective == "clip":
+    if model.config.objective == "clip":
         raise ValueError("a CLIP model cannot generate captions; use an 'mdc' or 'arc' model")
-    if model.config.noise != "absorbing" and diffusion_sampler is None:
-        raise ValueError(f"noise {model.config.noise!r} needs its own sampler: use mdc.generate, which wires it in")
     model.check_images(images)
-    if trace is not None and (objective != "mdc" or diffusion_sampler is not None):
+    if trace is not None and model.noise is None:
         raise ValueError("trace records MDC's unmasking steps; this model samples otherwise "
-                         f"(objective {objective!r}, noise {model.config.noise!r})")
+                         f"(objective {model.config.objective!r})")
+    given = dict(tokens_per_step=tokens_per_step, threshold=threshold, temperature=temperature, trace=trace)
+    options = {name: value for name, value in given.items() if value is not None}  # the sampler's defaults else
     with evaluating(model, precision):
-        if objective == "arc":
+        if model.noise is None:  # ARC: no noise process
             tokens = arc_sample(model, images, max_length=length, beam_size=beam_size)
-        elif diffusion_sampler is not None:
-            tokens = diffusion_sampler(model, images, length, generator=generator, encode=encode)
         else:
-            tokens = mdc_sample(model, images, length, tokens_per_step, temperature, generator, threshold=threshold,
-                                trace=trace, encode=encode)
+            tokens = model.noise.sample(model, images, length, generator=generator, encode=encode, **options)
     return tokens if return_tokens else model.tokenizer.batch_decode(tokens)

@@ -26,23 +26,26 @@ the Monte-Carlo noise from their *difference*, which is all a matching benchmark
 
 The MDC scorers query a :class:`mdc.distribution.CaptionDistribution` made by ``encode``
 (default: the plain model's); MC-Diffusion's guidance passes its guided one (:func:`mdc.api.score`).
+
+One table, :data:`SCORERS`, names every scorer with the objectives it applies to, the one it is
+the default of and whether it takes a caption distribution; :func:`resolve` checks a method
+against it and against the model's noise process (``model.noise.scorers``, :mod:`mdc.noise`):
+"elbo" and "heuristic" are bounds of the absorbing process, so a ``mask_replace`` model refuses them.
 """
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Hashable, Sequence
 
 import torch
 
 from mdc import distribution
 from mdc.diffusion import banned_ids, corrupt, key_seed
 from mdc.distribution import as_distribution
-from mdc.model import evaluating
+from mdc.model import OBJECTIVES, evaluating
 from mdc.tokenizer import caption_mask, trim_padding, valid_mask
-
-METHODS = {"arc": ("exact",), "mdc": ("elbo", "heuristic"), "clip": ("cosine",)}
-DEFAULT = {"arc": "exact", "mdc": "heuristic", "clip": "cosine"}
 
 
 def exact_loglik(model, context, rows, tokens, max_rows=256):
@@ -142,6 +145,61 @@ def elbo_score(model, context, rows, tokens, num_samples=1024, seed=0, max_rows=
     return span.to(dev) * total / S  # (number of counts) x mean over the copies
 
 
+# ------------------------------------------------------------------------------------ the scorer table
+@dataclass(frozen=True)
+class Scorer:
+    """One scorer: ``fn(model, source, rows, tokens, **options)`` -> scores [R], where ``source`` is the
+    images [B, 3, S, S] or, with ``caption_distribution``, the caption distribution of the images
+    (made by ``encode``: MC-Diffusion's guidance applies); ``options``: num_samples, seed, max_rows,
+    keys, t_interval, stratified (each scorer takes what it uses). ``objectives``: the models it
+    applies to; ``default_for``: those it is the default scorer of."""
+    fn: Callable
+    objectives: tuple[str, ...]
+    default_for: tuple[str, ...] = ()
+    caption_distribution: bool = False
+
+
+def _cosine(model, images, rows, tokens, **_):
+    return (model.image_embedding(images)[rows] * model.text_embedding(tokens)).float().sum(-1)
+
+
+def _exact(model, images, rows, tokens, *, max_rows, **_):
+    return exact_loglik(model, model.context(images), rows, tokens, max_rows)  # each image encoded once
+
+
+def _heuristic(model, dist, rows, tokens, **_):
+    return heuristic_score(model, dist, rows, tokens)
+
+
+def _elbo(model, dist, rows, tokens, *, num_samples, seed, max_rows, keys, t_interval, stratified):
+    return elbo_score(model, dist, rows, tokens, num_samples, seed, max_rows, keys, t_interval, stratified)
+
+
+SCORERS = {
+    "exact": Scorer(_exact, ("arc",), default_for=("arc",)),
+    "elbo": Scorer(_elbo, ("mdc",), caption_distribution=True),
+    "heuristic": Scorer(_heuristic, ("mdc",), default_for=("mdc",), caption_distribution=True),
+    "cosine": Scorer(_cosine, ("clip",), default_for=("clip",)),
+}
+# read-only view of the table by objective, for callers that choose by objective (mdc.eval.compositionality)
+METHODS = {o: tuple(name for name, s in SCORERS.items() if o in s.objectives) for o in OBJECTIVES}
+DISTRIBUTION_SCORERS = tuple(name for name, s in SCORERS.items() if s.caption_distribution)
+
+
+def resolve(model, method: str | None = None) -> tuple[str, Scorer]:
+    """(name, row) of the scorer ``method`` (None: the default of the model's objective), or a ValueError
+    in one line: a method of another objective, or one the model's noise process does not support."""
+    objective = model.config.objective
+    if method is None:
+        method = next(name for name, s in SCORERS.items() if objective in s.default_for)
+    if method not in METHODS[objective]:
+        raise ValueError(f"method {method!r} does not apply to a {objective!r} model; "
+                         f"choose one of {METHODS[objective]}")
+    if model.noise is not None:  # a diffusion captioner: only the scorers of its own noise process
+        model.noise.check_scorer(method)
+    return method, SCORERS[method]
+
+
 def _tokenize(model, captions: Sequence[str]) -> torch.Tensor:
     """Tokens [B, L'] of the captions; empty captions are errors, truncation is reported."""
     tokens, stats = model.tokenizer.tokenize(list(captions))
@@ -170,31 +228,24 @@ def _image_keys(rows: torch.Tensor, keys, n_images: int) -> list:
 def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0, max_rows=256,
            t_interval=(0.0, 1.0), stratified=True, precision="fp32", encode=None):
     """Scores [R] of captions[r] against images[rows[r]]: checks, tokenises, encodes every image once."""
-    objective = model.config.objective
-    method = method or DEFAULT[objective]
-    if method not in METHODS[objective]:
-        raise ValueError(f"method {method!r} does not apply to a {objective!r} model; "
-                         f"choose one of {METHODS[objective]}")
+    method, scorer = resolve(model, method)
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1; got {num_samples}")
     if keys is not None and len(keys) != len(captions):
         raise ValueError(f"got {len(keys)} keys for {len(captions)} captions")
     if not 0.0 <= t_interval[0] <= t_interval[1] <= 1.0:
         raise ValueError(f"t_interval must satisfy 0 <= w_l <= w_u <= 1; got {t_interval}")
-    if encode is not None and method not in ("heuristic", "elbo"):
-        raise ValueError(f"a caption distribution (encode) applies to the MDC scorers 'heuristic' and 'elbo'; "
+    if encode is not None and not scorer.caption_distribution:
+        raise ValueError(f"a caption distribution (encode) applies to the MDC scorers {DISTRIBUTION_SCORERS}; "
                          f"got method {method!r}")
     model.check_images(images)
     tokens = _tokenize(model, captions).to(images.device)
     with evaluating(model, precision):
-        if method == "cosine":
-            return (model.image_embedding(images)[rows] * model.text_embedding(tokens)).float().sum(-1)
-        if method == "exact":
-            return exact_loglik(model, model.context(images), rows, tokens, max_rows)  # each image encoded once
-        dist = (encode or distribution.encode)(model, images, _image_keys(rows, keys, len(images)))
-        if method == "heuristic":
-            return heuristic_score(model, dist, rows, tokens)
-        return elbo_score(model, dist, rows, tokens, num_samples, seed, max_rows, keys, t_interval, stratified)
+        source = images
+        if scorer.caption_distribution:
+            source = (encode or distribution.encode)(model, images, _image_keys(rows, keys, len(images)))
+        return scorer.fn(model, source, rows, tokens, num_samples=num_samples, seed=seed, max_rows=max_rows,
+                         keys=keys, t_interval=t_interval, stratified=stratified)
 
 
 @torch.no_grad()

@@ -1,11 +1,18 @@
 """Mask-and-replace discrete diffusion (D3PM / VQ-Diffusion transition) as the captioner's noise."""
+import copy
+import inspect
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
 import mdc
-from conftest import CAPTIONS, small_model
-from mdc.d3pm import (caption_ids, cumulative_matrix, d3pm_sample, model_schedule, posterior, q_sample, schedule,
-                      step_matrix)
+from conftest import CAPTIONS, SMALL, small_model
+from mdc.d3pm import (MASK_REPLACE, caption_ids, cumulative_matrix, d3pm_loss, d3pm_sample, model_schedule, posterior,
+                      q_sample, schedule, step_matrix)
+from mdc.model import Captioner, ModelConfig
+from mdc.noise import ABSORBING
 from mdc.diffusion import banned_ids
 from mdc.tokenizer import caption_mask
 
@@ -127,3 +134,66 @@ def test_bad_mask_replace_options_are_named():
         small_model(noise="mask_replace", mask_ratio=0.5)
     with pytest.raises(ValueError, match="need diffusion_steps >= 1"):
         small_model(noise="mask_replace", diffusion_steps=0)
+
+
+# ------------------------------------------------------------ the noise process: chosen once, carried by the model
+@pytest.mark.parametrize("method", ["elbo", "heuristic", None])
+def test_mdc_scorers_refuse_a_mask_replace_model_in_one_line(images, method):
+    """"elbo" (Eq. 8) and "heuristic" walk the absorbing path; a mask-and-replace model supports neither."""
+    model = d3pm_model().eval()
+    for call in (lambda: mdc.score(model, images, CAPTIONS, method),
+                 lambda: mdc.score_candidates(model, images, [[c, c] for c in CAPTIONS], method)):
+        with pytest.raises(ValueError) as err:
+            call()
+        message = str(err.value)
+        assert "\n" not in message and "'mask_replace'" in message and "supports no scorer" in message
+
+
+def test_the_noise_process_is_chosen_once_and_carried_by_the_model(images, tmp_path):
+    model = d3pm_model().eval()
+    assert model.noise is MASK_REPLACE and model.noise.scorers == ()
+    assert small_model().noise is ABSORBING and small_model("arc").noise is None and small_model("clip").noise is None
+    model.save(tmp_path / "d3pm")
+    loaded = mdc.load(tmp_path / "d3pm").eval()
+    assert loaded.noise is MASK_REPLACE  # a saved mask-and-replace model loads back with its process
+    out = mdc.generate(loaded, images, 6, generator=torch.Generator().manual_seed(2), return_tokens=True)
+    assert torch.equal(out, d3pm_sample(model, images, 6, generator=torch.Generator().manual_seed(2)))
+    tokens = model.tokenizer(CAPTIONS)
+    t = torch.full((4,), 3)
+    assert torch.equal(model.loss(images, tokens, t=t, generator=torch.Generator().manual_seed(0)),
+                       d3pm_loss(model, images, tokens, t=t, generator=torch.Generator().manual_seed(0)))
+
+
+def test_a_captioner_built_without_its_noise_process_is_refused():
+    cfg = mdc.factory.model_config("tiny", **{**SMALL, "noise": "mask_replace"})
+    with pytest.raises(ValueError, match="noise = 'mask_replace' is an extension: build the model with mdc.create"):
+        Captioner(cfg)
+    plain = Captioner(mdc.factory.model_config("tiny", **SMALL))  # the Captioner's default: absorbing
+    assert plain.noise is ABSORBING and copy.deepcopy(plain).noise is ABSORBING
+    assert Captioner(mdc.factory.model_config("tiny", "arc", **SMALL)).noise is None  # ARC has none
+
+
+@pytest.mark.parametrize("options", [dict(tokens_per_step=2), dict(threshold=0.5), dict(trace=[]),
+                                     dict(temperature=0.7)])
+def test_the_reverse_process_refuses_the_unmasking_options_in_one_line(images, options):
+    model = d3pm_model().eval()
+    with pytest.raises(ValueError, match="'mask_replace' reverse process samples at temperature 1") as err:
+        mdc.generate(model, images, 6, **options)
+    assert "\n" not in str(err.value)
+    assert len(mdc.generate(model, images, 6, temperature=1.0)) == 4  # what it does anyway (CLIP reranking's)
+
+
+def test_nothing_outside_the_factory_branches_on_the_noise_name():
+    """The noise process is picked from ModelConfig.noise in mdc/factory.py only; everything else asks
+    ``model.noise``. The config itself validates the name (ModelConfig, left out of the search)."""
+    root = Path(mdc.__file__).parent
+    branch = re.compile(r"noise\s*(==|!=)\s*['\"]|['\"]\s*(==|!=)\s*[\w.]*noise\b|\.noise\s+(not\s+)?in\b")
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "factory.py" and path.parent == root:
+            continue
+        text = path.read_text()
+        if path == root / "model.py":
+            text = text.replace(inspect.getsource(ModelConfig), "")
+        found += [f"{path.relative_to(root)}: {line.strip()}" for line in text.splitlines() if branch.search(line)]
+    assert not found, found

@@ -10,7 +10,7 @@ from mdc.diffusion import banned_ids, caption_log_probs
 from mdc.condition import partial_mask, training_condition
 from mdc.diffusion import masked_row
 from mdc.guidance import Guide, encoder, scale_label, scale_of, strength_label, strength_of
-from mdc.sampler import mdc_sample
+from mdc.noise import mdc_sample
 
 GUIDED = dict(cond_drop_prob=0.1, cond_mask_prob=0.1)
 

@@ -9,7 +9,8 @@ import mdc
 from conftest import small_model
 from mdc.diffusion import banned_ids
 from mdc.diffusion import masked_row
-from mdc.sampler import _decode_step, arc_sample, mdc_sample
+from mdc.noise import mdc_sample
+from mdc.sampler import _decode_step, arc_sample
 
 
 def _recording(model):

@@ -1,4 +1,5 @@
 """Likelihood scorers: ARC exact (Eq. 7), MDC lower bound (Eq. 8), MDC heuristic."""
+import dataclasses
 import itertools
 import math
 
@@ -8,6 +9,8 @@ import torch.nn.functional as F
 
 import mdc
 import mdc.condition
+import mdc.distribution
+from mdc import scoring
 from conftest import CAPTIONS, small_model
 from mdc.diffusion import caption_log_probs
 from mdc.scoring import elbo_score
@@ -114,6 +117,31 @@ def test_clip_cosine_and_method_errors(images):
         mdc.score(small_model(), images, CAPTIONS[:3])
 
 
+def test_one_scorer_table_gives_methods_defaults_and_dispatch(images, monkeypatch):
+    """SCORERS is the one table: METHODS is its view by objective, resolve() its defaults and checks,
+    and _score dispatches through its rows (a row's function is what runs)."""
+    assert scoring.METHODS == {"mdc": ("elbo", "heuristic"), "arc": ("exact",), "clip": ("cosine",)}
+    assert scoring.DISTRIBUTION_SCORERS == ("elbo", "heuristic")
+    for objective, default in (("mdc", "heuristic"), ("arc", "exact"), ("clip", "cosine")):
+        assert scoring.resolve(small_model(objective), None)[0] == default
+    with pytest.raises(ValueError, match="method 'cosine' does not apply to a 'mdc' model; choose one of"):
+        scoring.resolve(small_model(), "cosine")
+    with pytest.raises(ValueError, match="method 'bogus' does not apply"):
+        scoring.resolve(small_model(), "bogus")
+    seen = []
+    row = scoring.SCORERS["heuristic"]
+    monkeypatch.setitem(scoring.SCORERS, "heuristic", dataclasses.replace(
+        row, fn=lambda model, dist, rows, tokens, **kw: seen.append((type(dist), sorted(kw))) or rows.float()))
+    assert torch.equal(mdc.score(small_model().eval(), images, CAPTIONS), torch.arange(4.0))
+    assert seen == [(mdc.distribution.CaptionDistribution, ["keys", "max_rows", "num_samples", "seed", "stratified",
+                                                             "t_interval"])]
+
+
+def test_encode_applies_to_the_distribution_scorers_only(images):
+    with pytest.raises(ValueError, match=r"encode\) applies to the MDC scorers \('elbo', 'heuristic'\)"):
+        mdc.score(small_model("arc").eval(), images, CAPTIONS, encode=mdc.distribution.encode)
+
+
 # ----------------------------------------------------------------------------- review fixes
 def test_elbo_of_a_pair_does_not_depend_on_its_batch(images):
     """The same (image, caption) scores the same alone, first, or next to a longer caption."""
@@ -138,7 +166,7 @@ def test_paired_candidates_share_their_noise(images):
 
 def test_heuristic_reveals_in_the_samplers_order(images):
     """On the sampler's own caption, the heuristic scorer walks the very same unmasking path."""
-    from mdc.sampler import mdc_sample
+    from mdc.noise import mdc_sample
     from mdc.scoring import heuristic_score
 
     model = small_model().eval()
