@@ -4,13 +4,20 @@ The per-backbone values are the paper's pretraining hyperparameter tables (App. 
 ``paper/hyperparameters.csv``): AdamW with betas (0.9, 0.98), global batch 1024, 10,000
 linear warmup steps then cosine decay to 0, 32 epochs. Gradient-norm clipping (1.0) is used
 only for ARC with ViT-L/14 (on CC12M, the paper's only clipped run).
+
+Any other recipe is a preset file (:func:`read_preset`), e.g. the `mini` reproduction profile's,
+which its study froze and which lives with the experiments (``reproduce/presets/mini.json``).
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import torch
 from torch import nn
+
+from mdc.errors import ConfigError
 
 # Paper App. A, Tables 6-8 (pretraining hyperparameters per backbone).
 PRESETS: dict[str, dict] = {
@@ -18,27 +25,51 @@ PRESETS: dict[str, dict] = {
     "vit-b-16": dict(lr=5e-4, weight_decay=0.2),
     "vit-l-14": dict(lr=4e-4, weight_decay=0.2),
 }
-# The `mini` reproduction profile on the synthetic world (model "mini", 2 CPU cores, descriptive
-# captions): the recipe of the learnability study's second part (reproduce/studies/learnability.md), not
-# the paper's: lr 1e-3 by the supervised ceiling's training loss, 2,240 steps (4x the first study's 560).
-PRESETS["mini"] = dict(lr=1e-3, weight_decay=0.1, steps=2240, batch_size=64, global_batch=64, warmup_steps=224)
 PAPER = dict(betas=(0.9, 0.98), global_batch=1024, warmup_steps=10_000, epochs=32)
 CLIPPED = {("vit-l-14", "arc"): 1.0}  # (preset, objective) -> grad-norm clip
-# (preset, objective) -> peak lr in place of the preset's. mini's CLIP: at 1e-3 its InfoNCE stalled on alt
-# captions in one seed of two; 3e-4 trains in every run of the study's rule (learnability.md).
-OBJECTIVE_LR = {("mini", "clip"): 3e-4}
+# What a preset file may set (read_preset), besides "model", "about" and per-objective "objectives".
+PRESET_VALUES = ("lr", "weight_decay", "steps", "epochs", "batch_size", "global_batch", "warmup_steps",
+                 "grad_clip_norm")
 
 # Parameters that are embeddings or temperatures, by their attribute name; never decayed.
 _NO_DECAY_NAMES = {"pos", "pos_embed", "cls_token", "reg_token", "logit_scale"}
 
 
 def preset_values(preset: str, objective: str) -> dict:
-    """lr, weight_decay, betas, global_batch, warmup_steps, epochs (or steps and batch_size) and
-    grad_clip_norm of a preset for one objective."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-    values = {**PAPER, **PRESETS[preset], "grad_clip_norm": CLIPPED.get((preset, objective))}
-    return {**values, "lr": OBJECTIVE_LR.get((preset, objective), values["lr"])}
+    """The recipe of a preset for one objective: ``model`` (its backbone), lr, weight_decay,
+    global_batch, warmup_steps, epochs (or steps and batch_size), grad_clip_norm, and for the
+    paper's presets betas. ``preset``: a name of :data:`PRESETS` (the paper's recipe of that
+    backbone) or the path of a preset file (:func:`read_preset`)."""
+    if preset in PRESETS:
+        return {**PAPER, **PRESETS[preset], "model": preset, "grad_clip_norm": CLIPPED.get((preset, objective))}
+    if not os.path.isfile(preset):
+        raise ConfigError(f"preset must be one of {', '.join(map(repr, sorted(PRESETS)))} or the path of a "
+                          f"JSON file of training values, got {preset!r}", "preset")
+    spec = read_preset(preset)
+    values = {k: spec[k] for k in ("model", *PRESET_VALUES) if k in spec}
+    return {"grad_clip_norm": None, **values, **spec.get("objectives", {}).get(objective, {})}
+
+
+def read_preset(path: str) -> dict:
+    """A preset file: a JSON object of training values (:data:`PRESET_VALUES`), optionally the
+    ``model`` they are for, an ``about`` text (where the values come from) and ``objectives``:
+    {objective: {value: ...}} that one objective uses in place of the common values, e.g.
+    ``{"lr": 1e-3, "steps": 2240, "objectives": {"clip": {"lr": 3e-4}}}``. A value the file leaves
+    out keeps the training default. An unknown key is refused (a misspelt value would be lost)."""
+    with open(path) as f:
+        try:
+            spec = json.load(f)
+        except json.JSONDecodeError as exn:
+            raise ConfigError(f"preset file {path} is not JSON: {exn}", "preset") from exn
+    if not isinstance(spec, dict) or not isinstance(spec.get("objectives", {}), dict):
+        raise ConfigError(f"preset file {path} must hold a JSON object, its objectives an object too", "preset")
+    known = {"model", "about", "objectives", *PRESET_VALUES}
+    unknown = sorted(set(spec) - known) + sorted(k for per in spec.get("objectives", {}).values()
+                                                 for k in set(per) - set(PRESET_VALUES))
+    if unknown:
+        raise ConfigError(f"preset file {path}: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}",
+                          "preset")
+    return spec
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -95,22 +126,25 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler
 
 
 def fit(model: nn.Module, next_batch, steps: int, lr: float, weight_decay: float = 0.1, warmup_steps: int | None = None,
-        grad_clip_norm: float | None = None, loss_kwargs: dict | None = None) -> list[float]:
+        grad_clip_norm: float | None = None, loss_kwargs: dict | None = None, loss_fn=None) -> list[float]:
     """Train ``model`` in memory: ``steps`` AdamW steps on ``model.loss(*next_batch(), **loss_kwargs)``.
 
     ``next_batch()`` returns the loss's inputs (images, tokens); AdamW with :func:`param_groups`,
     ``warmup_steps`` of linear warm-up (default 5% of the steps, at least 1) then cosine decay to 0,
-    gradient-norm clipping if ``grad_clip_norm``. The loop of the tutorials and of captioning
-    fine-tuning; pretraining (:mod:`mdc.train`) adds accumulation, DDP and checkpoints around the
-    same :func:`optimizer_step`. Returns the per-step losses; the model is left in eval mode.
+    gradient-norm clipping if ``grad_clip_norm``. ``loss_fn(*next_batch())``, if given, is the loss
+    in place of ``model.loss`` (e.g. linear heads on the image features, with ``model`` holding
+    every trained module). The loop of the tutorials, of captioning fine-tuning and of the studies'
+    in-memory training; pretraining (:mod:`mdc.train`) adds accumulation, DDP and checkpoints around
+    the same :func:`optimizer_step`. Returns the per-step losses; the model is left in eval mode.
     """
     optimizer = make_optimizer(model, lr, weight_decay)
     scheduler = make_scheduler(optimizer, max(1, steps // 20) if warmup_steps is None else warmup_steps, steps)
+    loss_fn = loss_fn or (lambda *batch: model.loss(*batch, **(loss_kwargs or {})))
     losses = []
     model.train()
     optimizer.zero_grad(set_to_none=True)  # no gradient left over from before
     for _ in range(steps):
-        loss = model.loss(*next_batch(), **(loss_kwargs or {}))
+        loss = loss_fn(*next_batch())
         loss.backward()
         optimizer_step(model, optimizer, scheduler, grad_clip_norm)
         losses.append(loss.item())

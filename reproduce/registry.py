@@ -3,9 +3,10 @@
 
 Profiles:
 - ``smoke``: every artifact wired end to end with a handful of steps on tiny data (CI).
-- ``mini``: the synthetic scene world with the model config ``mini`` and ``--preset mini``
-  fixed by the learnability study (``reproduce/studies/learnability.md``); about 7 hours per
-  seed on 2 CPU cores (estimated from the study's runs).
+- ``mini``: the synthetic scene world with the model config ``mini`` and the recipe
+  ``reproduce/presets/mini.json`` (``--preset reproduce/presets/mini.json``) fixed by the
+  learnability study (``reproduce/studies/learnability.md``); about 7 hours per seed on 2 CPU
+  cores (estimated from the study's runs).
 - ``paper``: the paper's backbones, data and hyperparameters on GPU nodes. Data paths come from
   environment variables (see :data:`PAPER_ENV`); pretraining runs execute under torchrun when
   the runner is given ``--gpus-per-node``.
@@ -75,6 +76,9 @@ PAPER_ENV = {
     "MDC_RECAP_SUBSETS": "Fig. 5: JSON {pairs: shards}, e.g. {\"5000000\": \"/data/recap5m/{00000..00499}.tar\", ...}",
 }
 
+# The recipe the learnability study froze for mini (mdc.optim.read_preset reads it).
+MINI_PRESET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "mini.json")
+
 # Per profile: data sizes, the pretraining recipe and the evaluation budgets.
 PROFILES = {
     "smoke": dict(data=dict(num=192, image_size=32, shard_size=64), evalsets=dict(n_probe_train=48, n_probe_test=24,
@@ -103,15 +107,16 @@ PROFILES = {
 
 
 def _mini_recipe() -> dict:
-    """The recipe the learnability study froze (``--preset mini``) and the data it needs."""
+    """The recipe the learnability study froze (:data:`MINI_PRESET`) and the data it needs; each
+    run gets its values as parameters, its objective's lr among them."""
     from mdc.factory import model_config
     from mdc.optim import preset_values
 
-    r = preset_values("mini", "mdc")
-    lr = {objective: preset_values("mini", objective)["lr"] for objective in ("mdc", "arc", "clip")}
+    r = preset_values(MINI_PRESET, "mdc")
+    lr = {objective: preset_values(MINI_PRESET, objective)["lr"] for objective in ("mdc", "arc", "clip")}
     return dict(train=dict(steps=r["steps"], batch_size=r["global_batch"], lr=lr, weight_decay=r["weight_decay"],
                            warmup_steps=r["warmup_steps"]),
-                data=dict(num=r["steps"] * r["global_batch"], image_size=model_config("mini").image_size))
+                data=dict(num=r["steps"] * r["global_batch"], image_size=model_config(r["model"]).image_size))
 
 
 def _train_params(p: dict, objective: str, frac: float = 1.0, batch_scale: int = 1) -> dict:

@@ -32,6 +32,23 @@ LOSS_COLUMN = "pretraining loss, first → last 10 steps (per seed)"  # a run th
 EXTRA_TASKS = ("count", "relation", "background")  # synthetic tasks without a paper column
 STYLE_DATA = {"alt": "CC12M", "descriptive": "Recap-DataComp-10M"}  # the paper's data of each caption style
 PAPER_BACKBONE = "ViT-B/32"  # the paper row a synthetic run is printed beside (the smallest backbone)
+# Table 2: the paper's row (reproduce/paper/table2_compositionality.csv) of each scorer
+PAPER_ROWS = {"cosine": "CLIP", "exact": "ARC", "elbo": "MDC (Monte Carlo)", "heuristic": "MDC (Heuristic)"}
+# How Table 2's numbers are computed (mdc.eval.accuracy, mdc.eval.compositionality): notes under the table
+TABLE2_RULES = {
+    "ties": "an item is correct only if its true caption scores strictly above every other candidate; ties count "
+            "as errors (order tasks: a perturbation identical to the true caption is not a competitor)",
+    "per token": "the score divided by the caption's token count (exact: the caption tokens and [EOT]; elbo, "
+                 "heuristic: the caption tokens); cosine is left unchanged",
+    "SugarCrepe": "add = {add_att, add_obj}, replace = {replace_att, replace_obj, replace_rel}, swap = {swap_att, "
+                  "swap_obj}; item-weighted means (the sub-files' items pooled)",
+    "no image": "the same scorer without the image: the model's learned null condition for the MDC scorers of a "
+                "model trained with one (cond_drop_prob > 0), else the suite's mean image (every image of the suite "
+                "averaged after the transform); the same noise keys as the score with the image",
+    "image-debiased": "log p(t | i) - alpha log p(t), the score minus alpha times the no-image one (VisualGPTScore's "
+                      "debiasing; alpha = 0 is the raw score)",
+    "*": "a no-image accuracy at least 10 points from chance: the text alone separates the captions",
+}
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -74,8 +91,9 @@ def paper_cell(value) -> str:
     return "-" if value is None or value == "" else f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
-def write_table(rows: list[dict], path: str, caption: str = "") -> list[str]:
-    """Write rows (dicts of strings) as ``path``.md / .csv / .tex; returns the files."""
+def write_table(rows: list[dict], path: str, caption: str = "", notes: Mapping[str, str] | None = None) -> list[str]:
+    """Write rows (dicts of strings) as ``path``.md / .csv / .tex; returns the files. ``notes``
+    ({term: what it means}) follow the Markdown table as a list."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     columns = list(dict.fromkeys(k for r in rows for k in r))
     files = [f"{path}.md", f"{path}.csv", f"{path}.tex"]
@@ -83,6 +101,8 @@ def write_table(rows: list[dict], path: str, caption: str = "") -> list[str]:
         f.write((f"{caption}\n\n" if caption else "") + "| " + " | ".join(columns) + " |\n|"
                 + "---|" * len(columns) + "\n")
         f.writelines("| " + " | ".join(str(r.get(c, "")) for c in columns) + " |\n" for r in rows)
+        if notes:
+            f.write("\n" + "".join(f"- {term}: {text}\n" for term, text in notes.items()))
     with open(files[1], "w", newline="") as f:
         w = csv.DictWriter(f, columns)
         w.writeheader()
@@ -182,7 +202,7 @@ def table1(runs: list[dict], paper_dir: str, out: str) -> list[str]:
 def table2(runs: list[dict], paper_dir: str, out: str) -> list[str]:
     """Table 2: compositionality per scorer (CLIP cosine, ARC exact, MDC Monte Carlo and heuristic), and
     where scored, each likelihood scorer without the image (blind) and image-debiased (rows below it)."""
-    from mdc.eval.compositionality import COLUMNS, PAPER_ROWS
+    from mdc.eval.compositionality import COLUMNS
 
     paper = {p["method"]: p for p in paper_table(paper_dir, "table2_compositionality")}
     by_variant, far = defaultdict(list), defaultdict(set)  # far: blind cells at least 10 points from chance
@@ -220,7 +240,7 @@ def table2(runs: list[dict], paper_dir: str, out: str) -> list[str]:
         caption += ("; no image: the scorer without the image (null condition or mean image), image-debiased: "
                     "log p(t|i) - log p(t); * no-image accuracy at least 10 points from chance (the text alone "
                     "decides); SugarCrepe's published text-only baselines sit near 50 by construction")
-    return write_table(rows, os.path.join(out, "table2_compositionality"), caption)
+    return write_table(rows, os.path.join(out, "table2_compositionality"), caption, TABLE2_RULES)
 
 
 def table3(runs: list[dict], paper_dir: str, out: str) -> list[str]:

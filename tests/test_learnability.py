@@ -1,4 +1,5 @@
-"""The learnability study's rule and the `mini` configuration it froze (model "mini", preset "mini")."""
+"""The learnability study's rule and the `mini` configuration it froze (model "mini", preset file
+reproduce/presets/mini.json)."""
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from mdc.train import TrainConfig
 from reproduce import registry
 from reproduce.studies import learnability as study
 
+MINI = os.path.relpath(registry.MINI_PRESET)  # as the documented commands give it, from the repository root
 CHOSEN = "c64x4"  # the ceiling's choice c64 (learnability/ceiling_decision.json) at 4x the first study's steps
 FIRST = "s32q"  # the first study's choice (learnability/decision.json), the `mini` of the committed figures
 
@@ -27,7 +29,7 @@ def test_the_frozen_model_is_the_studied_configuration():
 
 
 def test_the_mini_preset_is_the_studied_recipe():
-    c = TrainConfig(output_dir="x", preset="mini", objective="mdc", train_data="x.tar").resolved(world_size=1)
+    c = TrainConfig(output_dir="x", preset=MINI, objective="mdc", train_data="x.tar").resolved(world_size=1)
     recipe = study.CONFIGS[CHOSEN]
     assert (c.model, c.steps, c.batch_size, c.accum_steps, c.lr, c.warmup_steps) == \
         ("mini", recipe["steps"], recipe["batch"], 1, recipe["lr"], recipe["warmup"])
@@ -39,7 +41,7 @@ def test_the_mini_preset_gives_clip_the_learning_rate_its_rule_chose():
     public command line's config and in every pretraining run of `make reproduce`."""
     chosen = {"mdc": 1e-3, "arc": 1e-3, "clip": 3e-4}
     for objective, lr in chosen.items():
-        c = TrainConfig(output_dir="x", preset="mini", objective=objective, train_data="x.tar")
+        c = TrainConfig(output_dir="x", preset=MINI, objective=objective, train_data="x.tar")
         assert c.resolved(world_size=1).lr == lr, objective
     pretraining = [r for r in registry.build("mini", seeds=1) if r.notebook == "pretrain"]
     assert {r.name for r in pretraining if r.params["objective"] == "clip"} == \
@@ -129,7 +131,7 @@ def test_writing_the_record_keeps_its_rows_and_adds_the_working_folders(tmp_path
 
 def test_train_cli_runs_the_mini_preset_and_the_study_probes_the_run(tmp_path, monkeypatch):
     write_shards(str(tmp_path / "shards"), 8, "descriptive", seed=0, image_size=64, shard_size=8)
-    out = subprocess.run([sys.executable, "-m", "mdc.train", "--preset", "mini", "--objective", "mdc",
+    out = subprocess.run([sys.executable, "-m", "mdc.train", "--preset", MINI, "--objective", "mdc",
                           "--train-data", str(tmp_path / "shards"), "--steps", "2", "--batch-size", "4",
                           "--global-batch", "4", "--warmup-steps", "1", "--output-dir", str(tmp_path / "run"),
                           "--workers", "0", "--seed", "3"], capture_output=True, text=True,
@@ -140,7 +142,7 @@ def test_train_cli_runs_the_mini_preset_and_the_study_probes_the_run(tmp_path, m
 
     monkeypatch.setattr(study, "evalsets", lambda root, size: _tiny_evalsets(root, size))
     row = study.probe_checkpoint(str(tmp_path / "run"), str(tmp_path / "study"))
-    assert row["seed"] == 3 and row["train"]["preset"] == "mini" and set(row["gap"]) == set(study.TASKS)
+    assert row["seed"] == 3 and row["train"]["preset"] == MINI and set(row["gap"]) == set(study.TASKS)
     again = study.probe_checkpoint(str(tmp_path / "run" / "checkpoints" / "step_000002"), str(tmp_path / "study"))
     assert again["random_init"] == row["random_init"] and again["trained"] == row["trained"]  # seeded, same weights
     assert len((tmp_path / "study" / "probes.jsonl").read_text().splitlines()) == 2

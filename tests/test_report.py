@@ -25,7 +25,7 @@ EXPECTED = {
     "table1_linear_probe.md": "7db9ef1bce0cea63",
     "table1_linear_probe.tex": "500ea74387799ecb",
     "table2_compositionality.csv": "d7e03bfb219e02d1",
-    "table2_compositionality.md": "4c9ec72bd93a1deb",
+    "table2_compositionality.md": "4fcad9b29a1885da",
     "table2_compositionality.tex": "dc0022117dde7dd2",
     "table3_captioning.csv": "2e6384557db7f151",
     "table3_captioning.md": "759412fe975ede50",
@@ -128,6 +128,8 @@ def test_table2_shows_blind_and_debiased_rows_and_flags_a_text_decided_column(tm
     assert list(rows) == ["MDC (Heuristic)", "MDC (Heuristic) per token", "MDC (Heuristic), no image",
                           "MDC (Heuristic), image-debiased"]  # per token only for the raw score
     assert "| 97.0* |" in rows["MDC (Heuristic), no image"] and rows["MDC (Heuristic)"].count("*") == 0
+    notes = (tmp_path / "figures" / "table2_compositionality.md").read_text().split("\n\n")[-1]
+    assert notes.startswith("- ties: an item is correct only if") and "\n- *: a no-image accuracy" in notes
 
 
 def test_table1_shows_each_seeds_pretraining_loss_so_a_run_that_did_not_train_is_seen(tmp_path):

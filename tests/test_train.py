@@ -196,6 +196,24 @@ def test_global_batch_override_and_step_presets(monkeypatch):
     assert (c.batch_size, c.accum_steps, c.steps, c.epochs, c.warmup_steps, c.lr) == (64, 1, 40, None, 5, 1e-3)
 
 
+def test_a_preset_file_sets_its_values_its_model_and_per_objective_overrides(tmp_path):
+    """--preset takes the path of a JSON file as well as a paper backbone's name (mdc.optim.read_preset)."""
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps({"about": "a test recipe", "model": "tiny", "lr": 1e-3, "steps": 40, "batch_size": 16,
+                                "objectives": {"clip": {"lr": 3e-4, "warmup_steps": 4}}}))
+    mdc_run = TrainConfig("x", "y", preset=str(path), objective="mdc").resolved(world_size=1)
+    assert (mdc_run.model, mdc_run.lr, mdc_run.steps, mdc_run.batch_size) == ("tiny", 1e-3, 40, 16)
+    assert mdc_run.warmup_steps == 2  # left out: 5% of the steps
+    assert (mdc_run.weight_decay, mdc_run.accum_steps, mdc_run.grad_clip_norm) == (0.1, 1, None)  # left out: defaults
+    clip_run = TrainConfig("x", "y", preset=str(path), objective="clip", lr=5e-4).resolved(world_size=1)
+    assert (clip_run.lr, clip_run.warmup_steps) == (5e-4, 4)  # a given value wins over the preset's
+    path.write_text(json.dumps({"lr": 1e-3, "stpes": 40}))
+    with pytest.raises(ValueError, match="unknown key 'stpes'"):
+        TrainConfig("x", "y", preset=str(path)).resolved(world_size=1)
+    with pytest.raises(ValueError, match=r"preset must be one of 'vit-b-16'.* or the path of a JSON file"):
+        TrainConfig("x", "y", preset="mini").resolved(world_size=1)
+
+
 def test_count_samples_reads_img2dataset_stats_instead_of_the_tars(shards, tmp_path, monkeypatch):
     import shutil
 

@@ -122,11 +122,6 @@ def load_vg_attribution(json_path: str, image_dir: str, on_missing: str = "error
     return _load_vg(json_path, image_dir, "attributes", on_missing)
 
 
-def pairwise_correct(true_scores, false_scores) -> np.ndarray:
-    """Per item: score(true caption) > score(false caption), strictly (ties are errors)."""
-    return np.asarray(true_scores, dtype=np.float64) > np.asarray(false_scores, dtype=np.float64)
-
-
 def _macro(groups: Sequence, correct: Sequence[bool], min_count: int) -> tuple[float, dict]:
     correct = np.asarray(correct, dtype=bool)
     if len(groups) != len(correct):

@@ -47,7 +47,7 @@ from mdc.eval.metrics import METRICS, caption_metrics, descriptiveness, evaluate
 from mdc.eval.results import checkpoint_id
 from mdc.factory import checkpoint_folder, load
 from mdc.optim import fit
-from mdc.sampler import check_length
+from mdc.noise import check_length
 from mdc.tokenizer import TextStats
 
 logger = logging.getLogger(__name__)

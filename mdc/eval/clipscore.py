@@ -119,7 +119,11 @@ def clip_rerank(model, clip: Clip, images: Sequence, *, k: int = 8, length: int 
     """Sample ``k`` captions per PIL image with ``model`` (MDC temperature sampling, seeded; the
     D3PM sampler for ``noise="mask_replace"``; ``guidance``: guidance with guidance_strength or
     guidance_scale, as in ``mdc.generate``) and keep the one with the best CLIPScore. Returns
-    (best [B], candidates [B][k], CLIPScores [B, k])."""
+    (best [B], candidates [B][k], CLIPScores [B, k]).
+
+    API for users (docs/guidance.md); no experiment of the paper calls it. Reranking samples by
+    CLIPScore is the usual decoding-time alternative to guidance for captions closer to the image,
+    so a user comparing guidance with it needs it built from the same sampler and the same CLIP."""
     if model.config.objective != "mdc":
         raise ValueError(f"CLIP reranking samples MDC captions; got objective {model.config.objective!r}")
     if k < 1 or temperature <= 0:

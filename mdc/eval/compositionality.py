@@ -18,7 +18,6 @@ until its text-only baselines, Vera and a grammar model, sat near 50%).
 Results schema (the ``results`` part of a ``kind="compositionality"`` results file)::
 
     {
-      "rules": {"tie": str, "length_normalisation": str, "interval": str, "sugarcrepe_columns": str},
       "settings": {"methods": [...], "variants": [...], "num_samples": int, "paired": bool,
                    "stratified": bool, "seed": int, "t_interval_trained": [w_l, w_u],
                    "resamples": int, "level": 0.95, "attribute_min_count": 25, "debias_alpha": float},
@@ -44,15 +43,16 @@ Results schema (the ``results`` part of a ``kind="compositionality"`` results fi
           "accuracy_lengthnorm": float, "ci_lengthnorm": [lo, hi], "ties_lengthnorm": int,
           "per_group": {relation | attribute pair: accuracy},      # macro suites only
           "accuracy_macro": float,  # SugarCrepe columns: the mean over their sub-files
-          "far_from_chance": bool}}}  # blind variants: RULES["blind_warning"]
+          "far_from_chance": bool}}}  # blind variants: accuracy.BLIND_WARNING
     }
 
-Accuracies are fractions in [0, 1]; a macro average with no group left is null. ``PAPER_ROWS``
-names the paper's Table 2 row of each method, ``PAPER_TABLE2`` holds its numbers.
+Accuracies are fractions in [0, 1]; a macro average with no group left is null. The rules behind
+them (ties are errors, the suites' aggregations, the intervals) live in :mod:`mdc.eval.accuracy`.
+SugarCrepe's add / replace / swap columns pool their sub-files' items (``accuracy_macro`` beside it:
+the mean over sub-files); the length-normalised score is :meth:`SuiteScores.normalised`.
 """
 from __future__ import annotations
 
-import re
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -65,40 +65,18 @@ from mdc.api import score_candidates
 from mdc.data import aro_sugarcrepe as comp
 from mdc.data.formats import load_image
 from mdc.distribution import encode_null
+from mdc.eval.accuracy import BLIND_WARNING, MACRO_SUITES, bootstrap_ci, correct_and_ties, same_words, suite_accuracy
 from mdc.eval.suites import SUGARCREPE, SUITES, Suite, describe, load_suites, synthetic_data
 from mdc.scoring import METHODS
 from mdc.tokenizer import caption_mask
 
 __all__ = [  # the suites' names are part of this module's API: notebooks read them from here
-    "BLIND_WARNING", "COLUMNS", "PAPER_ROWS", "PAPER_TABLE2", "RULES", "SUGARCREPE", "SUITES", "Suite", "SuiteScores",
-    "bootstrap_ci", "correct_and_ties", "describe", "image_table", "load_suites", "markdown_table", "mean_image",
-    "method_variants", "resolve_methods", "same_words", "save_item_scores", "score_suite", "score_variants",
-    "summarise", "synthetic_data", "trained_t_interval", "variants", "with_blind"]
+    "COLUMNS", "SUGARCREPE", "SUITES", "Suite", "SuiteScores", "describe", "image_table", "load_suites",
+    "markdown_table", "mean_image", "method_variants", "resolve_methods", "save_item_scores", "score_suite",
+    "score_variants", "summarise", "synthetic_data", "trained_t_interval", "variants", "with_blind"]
 
 COLUMNS = ("aro_relation", "aro_attribute", "aro_coco_order", "aro_flickr30k_order",
            "sugarcrepe_add", "sugarcrepe_replace", "sugarcrepe_swap")
-PAPER_ROWS = {"cosine": "CLIP", "exact": "ARC", "elbo": "MDC (Monte Carlo)", "heuristic": "MDC (Heuristic)"}
-PAPER_TABLE2 = {  # the paper's Table 2 (%); it names neither the backbone nor the data of these models
-    "CLIP": (53.6, 59.7, 27.2, 29.5, 66.5, 72.8, 61.3), "ARC": (82.7, 76.0, 97.7, 98.4, 97.6, 77.4, 76.9),
-    "MDC (Monte Carlo)": (85.1, 84.3, 89.0, 89.0, 85.6, 75.8, 75.2),
-    "MDC (Heuristic)": (84.6, 81.2, 98.4, 98.8, 97.8, 77.9, 78.5)}
-RULES = {
-    "tie": "an item is correct only if its true caption scores strictly above every other candidate; "
-           "ties count as errors (order tasks: a perturbation identical to the true caption is not a competitor)",
-    "length_normalisation": "score divided by the caption's token count (exact: the caption tokens and [EOT]; "
-                            "elbo, heuristic: the caption tokens); cosine is left unchanged",
-    "interval": "percentile bootstrap: items resampled with replacement, the suite's own aggregation re-run",
-    "sugarcrepe_columns": "add = {add_att, add_obj}, replace = {replace_att, replace_obj, replace_rel}, "
-                          "swap = {swap_att, swap_obj}; item-weighted means (sub-files' items pooled), and the "
-                          "macro average over the sub-files beside it (accuracy_macro)",
-    "blind": "<variant>_blind: the same scorer without the image: the model's learned null condition for the MDC "
-             "scorers of a model trained with one (cond_drop_prob > 0), else the suite's mean image (every "
-             "image of the suite averaged after the transform); same noise keys as the raw score",
-    "debiased": "<variant>_debiased: log p(t | i) - alpha log p(t), the raw score minus alpha times the blind "
-                "one (VisualGPTScore's debiasing; alpha = 0 is the raw score)",
-    "blind_warning": "a blind accuracy at least 10 points from chance: the text alone separates the captions",
-}
-BLIND_WARNING = 0.10  # |blind accuracy - chance| that flags a column (RULES["blind_warning"])
 
 
 def resolve_methods(objective: str, methods="auto") -> list[str]:
@@ -169,7 +147,8 @@ def method_variants(model, methods, *, num_samples=1024, seed=0, elbo_trained_t=
 
 
 def with_blind(model, scoring: dict[str, dict]) -> dict[str, dict]:
-    """``scoring`` with ``<variant>_blind`` after each likelihood variant (RULES["blind"]): keyword
+    """``scoring`` with ``<variant>_blind`` after each likelihood variant, the same scorer without the
+    image and with the same noise keys as the raw score: keyword
     ``image`` = "null" (the learned null condition: plain MDC scorers of a model trained with one) or
     "mean" (the suite's mean image: every other scorer, guided ones included). Cosine has none."""
     null = getattr(model, "cond_null", None) is not None
@@ -249,59 +228,11 @@ def score_variants(model, transform, suite: Suite, scoring: dict[str, dict], *, 
     return out
 
 
-def correct_and_ties(scores: np.ndarray, identical: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Per item [N]: whether the true caption (column 0) scores strictly above every competitor,
-    and whether the item is lost by a tie (it would be correct if ties counted as wins).
-    ``identical`` [N, K] marks candidates that are the true caption's very string: not competitors."""
-    true, others = scores[:, :1], scores[:, 1:]
-    same = np.zeros_like(others, dtype=bool) if identical is None else identical[:, 1:]
-    correct = ((true > others) | same).all(1)
-    return correct, ~correct & ((true >= others) | same).all(1)
-
-
-def bootstrap_ci(correct, groups=None, min_count: int = 1, resamples: int = 1000, seed: int = 0,
-                 level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the accuracy: items resampled with replacement ``resamples`` times;
-    each resample re-runs the aggregation, the mean over ``groups`` of per-group accuracy (groups
-    with fewer than ``min_count`` resampled items dropped), or the item mean without groups."""
-    correct = np.asarray(correct, dtype=np.float64)
-    N = len(correct)
-    if N == 0:
-        return float("nan"), float("nan")
-    codes = np.unique(np.asarray(groups if groups is not None else [""] * N), return_inverse=True)[1]
-    onehot = np.eye(codes.max() + 1)[codes]  # [N, G]
-    rng, stats = np.random.default_rng(seed), []
-    for start in range(0, resamples, 100):
-        weights = rng.multinomial(N, np.full(N, 1.0 / N), size=min(100, resamples - start))  # [R, N]
-        counts, hits = weights @ onehot, weights @ (onehot * correct[:, None])  # [R, G]
-        kept = counts >= min_count  # [R, G] groups counted in each resample
-        acc = np.where(kept, hits / np.maximum(counts, 1), 0.0)
-        stats.append(np.where(kept.any(1), acc.sum(1) / np.maximum(kept.sum(1), 1), np.nan))  # [R]
-    stats = np.concatenate(stats)
-    if not np.isfinite(stats).any():
-        return float("nan"), float("nan")
-    lo, hi = np.nanpercentile(stats, [50 * (1 - level), 50 * (1 + level)])
-    return float(lo), float(hi)
-
-
-def _accuracy(suite: Suite, items: list, correct: np.ndarray, scores: np.ndarray, min_count: int):
-    """The suite's official number (and per-group accuracies for macro suites); NaN without items."""
-    if not items:
-        return float("nan"), ({} if suite.name in ("aro_relation", "aro_attribute") else None)
-    if suite.name == "aro_relation":
-        return comp.vg_relation_accuracy(items, correct)
-    if suite.name == "aro_attribute":
-        return comp.vg_attribution_accuracy(items, correct, min_count)
-    if suite.identical is not None:
-        return comp.order_accuracy(items, scores[:, 0], scores[:, 1:]), None
-    return float(np.mean(correct)), None
-
-
 def _entry(parts: list[SuiteScores], variant_names, min_count, resamples, level, seed, name) -> dict:
     """The ENTRY of one column or sub-file (``parts``: one suite, or the SugarCrepe sub-files pooled)."""
     suites = [p.suite for p in parts]
     s0 = suites[0]
-    macro = s0.name in ("aro_relation", "aro_attribute")
+    macro = s0.name in MACRO_SUITES
     entry = {"data": s0.data, "sources": [src for s in suites for src in s.sources],
              "items": sum(len(s.items) for s in suites), "total": sum(s.total for s in suites),
              "missing": sum(s.missing for s in suites), "excluded": sum(s.excluded for s in suites),
@@ -322,7 +253,7 @@ def _entry(parts: list[SuiteScores], variant_names, min_count, resamples, level,
         for suffix, get in (("", lambda p: p.scores[v]), ("_lengthnorm", lambda p: p.normalised(v))):
             scores = np.concatenate([get(p) for p in parts])
             correct, ties = correct_and_ties(scores, identical)
-            acc, per_group = _accuracy(s0, items, correct, scores, min_count)
+            acc, per_group = suite_accuracy(s0.name, items, correct, scores, min_count, identical is not None)
             ci = bootstrap_ci(correct, groups if macro else None, min_count if s0.name == "aro_attribute" else 1,
                               resamples, boot_seed, level)
             result |= {f"accuracy{suffix}": acc, f"ci{suffix}": list(ci), f"ties{suffix}": int(ties.sum())}
@@ -332,13 +263,6 @@ def _entry(parts: list[SuiteScores], variant_names, min_count, resamples, level,
             result["far_from_chance"] = bool(abs(result["accuracy"] - s0.chance) >= BLIND_WARNING)  # NaN: False
         entry["scores"][v] = result
     return entry
-
-
-def same_words(candidates: Sequence[Sequence[str]]) -> int:
-    """Items with a false candidate made of the true caption's words in another order (lower-cased word
-    multisets equal): a bag-of-words model cannot separate them (ARO's point about order)."""
-    bag = lambda text: sorted(re.findall(r"\w+", text.lower()))  # noqa: E731
-    return sum(any(bag(c) == bag(cands[0]) for c in cands[1:]) for cands in candidates)
 
 
 def summarise(scored: dict[str, SuiteScores], *, settings: dict | None = None, attribute_min_count=25,
@@ -359,15 +283,14 @@ def summarise(scored: dict[str, SuiteScores], *, settings: dict | None = None, a
                                                           if s in subsets]))
     table = {f"{v}{suffix}": {c: e["scores"][v][f"accuracy{suffix}"] for c, e in columns.items()}
              for v in names for suffix in ("", "_lengthnorm")}
-    return {"rules": RULES, "settings": {**(settings or {}), "variants": names, "resamples": resamples,
-                                         "level": level, "attribute_min_count": attribute_min_count},
+    return {"settings": {**(settings or {}), "variants": names, "resamples": resamples, "level": level,
+                         "attribute_min_count": attribute_min_count},
             "columns": columns, "sugarcrepe_subsets": subsets, "table2": table}
 
 
 def markdown_table(results: dict, variants: Sequence[str] | None = None, section: str = "columns") -> str:
     """Accuracies (%) [95% interval] as Markdown: a row per variant (default: all, raw and
-    length-normalised), a column per entry of ``results[section]``, the chance row and, for
-    the Table 2 ``columns``, the paper's rows."""
+    length-normalised), a column per entry of ``results[section]`` and the chance row."""
     entries = results[section]
     cols = [c for c in COLUMNS if c in entries] if section == "columns" else list(entries)
     names = variants or [f"{v}{s}" for v in results["settings"]["variants"] for s in ("", "_lengthnorm")]
@@ -380,15 +303,13 @@ def markdown_table(results: dict, variants: Sequence[str] | None = None, section
             "{:.1f} [{:.1f}, {:.1f}]".format(*(100 * np.array([x[f"accuracy{s}"], *x[f"ci{s}"]], dtype=float)))
             for x in cells) + " |")
     lines.append("| chance | " + " | ".join(f"{100 * entries[c]['chance']:.0f}" for c in cols) + " |")
-    if section == "columns":
-        lines += [f"| paper: {row} | " + " | ".join(f"{vals[COLUMNS.index(c)]:.1f}" for c in cols) + " |"
-                  for row, vals in PAPER_TABLE2.items()]
     return "\n".join(lines)
 
 
 def image_table(results: dict) -> str:
     """How much of each score is the image's, as Markdown: per likelihood variant the raw, blind and
-    debiased accuracy (%) per Table 2 column; "!" marks a blind accuracy far from chance (RULES)."""
+    debiased accuracy (%) per Table 2 column; "!" marks a blind accuracy at least
+    :data:`~mdc.eval.accuracy.BLIND_WARNING` from chance."""
     entries = results["columns"]
     cols = [c for c in COLUMNS if c in entries]
     alpha = results["settings"].get("debias_alpha", 1.0)

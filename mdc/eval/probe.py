@@ -231,25 +231,3 @@ def probe_datasets(model, datasets: Mapping[str, tuple[Callable[[], Iterable], C
         out[name] = linear_probe(train, test, cfg, device)
     return {"datasets": out, "average": float(np.mean([r["top1"] for r in out.values()])) if out else None,
             "protocol": asdict(cfg)}
-
-
-def clip_benchmark_crosscheck(model, train_dataset, test_dataset, feature_root: str,
-                              cfg: ProbeConfig = ProbeConfig(), device: str = "cuda") -> dict:
-    """Top-1 of this module and of ``clip_benchmark.metrics.linear_probe.evaluate`` on the same
-    datasets (``(image tensor, label)`` items) and protocol. CLIP_benchmark asserts CUDA, so this
-    runs only on a GPU; the two numbers should agree to within the run-to-run noise of the probe
-    (the shuffling RNGs differ). Returns ``{"ours": float, "clip_benchmark": float}``."""
-    if device != "cuda" or not torch.cuda.is_available():
-        raise ValueError("CLIP_benchmark's linear probe runs only on CUDA (it asserts device == 'cuda')")
-    from clip_benchmark.metrics.linear_probe import evaluate
-
-    def loader(ds):
-        return torch.utils.data.DataLoader(ds, batch_size=256)
-
-    model = model.to(device).eval()
-    theirs = evaluate(model, loader(train_dataset), loader(test_dataset), fewshot_k=-1, batch_size=cfg.batch_size,
-                      num_workers=0, lr=cfg.lr, epochs=cfg.epochs, model_id=fingerprint(model), seed=cfg.seed,
-                      feature_root=feature_root, device=device, normalize=cfg.normalize, amp=True)
-    ours = linear_probe(extract_features(model, train_dataset, device=device),
-                        extract_features(model, test_dataset, device=device), cfg, device)
-    return {"ours": ours["top1"], "clip_benchmark": float(theirs["lp_acc1"])}

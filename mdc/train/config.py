@@ -51,8 +51,9 @@ class TrainConfig:
     vocab_from_data: bool = option(False, "compact vocabulary = the BPE ids of the training captions (local "
                                           "shards), e.g. to train tiny on real data")
     # length, batch and optimizer
-    preset: str | None = option(None, "paper hyperparameters of this backbone, or mini (the synthetic mini profile)",
-                                choices=sorted(optim.PRESETS))
+    preset: str | None = option(None, "the paper's hyperparameters of a backbone ("
+                                + ", ".join(sorted(optim.PRESETS)) + ") or the path of a preset JSON file "
+                                "(mdc.optim.read_preset), e.g. reproduce/presets/mini.json", metavar="NAME_OR_FILE")
     steps: int | None = option(None, "optimizer steps (or give epochs)", one_of="length", ge=1)
     epochs: int | None = option(None, "passes of samples_per_epoch samples (a preset's default: 32)", one_of="length",
                                 ge=1)
@@ -117,7 +118,7 @@ class TrainConfig:
                                   "vocab_from_data", "model_overrides")
             c.model_overrides = {**(c.model_overrides or {}), "vocab": vocab_from_captions(c.train_data)}
         paper = optim.preset_values(c.preset, c.objective) if c.preset else {}
-        c.model = c.model or c.preset or "tiny"
+        c.model = c.model or paper.get("model") or "tiny"
         check_model(c)
         c.lr = c.lr if c.lr is not None else paper.get("lr", 5e-4)
         c.weight_decay = c.weight_decay if c.weight_decay is not None else paper.get("weight_decay", 0.1)
@@ -181,7 +182,7 @@ def check_values(c: TrainConfig) -> None:
                 continue
             raise must(name, value, "given")
         kind = args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) else hint
-        choices = sorted(optim.PRESETS) if name == "preset" else f.metadata.get("choices") or \
+        choices = f.metadata.get("choices") or \
             (typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None)
         if choices is not None:
             if value not in choices:
@@ -204,6 +205,9 @@ def check_values(c: TrainConfig) -> None:
             raise must(name, value, f">= {f.metadata['ge']}")
         if "gt" in f.metadata and not value > f.metadata["gt"]:
             raise must(name, value, f"> {f.metadata['gt']}")
+    if c.preset is not None and c.preset not in optim.PRESETS and not os.path.isfile(c.preset):
+        raise must("preset", c.preset, "one of " + ", ".join(map(repr, sorted(optim.PRESETS)))
+                   + " or the path of a JSON file of training values")
     if c.t_interval is not None:
         t = tuple(c.t_interval)
         if len(t) != 2 or not all(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in t) \

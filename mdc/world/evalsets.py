@@ -264,6 +264,19 @@ def write_evalsets(out_dir: str, seed: int, image_size: int = 64, n_probe_train:
         return _write_all(out_dir, seed, image_size, n_probe_train, n_probe_test, n_items, n_caption_train)
 
 
+def caption_source(captions_json: str, captions_format: str, image_root: str, out_dir: str, seed: int, *,
+                   image_size: int = 64, n_test: int = 500, n_train: int = 0) -> tuple[str, str, str]:
+    """``(captions file, its format, image root)`` of a captioning evaluation: the given file as is, or,
+    when ``captions_json`` is empty, the synthetic world's Karpathy-format set (5 references per image;
+    ``n_test`` val and test images, ``n_train`` training images) written into ``out_dir/evalsets``."""
+    if captions_json:
+        return captions_json, captions_format, image_root
+    data_dir = os.path.join(out_dir, "evalsets")
+    write_evalsets(data_dir, seed, image_size, n_probe_train=0, n_probe_test=0, n_items=n_test, n_caption_train=n_train)
+    root = os.path.join(data_dir, "captions")
+    return os.path.join(root, "dataset_scenes.json"), "karpathy", root
+
+
 def _write_all(out_dir, seed, image_size, n_probe_train, n_probe_test, n_items, n_caption_train) -> dict:
     summary = {"seed": seed, "image_size": image_size, "probe": {}}
     for index, (task, (names, analogue)) in enumerate(PROBE_TASKS.items()):

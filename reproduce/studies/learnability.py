@@ -3,7 +3,7 @@ questions be answered before any method is compared (the study behind the `mini`
 
     python -m reproduce.studies.learnability --configs s32 s48 --seeds 0 1 2 [--out DIR]
     python -m reproduce.studies.learnability --summary      # the table from the runs so far
-    python -m reproduce.studies.learnability --probe runs/my-mini-mdc   # any run, e.g. from mdc.train --preset mini
+    python -m reproduce.studies.learnability --probe runs/my-mini-mdc   # any run of mdc.train, e.g. of mini's preset
     python -m reproduce.studies.learnability --summary --write reproduce/studies/learnability  # into the record
 
 Every run is real: synthetic shards -> ``mdc.train.train`` (the pretraining loop of the
@@ -177,9 +177,10 @@ def beside_random_init(trained, random_init, eval_dir: str, cache: str) -> dict:
 
 
 def probe_checkpoint(path: str, out: str) -> dict:
-    """The study's probe of a model trained elsewhere, e.g. by ``python -m mdc.train --preset mini``:
-    ``path`` (a checkpoint or run folder) beside its architecture at random initialisation (seeded with
-    the run's training seed), on the held-out tasks at its resolution. Appends to ``probes.jsonl``."""
+    """The study's probe of a model trained elsewhere, e.g. by
+    ``python -m mdc.train --preset reproduce/presets/mini.json``: ``path`` (a checkpoint or run folder)
+    beside its architecture at random initialisation (seeded with the run's training seed), on the
+    held-out tasks at its resolution. Appends to ``probes.jsonl``."""
     import mdc
     from mdc.checkpoint import read_run_config
     from mdc.eval.probe import random_init_like
@@ -227,7 +228,7 @@ def ceiling_run(name: str, seed: int, out: str, lr: float | None = None) -> dict
 
     import mdc
     from mdc.data.transforms import image_transform
-    from mdc.optim import make_optimizer, make_scheduler
+    from mdc.optim import fit
     from mdc.world.render import COLOURS, SHAPES, TEXTURES, render_array
     from mdc.world.scenes import sample_scene
     from mdc.world.streams import STREAM_SCENE, stream_rng
@@ -241,27 +242,24 @@ def ceiling_run(name: str, seed: int, out: str, lr: float | None = None) -> dict
     random_init = copy.deepcopy(model)
     heads = torch.nn.ModuleList(torch.nn.Linear(cfg["model"]["vision_width"], n)
                                 for n in (len(SHAPES), len(COLOURS), len(TEXTURES), MAX_OBJECTS))
-    params = torch.nn.ModuleList([model.visual, heads])
-    optimizer = make_optimizer(params, cfg["lr"], 0.1)
-    scheduler = make_scheduler(optimizer, cfg["warmup"], cfg["steps"])
     transform = image_transform(size, train=True, seed=seed)
-    order = np.random.default_rng(seed).permutation(cfg["steps"] * cfg["batch"])
-    cpu0, wall0 = cpu_seconds(), time.perf_counter()
-    model.train()
-    for step in range(cfg["steps"]):
-        scenes = [sample_scene(stream_rng(0, STREAM_SCENE, int(i)))
-                  for i in order[step * cfg["batch"]:(step + 1) * cfg["batch"]]]
+    order = iter(np.random.default_rng(seed).permutation(cfg["steps"] * cfg["batch"]).reshape(cfg["steps"], -1))
+
+    def next_batch():  # the next batch of training scenes: images [B, 3, S, S] and labels [B, 4]
+        scenes = [sample_scene(stream_rng(0, STREAM_SCENE, int(i))) for i in next(order)]
         images = torch.stack([transform(Image.fromarray(render_array(sc, size))) for sc in scenes])
-        labels = torch.tensor([scene_labels(sc) for sc in scenes])  # [B, 4]
-        feats = model.encode_image(images)  # [B, Dv] GAP
-        loss = sum(torch.nn.functional.cross_entropy(h(feats), labels[:, k]) for k, h in enumerate(heads))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
+        return images, torch.tensor([scene_labels(sc) for sc in scenes])
+
+    def loss_fn(images, labels):  # a linear head per label on the GAP features [B, Dv]
+        feats = model.encode_image(images)
+        return sum(torch.nn.functional.cross_entropy(h(feats), labels[:, k]) for k, h in enumerate(heads))
+
+    cpu0, wall0 = cpu_seconds(), time.perf_counter()
+    losses = fit(torch.nn.ModuleList([model.visual, heads]), next_batch, cfg["steps"], cfg["lr"], 0.1,
+                 cfg["warmup"], loss_fn=loss_fn)  # the tower and the heads trained, the text decoder left
     wall, cpu = time.perf_counter() - wall0, cpu_seconds() - cpu0
     row = {"config": name, "objective": "labels", "seed": seed, "wall_s": wall, "cpu_s": cpu,
-           "final_loss": float(loss.detach()), "recipe": cfg,
+           "final_loss": losses[-1], "recipe": cfg,
            **beside_random_init(model, random_init, eval_dir, os.path.join(out, "features"))}
     with open(os.path.join(out, "ceiling.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")

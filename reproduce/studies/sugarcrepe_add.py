@@ -36,6 +36,7 @@ def shifted(suite):
 def study(runs: str, num_samples: int, seed: int) -> dict:
     import mdc
     import mdc.eval.compositionality as comp
+    from mdc.eval.accuracy import correct_and_ties
     from mdc.data.transforms import image_transform
 
     suites = comp.load_suites(os.path.join(runs, "data", "evalsets"), list(SUITES))
@@ -52,8 +53,8 @@ def study(runs: str, num_samples: int, seed: int) -> dict:
                 for v in methods:
                     raw, per_token = scored.scores[v], scored.normalised(v)  # [N, 2], the true caption first
                     rows.append(dict(model=objective.upper(), scorer=v, suite=name, images=condition,
-                                     accuracy=100 * float(comp.correct_and_ties(raw)[0].mean()),  # ties: errors
-                                     accuracy_per_token=100 * float(comp.correct_and_ties(per_token)[0].mean()),
+                                     accuracy=100 * float(correct_and_ties(raw)[0].mean()),  # ties: errors
+                                     accuracy_per_token=100 * float(correct_and_ties(per_token)[0].mean()),
                                      true_per_token=float(per_token[:, 0].mean()),
                                      negative_per_token=float(per_token[:, 1].mean()),
                                      extra_tokens=float((scored.tokens[:, 1] - scored.tokens[:, 0]).mean()),
