@@ -4,9 +4,9 @@ For every run of every artifact: the command it would execute, the data variable
 whether each is set), the model's parameter count, the run's FLOPs, the activation memory per GPU
 at the micro-batch (training runs) and the GPU-hours at a stated model FLOPs utilisation (MFU) of
 an H100's dense bf16 peak; then a total per artifact and for the whole paper (a run that feeds
-several artifacts is counted in each artifact's total and once in the paper's).
-
-How each figure is obtained:
+several artifacts is counted in each artifact's total and once in the paper's). What differs between
+the objectives (the towers that run, the supervised positions, how captions are scored and generated)
+is one :class:`ObjectiveCost` each (:data:`OBJECTIVES`), chosen once per run.
 
 - Parameters: the model built on the ``meta`` device (shapes only: ViT-L/14 costs no memory).
 - FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` over a meta-device forward (and, for
@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import shlex
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -77,6 +77,70 @@ COMPOSITIONALITY_ITEMS = {"SugarCrepe": (7_511, 2), "VG-Relation": (23_937, 2), 
                           "COCO-Order": (25_010, 5), "Flickr30k-Order": (5_000, 5)}
 EVAL_CAPTION = (12, 20)  # compositionality / COCO captions: (caption tokens, row length after trimming)
 COCO_TEST_IMAGES = 5_000  # Karpathy test split
+
+
+# ----------------------------------------------------------------------------- what each objective costs
+def _image_context(model, images):
+    """Captioners' image part: the vision tower, the projection and every decoder block's cross-attention K/V."""
+    return model.kv_context(model.image_proj(model.visual.forward_features(images)))
+
+
+def _image_embedding(model, images):
+    """CLIP's image part: the vision tower's pooled output, projected."""
+    return model.image_proj(model.visual.forward_head(model.visual.forward_features(images), pre_logits=True))
+
+
+@dataclass(frozen=True)
+class ObjectiveCost:
+    """What differs between the objectives' costs. Captioners (MDC, ARC) run the image part, the decoder and
+    the vocabulary head; CLIP runs the image part, the text tower, both projections and the similarity
+    matrix, and has no head."""
+
+    captioner: bool
+    image: Callable  # (model, images) -> the image part of the forward
+    train_positions: Callable[[int, dict], int]  # head positions per caption of N tokens in pretraining (run params)
+    # forward FLOPs of scoring one candidate caption of N tokens (run params) from a caption row's and the
+    # head's: the decoder row (captioners) or CLIP's text tower, with and without the image where scored so
+    score: Callable[[float, float, int, dict], float]
+    finetune_positions: Callable[[int], int] | None = None  # head positions per caption of N tokens, fine-tuning
+    # forward FLOPs of captioning ``images`` test images: (images, decoder FLOPs of a row of k tokens, head, params)
+    generate: Callable[[int, Callable[[int], float], float, dict], float] | None = None
+
+
+def _mdc_train_positions(tokens: int, p: dict) -> int:
+    """The expected masked share E[t] of the caption (a fixed ratio for BERT)."""
+    lo, hi = p.get("t_interval") or (0.5, 1.0)
+    share = p["mask_ratio"] if p.get("mask_ratio") is not None else (lo + hi) / 2
+    return max(1, round(share * tokens))
+
+
+def _mdc_score(row: float, head: float, n: int, p: dict) -> float:
+    """ELBO (all ratios, trained ratios) and heuristic, each with and without the image."""
+    S = int(p.get("num_samples", 1024))
+    elbo = S * (row + (n + 1) / 2 * head) + S * (row + 0.75 * n * head)
+    heuristic = n * row + n * (n + 1) / 2 * head
+    return 2 * (elbo + heuristic)
+
+
+def _mdc_generate(images: int, decoder: Callable[[int], float], head: float, p: dict) -> float:
+    """MDC-10/15/20: N steps of N + 2 tokens, the head at the masked ones."""
+    return images * sum(k * decoder(k + 2) + k * (k + 1) / 2 * head for k in p.get("lengths", (10, 15, 20)))
+
+
+def _arc_generate(images: int, decoder: Callable[[int], float], head: float, p: dict) -> float:
+    """Beam 6 over 20 tokens, KV-cached: a token's share of a 22-token row, and the head."""
+    beam, k = int(p.get("beam_size", 6)), 20
+    return images * beam * k * (decoder(k + 2) / (k + 2) + head)
+
+
+OBJECTIVES = {
+    "mdc": ObjectiveCost(True, _image_context, _mdc_train_positions, _mdc_score, lambda n: round(0.75 * n),
+                         _mdc_generate),
+    "arc": ObjectiveCost(True, _image_context, lambda tokens, p: tokens + 1,  # the caption and [EOT]
+                         lambda row, head, n, p: 2 * (row + (n + 1) * head),  # exact, with and without the image
+                         lambda n: n + 1, _arc_generate),
+    "clip": ObjectiveCost(False, _image_embedding, lambda tokens, p: 0, lambda row, head, n, p: row),  # text tower
+}
 
 
 # ----------------------------------------------------------------------------- meta-device measurements
@@ -119,12 +183,12 @@ def training_forward(model, batch: int, length: int, positions: int, device="met
     cfg, dtype = model.config, next(model.parameters()).dtype
     images = torch.zeros(batch, 3, cfg.image_size, cfg.image_size, device=device, dtype=dtype)
     tokens = torch.zeros(batch, length, dtype=torch.long, device=device)
-    if cfg.objective == "clip":
-        img = F.normalize(model.image_proj(model.visual.forward_head(model.visual.forward_features(images),
-                                                                      pre_logits=True)), dim=-1)
+    table = OBJECTIVES[cfg.objective]
+    if not table.captioner:
+        img = F.normalize(table.image(model, images), dim=-1)
         txt = F.normalize(model.text_proj(model.text(tokens, causal=True)[:, -1]), dim=-1)
         return (model.scale() * img @ txt.t()).float().logsumexp(-1).mean()
-    context = model.kv_context(model.image_proj(model.visual.forward_features(images)))
+    context = table.image(model, images)
     mask = None if model.causal else torch.ones(batch, 1, 1, length, dtype=torch.bool, device=device)
     hidden = model.decoder(tokens, mask=mask, causal=model.causal, context=context)
     return model.head(hidden[:, :positions]).float().logsumexp(-1).mean()
@@ -185,7 +249,7 @@ def training_pass(name: str, objective: str, length: int = CONTEXT, batch: int =
     the step without the vocabulary head, and the head's forward and backward per position."""
     model = meta_model(name, objective)
     flops, saved = measure_training(model, batch, length, 0)
-    if objective == "clip":
+    if not OBJECTIVES[objective].captioner:
         return TrainingPass(flops / batch, saved / batch)
     hidden = torch.zeros(batch, 1, model.config.text_width, device="meta", dtype=torch.bfloat16, requires_grad=True)
     head_saved = _Saved(model)
@@ -212,9 +276,7 @@ def forward_flops(name: str, objective: str, part: str, length: int = 0) -> floa
         grid = (cfg.image_size // cfg.patch_size) ** 2
         context = model.kv_context(torch.zeros(1, grid, cfg.text_width, **meta))
     parts = {
-        "image": lambda: (model.image_proj(model.visual.forward_head(model.visual.forward_features(images),
-                                                                     pre_logits=True)) if objective == "clip"
-                          else model.kv_context(model.image_proj(model.visual.forward_features(images)))),
+        "image": lambda: OBJECTIVES[objective].image(model, images),
         "decoder": lambda: model.decoder(tokens, causal=model.causal, context=context),
         "head": lambda: model.head(torch.zeros(1, cfg.text_width, **meta)),
         "text": lambda: model.text_proj(model.text(tokens, causal=True)[:, -1]),
@@ -233,12 +295,12 @@ def analytic_forward_flops(cfg, length: int, positions: int) -> float:
     the ViT (patch embedding, per layer 24 T D^2 + 4 T^2 D), then for captioners the projection,
     cross-attention keys/values, decoder layers (28 L W^2 + 4 L^2 W + 4 L T W) and the head at
     ``positions``; for CLIP the text tower (24 L W^2 + 4 L^2 W per layer) and both projections."""
-    grid = (cfg.image_size // cfg.patch_size) ** 2
-    T, D, W, L = grid + (cfg.objective == "clip"), cfg.vision_width, cfg.text_width, length
+    grid, captioner = (cfg.image_size // cfg.patch_size) ** 2, OBJECTIVES[cfg.objective].captioner
+    T, D, W, L = grid + (not captioner), cfg.vision_width, cfg.text_width, length  # CLIP: and the CLS token
     mlp = cfg.mlp_ratio
     f = 2 * grid * 3 * cfg.patch_size**2 * D  # patch embedding (a convolution)
     f += cfg.vision_layers * (2 * T * D * D * (4 + 2 * mlp) + 4 * T * T * D)
-    if cfg.objective == "clip":
+    if not captioner:
         f += 2 * D * cfg.embed_dim + 2 * W * cfg.embed_dim
         return f + cfg.text_layers * (2 * L * W * W * (4 + 2 * mlp) + 4 * L * L * W)
     vocab = Tokenizer(cfg.context_length, cfg.vocab).vocab_size
@@ -285,15 +347,8 @@ def _pretrain(run: Run, cost: Cost) -> None:
     global_batch = p.get("global_batch") or recipe["global_batch"]
     per_epoch = _samples(var, p, cost.notes) if var in NOMINAL_SAMPLES else int(p["samples_per_epoch"])
     steps = p.get("steps") or (p.get("epochs") or recipe["epochs"]) * max(1, per_epoch // global_batch)
-    tokens = CAPTION_TOKENS[var]
-    if objective == "clip":
-        positions = 0
-    elif objective == "arc":
-        positions = tokens + 1  # the caption and [EOT]
-    else:  # MDC: the expected masked share E[t] (a fixed ratio for BERT)
-        lo, hi = p.get("t_interval") or (0.5, 1.0)
-        share = p["mask_ratio"] if p.get("mask_ratio") is not None else (lo + hi) / 2
-        positions = max(1, round(share * tokens))
+    tokens, captioner = CAPTION_TOKENS[var], OBJECTIVES[objective].captioner
+    positions = OBJECTIVES[objective].train_positions(tokens, p)
     flops, saved = training_pass(name, objective).at(positions)
     cost.params = num_params(name, objective)
     cost.flops = flops * steps * global_batch
@@ -301,9 +356,8 @@ def _pretrain(run: Run, cost: Cost) -> None:
     cost.act_bytes = saved * cost.micro_batch * AUTOCAST_FACTOR
     cost.state_bytes = STATE_BYTES * cost.params
     cost.gpus = run.gpus or 1
-    cost.notes.insert(0, f"{steps:,} steps x {global_batch} = {steps * global_batch / 1e6:.0f}M samples; "
-                         f"{tokens} caption tokens, head at {positions}" if objective != "clip" else
-                      f"{steps:,} steps x {global_batch} = {steps * global_batch / 1e6:.0f}M samples")
+    cost.notes.insert(0, f"{steps:,} steps x {global_batch} = {steps * global_batch / 1e6:.0f}M samples"
+                      + (f"; {tokens} caption tokens, head at {positions}" if captioner else ""))
 
 
 def _checkpoint_model(runs: dict[str, Run], path: str) -> tuple[str, str]:
@@ -329,19 +383,11 @@ def _compositionality(run: Run, cost: Cost, runs: dict[str, Run]) -> None:
     n, length = EVAL_CAPTION
     items = sum(i for i, _ in COMPOSITIONALITY_ITEMS.values())
     captions = sum(i * k for i, k in COMPOSITIONALITY_ITEMS.values())
+    scorer = OBJECTIVES[objective]
+    row = forward_flops(name, objective, "decoder" if scorer.captioner else "text", length)
+    head = forward_flops(name, objective, "head") if scorer.captioner else 0.0
     f = items * forward_flops(name, objective, "image")
-    if objective == "clip":
-        f += captions * forward_flops(name, objective, "text", length)
-    else:
-        row, head = forward_flops(name, objective, "decoder", length), forward_flops(name, objective, "head")
-        if objective == "arc":  # exact log-likelihood, with and without the image
-            per_caption = 2 * (row + (n + 1) * head)
-        else:  # ELBO (all ratios, trained ratios) and heuristic, each with and without the image
-            S = int(run.params.get("num_samples", 1024))
-            elbo = S * (row + (n + 1) / 2 * head) + S * (row + 0.75 * n * head)
-            heuristic = n * row + n * (n + 1) / 2 * head
-            per_caption = 2 * (elbo + heuristic)
-        f += captions * per_caption
+    f += captions * scorer.score(row, head, n, run.params)
     cost.params = num_params(name, objective)
     cost.flops = f
     cost.notes.append(f"{captions:,} captions of {items:,} items")
@@ -354,16 +400,11 @@ def _captioning(run: Run, cost: Cost, runs: dict[str, Run]) -> None:
     f = 0.0
     for key in ("mdc_checkpoint", "arc_checkpoint"):
         name, objective = _checkpoint_model(runs, p[key])
-        positions = n + 1 if objective == "arc" else round(0.75 * n)
-        f += steps * batch * training_pass(name, objective, length).at(positions)[0]
+        captioner = OBJECTIVES[objective]
+        f += steps * batch * training_pass(name, objective, length).at(captioner.finetune_positions(n))[0]
         f += COCO_TEST_IMAGES * forward_flops(name, objective, "image")
-        head = forward_flops(name, objective, "head")
-        if objective == "mdc":  # MDC-10/15/20: N steps of N + 2 tokens, the head at the masked ones
-            f += COCO_TEST_IMAGES * sum(k * forward_flops(name, objective, "decoder", k + 2) + k * (k + 1) / 2 * head
-                                        for k in p.get("lengths", (10, 15, 20)))
-        else:  # beam 6 over 20 tokens, KV-cached: a token's share of a 22-token row, and the head
-            beam, k = int(p.get("beam_size", 6)), 20
-            f += COCO_TEST_IMAGES * beam * k * (forward_flops(name, objective, "decoder", k + 2) / (k + 2) + head)
+        decoder = functools.partial(forward_flops, name, objective, "decoder")  # a row of k tokens
+        f += captioner.generate(COCO_TEST_IMAGES, decoder, forward_flops(name, objective, "head"), p)
         cost.params = num_params(name, objective)
     cost.flops = f
     cost.notes.append(f"fine-tunes MDC and ARC ({steps} steps x {batch}), captions {COCO_TEST_IMAGES:,} test images")
@@ -447,8 +488,3 @@ def render(costs: list[Cost], mfu: float, out: str = "") -> str:
     if unset:
         lines.append(f"   data variables not set: {', '.join(unset)} (reproduce/registry.py: PAPER_ENV)")
     return "\n".join(lines)
-
-
-def as_json(costs: list[Cost], mfu: float) -> str:
-    return json.dumps({"mfu": mfu, "peak_flops": H100_BF16, "totals": totals(costs, mfu),
-                       "runs": [dict(c.__dict__, gpu_hours=c.gpu_hours(mfu)) for c in costs]}, indent=1)

@@ -1,10 +1,18 @@
+import io
+import json
 import os
+import sys
+import tarfile
 
 import pytest
 import torch
+from PIL import Image
+from safetensors.torch import load_file
 
 import mdc
+from mdc import checkpoint
 from mdc.tokenizer import compact_vocab
+from mdc.world.scenes import vocabulary, write_shards
 
 CAPTIONS = [
     "a red circle left of a blue square",
@@ -22,6 +30,10 @@ SMALL = dict(vocab=VOCAB, image_size=32, patch_size=8, vision_width=64, vision_l
              text_width=64, text_layers=2, text_heads=2, embed_dim=64, context_length=24)
 # SMALL on the synthetic world's own vocabulary (what the notebooks' data is captioned with)
 WORLD_SMALL = {k: v for k, v in SMALL.items() if k != "vocab"} | {"context_length": 32}
+# SMALL with the synthetic world's vocabulary given explicitly: the model_overrides of the training tests
+TRAIN_MODEL = SMALL | {"vocab": list(vocabulary()), "context_length": 32}
+# A subprocess under test: one thread (fast on shared cores, runs comparable bitwise), one-line errors
+SUBPROCESS_ENV = {k: v for k, v in os.environ.items() if k != "MDC_DEBUG"} | {"OMP_NUM_THREADS": "1"}
 
 
 def committed_notebook(name: str):
@@ -74,3 +86,80 @@ def small_model(objective="mdc", **kw):
 @pytest.fixture
 def images():
     return torch.randn(len(CAPTIONS), 3, 32, 32)
+
+
+@pytest.fixture(scope="session")
+def scene_shards(tmp_path_factory) -> str:
+    """Two shards of 16 synthetic 32 px scenes (alt captions, seed 0), written once; returns the brace pattern."""
+    out = str(tmp_path_factory.mktemp("scene_shards"))
+    write_shards(out, 32, "alt", seed=0, image_size=32, shard_size=16)
+    return os.path.join(out, "{000000..000001}.tar")
+
+
+def train_cli(args: dict) -> list[str]:
+    """``python -m mdc.train`` with ``args`` (keyword arguments of ``mdc.train.train``) as its flags."""
+    cmd = [sys.executable, "-m", "mdc.train"]
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            cmd.append(flag)
+        elif value is False:
+            cmd.append("--no-" + key.replace("_", "-"))
+        else:
+            cmd += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
+    return cmd
+
+
+def latest_weights(run) -> dict:
+    """The weights of a run folder's latest checkpoint."""
+    return load_file(os.path.join(checkpoint.latest(str(run)), "model.safetensors"))
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    """Two state dicts hold the same tensors, bit for bit."""
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def tar_members(path) -> dict[str, bytes]:
+    """{member name: its bytes} of a tar file."""
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar}
+
+
+def alive(pid: int) -> bool:
+    """Is the process running (not gone, not a zombie)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def png(colour: tuple[int, int, int], size: tuple[int, int] = (32, 32)) -> bytes:
+    """A one-colour PNG image, for shards written by hand."""
+    buf = io.BytesIO()
+    Image.new("RGB", size, colour).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def write_records(folder, runs: dict) -> str:
+    """Ledger records in ``folder`` for ``runs`` ({name: {notebook, labels, artifacts, results}}, ``results``
+    a results dict or the path of a results file), as the runner writes them; returns ``folder``."""
+    import json
+
+    from reproduce import ledger
+
+    for name, run in runs.items():
+        results = run["results"]
+        if not isinstance(results, dict):
+            with open(results) as f:
+                results = json.load(f)
+        record = {"schema": ledger.SCHEMA, "run": name, "key": "test", "notebook": run["notebook"],
+                  "params": run.get("params", {}), "labels": run.get("labels", {}), "artifacts": run["artifacts"],
+                  "seed": run.get("labels", {}).get("seed"), "code": {"notebook": "test", "package": "test"},
+                  "device": "test", "seconds": 0.0, "cpu_seconds": 0.0, "peak_mb": 0, "results": results}
+        path = ledger.path(str(folder), name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(record, f)
+    return str(folder)

@@ -1,7 +1,6 @@
 """Every bad value is refused, never replaced: the Python API raises a ConfigError naming the option
 and the value; the command lines print one line, ``error: --flag ...``, and exit 2 (argparse's
 convention), with the traceback only under ``--debug`` or ``MDC_DEBUG=1``."""
-import os
 import subprocess
 import sys
 
@@ -10,6 +9,7 @@ import pytest
 from mdc.errors import ConfigError
 from mdc.train import TrainConfig
 from mdc.train.cli import main
+from conftest import SUBPROCESS_ENV
 
 BASE = dict(train_data="x.tar", output_dir="out", steps=10, warmup_steps=1)
 
@@ -123,11 +123,33 @@ def test_debug_shows_the_traceback(capsys, monkeypatch):
 
 def test_the_real_command_line(tmp_path):
     """python -m mdc.train: one line on stderr, exit 2, nothing written; MDC_DEBUG=1 gives the traceback."""
-    env = {k: v for k, v in os.environ.items() if k != "MDC_DEBUG"} | {"OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "mdc.train", "--train-data", "x.tar", "--output-dir", str(tmp_path / "run"),
            "--steps", "5", "--batch-size", "0"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300)
     assert done.returncode == 2 and done.stderr.strip() == "error: --batch-size must be >= 1, got 0", done.stderr
     assert not (tmp_path / "run").exists()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env | {"MDC_DEBUG": "1"}, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=SUBPROCESS_ENV | {"MDC_DEBUG": "1"}, timeout=300)
     assert done.returncode != 0 and "Traceback" in done.stderr and "ConfigError" in done.stderr
+
+
+def test_missing_shards_are_refused_before_anything_is_written(tmp_path):
+    """Shards that do not exist: one line naming the first missing one and how many are missing, exit 2,
+    no run folder (not a traceback after the run started)."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "mdc.train", "--model", "tiny", "--objective", "mdc", "--train-data",
+           str(tmp_path / "data" / "{000000..000002}.tar"), "--steps", "2", "--output-dir", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: --train-data") and "3 of 3" in lines[0], lines
+    assert str(tmp_path / "data" / "000000.tar") in lines[0]
+    assert not out.exists()
+
+
+def test_only_local_shards_are_checked(tmp_path):
+    from mdc.train.stream import check_shards
+
+    (tmp_path / "000000.tar").write_bytes(b"")
+    check_shards(f"{tmp_path}/000000.tar::pipe:cat {tmp_path}/x.tar::https://example.org/{{0..3}}.tar")
+    with pytest.raises(ConfigError, match=r"train_data: 1 of 2 shards do not exist, the first: '.*000001.tar'"):
+        check_shards(f"{tmp_path}/{{000000..000001}}.tar")

@@ -28,20 +28,11 @@ from torch._dynamo.utils import counters
 import mdc
 from mdc import optim
 from mdc.train import LossModule, loop, train
-from mdc.world.scenes import vocabulary, write_shards
-from conftest import CAPTIONS, SMALL
+from conftest import CAPTIONS, SMALL, TRAIN_MODEL
 
-MODEL = SMALL | {"vocab": list(vocabulary()), "context_length": 32}
 STEPS, WARM = 6, 2
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("shards"))
-    write_shards(out, 32, "alt", seed=0, image_size=32, shard_size=16)
-    return os.path.join(out, "{000000..000001}.tar")
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +44,7 @@ def fresh_dynamo():
 
 
 def run_args(data, out, objective, **kw):
-    return dict(train_data=data, output_dir=str(out), objective=objective, model_overrides=MODEL, batch_size=4,
+    return dict(train_data=data, output_dir=str(out), objective=objective, model_overrides=TRAIN_MODEL, batch_size=4,
                 lr=1e-3, workers=0, shuffle_buffer=8, steps=STEPS, save_every=STEPS, warmup_steps=1, progress=False,
                 precision="fp32") | kw
 
@@ -101,19 +92,20 @@ def check_compiled(eager: dict, compiled: dict, frames: list[int], rtol: float, 
 
 
 @pytest.mark.parametrize("objective", ["mdc", "arc"])
-def test_compiled_training_equals_eager_and_stops_compiling(shards, tmp_path, monkeypatch, objective):
+def test_compiled_training_equals_eager_and_stops_compiling(scene_shards, tmp_path, monkeypatch, objective):
     """aot_eager: Dynamo's graph capture (graph breaks, guards, dynamic shapes) and AOTAutograd's
     joint forward-backward graph, bit for bit."""
-    eager = eager_twin(monkeypatch, **run_args(shards, tmp_path / "eager", objective))
+    eager = eager_twin(monkeypatch, **run_args(scene_shards, tmp_path / "eager", objective))
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-    compiled, frames = counting_train(monkeypatch, **run_args(shards, tmp_path / "compiled", objective, compile=True))
+    compiled, frames = counting_train(monkeypatch, **run_args(scene_shards, tmp_path / "compiled", objective,
+                                                              compile=True))
     check_compiled(eager, compiled, frames, rtol=0, atol=0)
 
 
-def test_an_ignored_compile_switch_is_noticed(shards, tmp_path, monkeypatch):
-    eager = eager_twin(monkeypatch, **run_args(shards, tmp_path / "eager", "arc"))
+def test_an_ignored_compile_switch_is_noticed(scene_shards, tmp_path, monkeypatch):
+    eager = eager_twin(monkeypatch, **run_args(scene_shards, tmp_path / "eager", "arc"))
     monkeypatch.setattr(torch, "compile", lambda model, **kw: model)  # compile=True does nothing
-    compiled, frames = counting_train(monkeypatch, **run_args(shards, tmp_path / "compiled", "arc", compile=True))
+    compiled, frames = counting_train(monkeypatch, **run_args(scene_shards, tmp_path / "compiled", "arc", compile=True))
     with pytest.raises(AssertionError, match="nothing was compiled"):
         check_compiled(eager, compiled, frames, rtol=0, atol=0)
 
@@ -134,12 +126,12 @@ def test_a_compiled_loss_takes_new_batch_sizes():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("objective", ["mdc", "arc"])
-def test_inductor_training_equals_eager_and_stops_compiling(shards, tmp_path, monkeypatch, objective):
+def test_inductor_training_equals_eager_and_stops_compiling(scene_shards, tmp_path, monkeypatch, objective):
     """Inductor's C++ code (the default backend): the losses agree to float rounding, the weights after
     6 AdamW steps to 1e-2 (measured for MDC: 7e-4; AdamW's normalised step amplifies rounding in
     near-zero gradients)."""
-    eager = eager_twin(monkeypatch, **run_args(shards, tmp_path / "eager", objective))
+    eager = eager_twin(monkeypatch, **run_args(scene_shards, tmp_path / "eager", objective))
     with torch._inductor.config.patch(fallback_random=True):  # eager's random masks
-        compiled, frames = counting_train(monkeypatch, **run_args(shards, tmp_path / "compiled", objective,
+        compiled, frames = counting_train(monkeypatch, **run_args(scene_shards, tmp_path / "compiled", objective,
                                                                   compile=True))
     check_compiled(eager, compiled, frames, rtol=1e-4, atol=1e-2)

@@ -106,7 +106,7 @@ def test_paper_dry_run_prints_the_costed_plan(tmp_path, monkeypatch, capsys):
     assert total == pytest.approx(sum(hours.values()), abs=1)
 
     # the figures behind the table: 10M pairs x 32 epochs, FLOPs / (MFU x peak)
-    runs = registry.select(registry.with_figures(registry.build("paper"), "figs", "paper"), ["table4"])
+    runs = registry.select(registry.with_figures(registry.build("paper"), "figs", "paper", "records"), ["table4"])
     costs = {c.run: c for c in cost.plan(runs, str(tmp_path))}
     alt = costs["pretrain/vit-b-32-mdc-wot-alt-s0"]
     per_sample = cost.training_pass("vit-b-32", "mdc").at(round(0.75 * cost.CAPTION_TOKENS["MDC_CC12M"]))[0]

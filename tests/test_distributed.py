@@ -11,10 +11,7 @@ from safetensors.torch import load_file
 
 import mdc
 from mdc.world.scenes import vocabulary, write_shards
-from conftest import CAPTIONS, SMALL
-
-# The checkout under test comes first on the scripts' path (not whichever mdc is installed).
-ENV = dict(os.environ, OMP_NUM_THREADS="1")  # conftest puts this checkout on PYTHONPATH
+from conftest import CAPTIONS, SMALL, SUBPROCESS_ENV
 
 TRAIN_SCRIPT = textwrap.dedent('''
     """Train under torchrun; every rank also dumps its in-memory weights at each checkpoint, and counts
@@ -127,7 +124,7 @@ COUNT_SCRIPT = textwrap.dedent('''
 
 def _torchrun(script_path, *args):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script_path), *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 

@@ -22,7 +22,6 @@ import multiprocessing
 import os
 import random
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -32,7 +31,6 @@ import time
 
 import nbformat
 import pytest
-import torch
 from nbformat.v4 import new_code_cell, new_notebook
 from safetensors.torch import load_file
 
@@ -43,10 +41,9 @@ import mdc.world.scenes
 import reproduce.__main__
 from mdc import checkpoint
 from mdc.lock import FolderLock
-from mdc.world.scenes import vocabulary, write_shards
 from reproduce import runner
 from reproduce.runner import Run
-from conftest import SMALL
+from conftest import SUBPROCESS_ENV, TRAIN_MODEL, alive, latest_weights, same_weights
 
 pytestmark = pytest.mark.faults
 
@@ -57,8 +54,7 @@ KILLS = int(os.environ.get("MDC_FAULT_KILLS", "24"))
 HANGS, HANG_TIMEOUT = int(os.environ.get("MDC_FAULT_HANGS", "10")), 4  # SIGSTOPs of a rank; MDC_DIST_TIMEOUT
 RNG = random.Random(int(os.environ.get("MDC_FAULT_SEED", "0")))
 STEPS, SAVE = 24, 3  # steps of a run; a checkpoint every SAVE steps (the last 2 kept)
-MODEL = json.dumps(SMALL | {"vocab": list(vocabulary()), "context_length": 32})
-ENV = {k: v for k, v in os.environ.items() if k != "MDC_DEBUG"} | {"OMP_NUM_THREADS": "1"}
+MODEL = json.dumps(TRAIN_MODEL)
 FAULTS: dict[str, list] = {}  # row key -> [fault, injected, outcome, mismatches]
 INPUTS: list[list] = []  # [command, exit status, message]
 ORDER = ["kill_random", "kill_save", "enospc_save", "enospc_metrics", "two_trainings", "lock_ddp", "gloo_kill",
@@ -84,13 +80,6 @@ def forkserver():
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["faultkit"])
     return ctx
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("shards")
-    write_shards(str(out), 32, "alt", seed=0, image_size=32, shard_size=16)
-    return os.path.join(str(out), "{000000..000001}.tar")
 
 
 def _argv(data, out, workers=0, objective="mdc", steps=STEPS):
@@ -122,23 +111,15 @@ def _finish(ctx, argv, log, fault=None, timeout=300):
 
 
 @pytest.fixture(scope="module")
-def references(forkserver, data, tmp_path_factory):
+def references(forkserver, scene_shards, tmp_path_factory):
     """Uninterrupted runs' weights, with 0 and 1 loader workers."""
     refs = {}
     for workers in (0, 1):
         out = tmp_path_factory.mktemp(f"reference{workers}")
-        code, log = _finish(forkserver, _argv(data, out / "run", workers), out / "log.txt")
+        code, log = _finish(forkserver, _argv(scene_shards, out / "run", workers), out / "log.txt")
         assert code == 0, log[-3000:]
-        refs[workers] = _weights(out / "run")
+        refs[workers] = latest_weights(out / "run")
     return refs
-
-
-def _weights(run) -> dict:
-    return load_file(os.path.join(checkpoint.latest(str(run)), "model.safetensors"))
-
-
-def _same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _check_consistent(run):
@@ -162,7 +143,7 @@ def _check_finished(run, reference) -> bool:
     entries = sorted(os.listdir(os.path.join(run, "checkpoints")))
     assert entries == ["latest.json", f"step_{STEPS - SAVE:06d}", f"step_{STEPS:06d}"], entries  # keep_last=2
     assert not os.path.exists(os.path.join(run, ".train.lock"))
-    return _same(_weights(run), reference)
+    return same_weights(latest_weights(run), reference)
 
 
 def _plain(text: str, *folders) -> str:
@@ -180,7 +161,7 @@ def _last_line(log: str) -> str:
 
 
 # ----------------------------------------------------------------------------- trainer kills
-def test_random_sigkills_of_training_resume_to_the_same_weights(forkserver, data, references, tmp_path):
+def test_random_sigkills_of_training_resume_to_the_same_weights(forkserver, scene_shards, references, tmp_path):
     """KILLS SIGKILLs, half at random moments and half inside a checkpoint save (at its k-th write,
     fsync, rename or removal), resuming after each; every completed run is compared bitwise."""
     kills = {"random": 0, "save": 0}
@@ -193,7 +174,7 @@ def test_random_sigkills_of_training_resume_to_the_same_weights(forkserver, data
             before = _check_consistent(run) or 0
             in_save = attempt < budget and attempt % 2 == 1
             fault = {"kind": "kill_in_save", "save": RNG.randint(1, 3), "call": RNG.randint(1, 12)} if in_save else None
-            proc = _start(forkserver, _argv(data, run, workers), log, fault)
+            proc = _start(forkserver, _argv(scene_shards, run, workers), log, fault)
             if attempt < budget and not in_save:
                 proc.join(RNG.uniform(0.05, 1.5))
                 if proc.exitcode is None:
@@ -225,11 +206,11 @@ def test_random_sigkills_of_training_resume_to_the_same_weights(forkserver, data
     assert mismatches == 0 and sum(kills.values()) >= KILLS
 
 
-def test_full_disk_during_a_save_keeps_the_last_good_checkpoint(forkserver, data, references, tmp_path):
+def test_full_disk_during_a_save_keeps_the_last_good_checkpoint(forkserver, scene_shards, references, tmp_path):
     outcomes = []
     for call in (1, 2):  # the weights' write, then the trainer state's
         run = tmp_path / f"run{call}"
-        code, log = _finish(forkserver, _argv(data, run), tmp_path / f"log{call}.txt",
+        code, log = _finish(forkserver, _argv(scene_shards, run), tmp_path / f"log{call}.txt",
                             {"kind": "enospc_in_save", "save": 3, "call": call})
         line = _last_line(log)
         assert code == 1 and line.startswith("error: no space left on device while writing checkpoint") \
@@ -237,7 +218,7 @@ def test_full_disk_during_a_save_keeps_the_last_good_checkpoint(forkserver, data
         assert _check_consistent(run) == 2 * SAVE  # the last good checkpoint
         assert not [n for n in os.listdir(run / "checkpoints") if ".tmp-" in n]
         assert not (run / ".train.lock").exists()
-        code, log = _finish(forkserver, _argv(data, run), tmp_path / f"resume{call}.txt")
+        code, log = _finish(forkserver, _argv(scene_shards, run), tmp_path / f"resume{call}.txt")
         assert code == 0, log[-3000:]
         outcomes.append(_check_finished(run, references[0]))
         message = _plain(line, run)
@@ -248,13 +229,14 @@ def test_full_disk_during_a_save_keeps_the_last_good_checkpoint(forkserver, data
     assert all(outcomes)
 
 
-def test_full_disk_while_logging_metrics(forkserver, data, references, tmp_path):
+def test_full_disk_while_logging_metrics(forkserver, scene_shards, references, tmp_path):
     run = tmp_path / "run"
-    code, log = _finish(forkserver, _argv(data, run), tmp_path / "log.txt", {"kind": "enospc_in_metrics", "line": 7})
+    code, log = _finish(forkserver, _argv(scene_shards, run), tmp_path / "log.txt",
+                        {"kind": "enospc_in_metrics", "line": 7})
     line = _last_line(log)
     assert code == 1 and "No space left on device" in line and "Traceback" not in log, log[-3000:]
     assert _check_consistent(run) == 2 * SAVE
-    code, log = _finish(forkserver, _argv(data, run), tmp_path / "resume.txt")
+    code, log = _finish(forkserver, _argv(scene_shards, run), tmp_path / "resume.txt")
     assert code == 0, log[-3000:]
     same = _check_finished(run, references[0])
     FAULTS["enospc_metrics"] = ["full disk while appending the 7th line of metrics.jsonl", "1",
@@ -263,9 +245,10 @@ def test_full_disk_while_logging_metrics(forkserver, data, references, tmp_path)
     assert same
 
 
-def test_two_trainings_into_one_folder(forkserver, data, tmp_path):
+def test_two_trainings_into_one_folder(forkserver, scene_shards, tmp_path):
     run = tmp_path / "run"
-    procs = {o: _start(forkserver, _argv(data, run, objective=o), tmp_path / f"{o}.txt") for o in ("mdc", "arc")}
+    procs = {o: _start(forkserver, _argv(scene_shards, run, objective=o), tmp_path / f"{o}.txt")
+             for o in ("mdc", "arc")}
     for proc in procs.values():
         proc.join(300)
     codes = {o: p.exitcode for o, p in procs.items()}
@@ -291,8 +274,8 @@ def _ranks(data, out, steps, extra_env=None, lock_env=None):
     sock.close()
     procs = []
     for rank in (0, 1):
-        env = ENV | {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-                     "MASTER_PORT": str(port)} | (extra_env or {})
+        env = SUBPROCESS_ENV | {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} | (extra_env or {})
         cmd = [sys.executable, "-m", "mdc.train", *_argv(data, out, steps=steps)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       start_new_session=True))
@@ -314,11 +297,11 @@ def _wait_for_steps(run, n, procs, timeout=180):
     pytest.fail(f"the 2-rank run did not reach step {n}: {[p.poll() for p in procs]}")
 
 
-def test_one_of_two_gloo_ranks_killed(data, tmp_path):
+def test_one_of_two_gloo_ranks_killed(scene_shards, tmp_path):
     steps = 12
-    ref = _ranks(data, tmp_path / "ref", steps)
+    ref = _ranks(scene_shards, tmp_path / "ref", steps)
     assert [p.wait(300) for p in ref] == [0, 0], _stderrs(ref)
-    procs = _ranks(data, tmp_path / "run", steps)
+    procs = _ranks(scene_shards, tmp_path / "run", steps)
     _wait_for_steps(tmp_path / "run", 3, procs)
     os.killpg(procs[1].pid, signal.SIGKILL)
     start = time.monotonic()
@@ -329,9 +312,9 @@ def test_one_of_two_gloo_ranks_killed(data, tmp_path):
     line = _last_line(err)
     assert code == 1 and line.startswith("error: rank 0 of 2 lost contact with the other processes") \
         and "Traceback" not in err, err[-3000:]
-    resumed = _ranks(data, tmp_path / "run", steps)
+    resumed = _ranks(scene_shards, tmp_path / "run", steps)
     assert [p.wait(300) for p in resumed] == [0, 0], _stderrs(resumed)
-    same = _same(_weights(tmp_path / "ref"), _weights(tmp_path / "run"))
+    same = same_weights(latest_weights(tmp_path / "ref"), latest_weights(tmp_path / "run"))
     FAULTS["gloo_kill"] = ["SIGKILL of one of two gloo ranks (processes started without torchrun's agent), "
                            "then both restarted with `--resume`", "1",
                            f"the other rank exited in {seconds:.1f} s with exit 1 and one line, "
@@ -340,7 +323,7 @@ def test_one_of_two_gloo_ranks_killed(data, tmp_path):
     assert same and seconds < 60
 
 
-def test_one_of_two_gloo_ranks_hung(data, tmp_path):
+def test_one_of_two_gloo_ranks_hung(scene_shards, tmp_path):
     """SIGSTOP of rank 1 at HANGS random moments of a run; rank 0 must say so and exit every time. A collective
     still pending with the silent peer when the process tears its process group down deadlocks that teardown
     (the pending work's gloo thread waits for the interpreter's lock, held by the thread that joins it): with a
@@ -348,7 +331,7 @@ def test_one_of_two_gloo_ranks_hung(data, tmp_path):
     seconds, lines, hung = [], [], 0
     for i in range(HANGS):
         run = tmp_path / f"run{i}"
-        procs = _ranks(data, run, 200, extra_env={"MDC_DIST_TIMEOUT": str(HANG_TIMEOUT)})
+        procs = _ranks(scene_shards, run, 200, extra_env={"MDC_DIST_TIMEOUT": str(HANG_TIMEOUT)})
         _wait_for_steps(run, 3, procs)
         time.sleep(RNG.uniform(0, 2))  # a random moment of a step: forward, backward, a checkpoint save
         os.kill(procs[1].pid, signal.SIGSTOP)  # alive but silent: no connection is reset
@@ -377,10 +360,10 @@ def test_one_of_two_gloo_ranks_hung(data, tmp_path):
     assert hung == 0, f"rank 0 did not exit within {HANG_TIMEOUT + 30} s of its peer's stop, {hung} of {HANGS} times"
 
 
-def test_a_two_rank_training_into_a_folder_in_use(data, tmp_path):
+def test_a_two_rank_training_into_a_folder_in_use(scene_shards, tmp_path):
     with FolderLock(str(tmp_path / "run"), ".train.lock", "a training"):
         start = time.monotonic()
-        procs = _ranks(data, tmp_path / "run", 4)
+        procs = _ranks(scene_shards, tmp_path / "run", 4)
         codes = [p.wait(120) for p in procs]
         seconds = time.monotonic() - start
     errs = [_last_line(p.communicate()[1]) for p in procs]
@@ -428,15 +411,7 @@ def notebooks(tmp_path):
 
 def _runner(notebooks, out, value):
     return subprocess.Popen([sys.executable, "-c", RUNNER, notebooks, str(out), str(value)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+                            stderr=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
 
 
 def _kernels(out) -> list[int]:
@@ -475,10 +450,10 @@ def test_sigkill_of_the_runner_mid_notebook(notebooks, tmp_path, monkeypatch):
         proc.wait()
         kills += 1
         start = time.monotonic()
-        while any(map(_alive, _kernels(out))) and time.monotonic() - start < 30:
+        while any(map(alive, _kernels(out))) and time.monotonic() - start < 30:
             time.sleep(0.1)
         waits.append(time.monotonic() - start)
-        assert not any(map(_alive, _kernels(out))), "a notebook outlived its runner"
+        assert not any(map(alive, _kernels(out))), "a notebook outlived its runner"
         for r in runs:  # counted as done only with complete results of these parameters
             if runner.is_done(str(out), r, key[r.name]):
                 assert _results_value(out, r.name) == value
@@ -519,7 +494,7 @@ BAD_INPUTS = [
     ("mdc.train", ["--model-overrides", '{"time_weighting": false}']), ("mdc.train", ["--force-resume"]),
     ("mdc.train", ["--objective", "clip", "--t-interval", "0.2", "0.8"]),
     ("mdc.train", ["--mask-ratio", "0.5", "--t-sampling", "stratified"]), ("mdc.train", ["--epochs", "2"]),
-    ("mdc.train", ["--batch-size", "x"]),
+    ("mdc.train", ["--batch-size", "x"]), ("mdc.train", ["--train-data", "shards/{000000..000002}.tar"]),
     ("reproduce", ["--jobs", "0"]), ("reproduce", ["--seeds", "0"]), ("reproduce", ["--nodes", "2"]),
     ("reproduce", ["--only", "table9"]),
     ("mdc.world.scenes", ["--num", "0"]), ("mdc.world.scenes", ["--shard-size", "0"]),

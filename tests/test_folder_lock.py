@@ -13,22 +13,11 @@ import pytest
 
 from mdc.lock import FolderInUseError, FolderLock
 from mdc.train import train
-from mdc.world.scenes import vocabulary, write_shards
-from conftest import SMALL
-
-MODEL = SMALL | {"vocab": list(vocabulary()), "context_length": 32}
-ENV = {k: v for k, v in os.environ.items() if k != "MDC_DEBUG"} | {"OMP_NUM_THREADS": "1"}
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    out = tmp_path_factory.mktemp("shards")
-    write_shards(str(out), 32, "alt", seed=0, image_size=32, shard_size=16)
-    return os.path.join(str(out), "{000000..000001}.tar")
+from conftest import SUBPROCESS_ENV, TRAIN_MODEL, train_cli
 
 
 def _args(data, out, **kw):
-    return dict(train_data=data, output_dir=str(out), model_overrides=MODEL, batch_size=4, lr=1e-3, workers=0,
+    return dict(train_data=data, output_dir=str(out), model_overrides=TRAIN_MODEL, batch_size=4, lr=1e-3, workers=0,
                 shuffle_buffer=8, steps=2, save_every=1, progress=False) | kw
 
 
@@ -43,29 +32,16 @@ def test_the_lock_names_its_holder_and_goes_away_when_released(tmp_path):
     FolderLock(str(tmp_path / "run"), ".x.lock").acquire().release()
 
 
-def test_a_training_into_a_folder_in_use_is_refused_before_writing_anything(shards, tmp_path, one_thread):
+def test_a_training_into_a_folder_in_use_is_refused_before_writing_anything(scene_shards, tmp_path, one_thread):
     run = tmp_path / "run"
     with FolderLock(str(run), ".train.lock", "a training"):
         before = sorted(os.listdir(run))
         with pytest.raises(FolderInUseError, match=rf"in use by a training \(pid {os.getpid()} on host "
                                                    rf"{socket.gethostname()}.*--output-dir"):
-            train(**_args(shards, run))
+            train(**_args(scene_shards, run))
         assert sorted(os.listdir(run)) == before == [".train.lock"]
-    results = train(**_args(shards, run))  # free again: it trains, and leaves no lock file
+    results = train(**_args(scene_shards, run))  # free again: it trains, and leaves no lock file
     assert results["steps"] == 2 and ".train.lock" not in os.listdir(run)
-
-
-def _cli(args: dict) -> list[str]:
-    cmd = [sys.executable, "-m", "mdc.train"]
-    for key, value in args.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            cmd.append(flag)
-        elif value is False:
-            cmd.append("--no-" + key.replace("_", "-"))
-        else:
-            cmd += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
-    return cmd
 
 
 def test_a_refusal_waits_for_the_holder_to_write_its_name(tmp_path):
@@ -89,13 +65,14 @@ def test_a_refusal_waits_for_the_holder_to_write_its_name(tmp_path):
         os.close(fd)
 
 
-def test_two_trainings_started_together_into_one_folder(shards, tmp_path):
+def test_two_trainings_started_together_into_one_folder(scene_shards, tmp_path):
     """An MDC and an ARC training, same --output-dir, started at once: exactly one refuses, naming the
     other's pid and host; the other completes and the folder holds its run only."""
     run, steps = tmp_path / "run", 40
-    procs = {objective: subprocess.Popen(_cli(_args(shards, run, objective=objective, steps=steps, save_every=10)),
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-             for objective in ("mdc", "arc")}
+    argv = {objective: train_cli(_args(scene_shards, run, objective=objective, steps=steps, save_every=10))
+            for objective in ("mdc", "arc")}
+    procs = {objective: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                         env=SUBPROCESS_ENV) for objective, cmd in argv.items()}
     done = {objective: (p.wait(timeout=600), *p.communicate()) for objective, p in procs.items()}
     codes = sorted(code for code, _, _ in done.values())
     assert codes == [0, 1], {o: (c, e[-1500:]) for o, (c, _, e) in done.items()}
@@ -127,7 +104,7 @@ HOLDER = textwrap.dedent('''
 
 def test_sigkill_leaves_no_stale_lock_even_while_forked_workers_live(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True,
-                            env=ENV, start_new_session=True)
+                            env=SUBPROCESS_ENV, start_new_session=True)
     try:
         assert proc.stdout.readline().strip() == "held"
         with pytest.raises(FolderInUseError, match=f"pid {proc.pid}"):

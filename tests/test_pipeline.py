@@ -10,11 +10,13 @@ from PIL import Image
 
 from mdc import get_tokenizer
 from mdc.data.pipeline import (
-    CLIP_MEAN, SkipStats, StreamPosition, image_transform, iterate_batches, make_dataset, make_loader,
+    SkipStats, StreamPosition, image_transform, iterate_batches, make_dataset, make_loader,
 )
 from mdc.data.shards import fast_forward
+from mdc.data.transforms import CLIP_MEAN
 from mdc.data.writer import write_tar
 from mdc.tokenizer import TextStats, compact_vocab
+from conftest import png
 
 SIZE = 16
 
@@ -24,10 +26,8 @@ def tok():
     return get_tokenizer(context_length=16)
 
 
-def _png(value: int, size=(20, 24)) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", size, (value % 256, 3 * value % 256, 7 * value % 256)).save(buf, "PNG")
-    return buf.getvalue()
+def _png(value: int) -> bytes:
+    return png((value % 256, 3 * value % 256, 7 * value % 256), (20, 24))
 
 
 def write_shard(path, members):

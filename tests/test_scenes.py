@@ -14,11 +14,7 @@ from mdc.world.render import COLOURS, SHAPES, SIZES
 from mdc.world.text import MAX_TOKENS, caption, references, relation_of, vocabulary
 from mdc.data.stats import caption_lengths, length_histogram
 from mdc import get_tokenizer
-
-
-def _members(path: str) -> dict[str, bytes]:
-    with tarfile.open(path) as tar:
-        return {m.name: tar.extractfile(m).read() for m in tar}
+from conftest import tar_members
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +42,7 @@ def test_shards_round_trip(tmp_path):
     paths = scenes.write_shards(str(tmp_path), 12, "descriptive", seed=1, image_size=48, shard_size=5)
     keys = []
     for path in paths:
-        members = _members(path)
+        members = tar_members(path)
         with tarfile.open(path) as tar:
             info = tar.getmembers()[0]
         assert (info.mtime, info.uid, info.gid, info.uname) == (0, 0, 0, "")
@@ -89,7 +85,7 @@ def test_npy_format_and_parallel_writing_keep_the_content(tmp_path):
                                  image_format="npy", workers=2)
     for a, b, c in zip(png, npy, forked):
         assert open(b, "rb").read() == open(c, "rb").read()  # parallel writing: the same bytes
-        ma, mb = _members(a), _members(b)
+        ma, mb = tar_members(a), tar_members(b)
         for key in sorted({name.split(".")[0] for name in ma}):
             image = np.load(io.BytesIO(mb[f"{key}.npy"]), allow_pickle=False)
             assert image.dtype == np.uint8 and image.shape == (32, 32, 3)
@@ -100,8 +96,8 @@ def test_npy_format_and_parallel_writing_keep_the_content(tmp_path):
 
 
 def test_both_styles_share_images(tmp_path):
-    alt = _members(scenes.write_shards(str(tmp_path / "alt"), 6, "alt", seed=2)[0])
-    desc = _members(scenes.write_shards(str(tmp_path / "desc"), 6, "descriptive", seed=2)[0])
+    alt = tar_members(scenes.write_shards(str(tmp_path / "alt"), 6, "alt", seed=2)[0])
+    desc = tar_members(scenes.write_shards(str(tmp_path / "desc"), 6, "descriptive", seed=2)[0])
     for i in range(6):
         assert alt[f"{i:09d}.png"] == desc[f"{i:09d}.png"]
         assert alt[f"{i:09d}.txt"] != desc[f"{i:09d}.txt"]
@@ -180,10 +176,10 @@ def test_cli_and_caption_length_stats(tmp_path, capsys):
     assert summary["shards"] == 3 and summary["format"] == "png"
     scenes.main(["--out", str(tmp_path / "npy"), "--num", "4", "--style", "alt", "--format", "npy", "--workers", "2"])
     assert json.loads(capsys.readouterr().out)["format"] == "npy"
-    assert "000000003.npy" in _members(str(tmp_path / "npy" / "000000.tar"))
+    assert "000000003.npy" in tar_members(str(tmp_path / "npy" / "000000.tar"))
     tok = get_tokenizer()
     lengths = caption_lengths(str(tmp_path / "{000000..000002}.tar"), tokenizer=tok)
-    texts = [json.loads(v)["caption"] for p in sorted(tmp_path.glob("*.tar")) for k, v in _members(str(p)).items()
+    texts = [json.loads(v)["caption"] for p in sorted(tmp_path.glob("*.tar")) for k, v in tar_members(str(p)).items()
              if k.endswith(".json")]
     assert lengths.tolist() == [len(tok.encode(t)) for t in texts]
     assert len(caption_lengths(str(tmp_path / "*.tar"), max_samples=7)) == 7

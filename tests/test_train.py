@@ -1,28 +1,20 @@
 """Pretraining loop: exact resume after SIGKILL, skip accounting, NaN stop, paper presets, optimizer groups."""
-import io
 import json
 import math
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
-from PIL import Image
-from safetensors.torch import load_file
 
 import mdc
 from mdc import optim
 from mdc.data.writer import write_tar
-from mdc.world.scenes import vocabulary, write_shards
+from mdc.world.scenes import write_shards
 from mdc.train import NonFiniteLossError, TrainConfig, train
-from conftest import SMALL
-
-# A small model on the scene world's vocabulary (SMALL's fits only conftest's captions), computed
-# once here rather than in every training subprocess.
-MODEL = SMALL | {"vocab": list(vocabulary()), "context_length": 32}
+from conftest import SMALL, SUBPROCESS_ENV, TRAIN_MODEL, latest_weights, png, train_cli
 
 
 @pytest.fixture(scope="module")
@@ -34,42 +26,21 @@ def shards(tmp_path_factory):
 
 
 def run_args(data, out, **kw):
-    return dict(dict(train_data=data, output_dir=str(out), model_overrides=MODEL, batch_size=8, lr=1e-3,
+    return dict(dict(train_data=data, output_dir=str(out), model_overrides=TRAIN_MODEL, batch_size=8, lr=1e-3,
                      workers=2, shuffle_buffer=20), **kw)
-
-
-# One thread per process: fast on a busy 2-core machine, and the same for every run compared bitwise.
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fast on a busy 2-core machine, bitwise comparable
 
 
-def _cli(args: dict) -> list[str]:
-    cmd = [sys.executable, "-m", "mdc.train"]
-    for key, value in args.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            cmd.append(flag)
-        else:
-            cmd += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
-    return cmd
-
-
-def _weights(run_dir):
-    with open(os.path.join(run_dir, "checkpoints", "latest.json")) as f:
-        path = os.path.join(run_dir, "checkpoints", json.load(f)["path"])
-    return load_file(os.path.join(path, "model.safetensors"))
-
-
 def test_resume_after_sigkill_is_exact(shards, tmp_path):
     """Kill a run right after its first checkpoint, resume it: same weights, bit for bit."""
     args = run_args(shards, tmp_path / "full", steps=16, save_every=3)  # 16 steps: into the second pass
-    subprocess.run(_cli(args), check=True, capture_output=True, env=ENV)
+    subprocess.run(train_cli(args), check=True, capture_output=True, env=SUBPROCESS_ENV)
 
     killed = dict(args, output_dir=str(tmp_path / "killed"))
-    proc = subprocess.Popen(_cli(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
-                            start_new_session=True)
+    proc = subprocess.Popen(train_cli(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=SUBPROCESS_ENV, start_new_session=True)
     pointer = tmp_path / "killed" / "checkpoints" / "latest.json"
     deadline = time.time() + 120
     while not pointer.exists() and proc.poll() is None and time.time() < deadline:
@@ -79,10 +50,11 @@ def test_resume_after_sigkill_is_exact(shards, tmp_path):
     stopped_at = json.loads(pointer.read_text())["step"]
     assert 0 < stopped_at < 16, "the run must die mid-way"
 
-    out = subprocess.run(_cli(dict(killed, resume=True)), check=True, capture_output=True, text=True, env=ENV)
+    out = subprocess.run(train_cli(dict(killed, resume=True)), check=True, capture_output=True, text=True,
+                         env=SUBPROCESS_ENV)
     results = json.loads(out.stdout.strip().splitlines()[-1])
     assert results["steps"] == 16
-    full, resumed = _weights(tmp_path / "full"), _weights(tmp_path / "killed")
+    full, resumed = latest_weights(tmp_path / "full"), latest_weights(tmp_path / "killed")
     assert full.keys() == resumed.keys()
     for name in full:
         assert torch.equal(full[name], resumed[name]), name
@@ -94,18 +66,12 @@ def test_resume_after_sigkill_is_exact(shards, tmp_path):
     assert again["steps"] == 16 and again["checkpoint"] == results["checkpoint"]
 
 
-def _png(value: int) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", (32, 32), (value, 255 - value, 40)).save(buf, "PNG")
-    return buf.getvalue()
-
-
 def test_corrupt_samples_are_skipped_and_logged(tmp_path):
     members = []
     for i in range(24):
-        members += [(f"{i:04d}.png", _png(i)), (f"{i:04d}.txt", b"a red circle left of a blue square")]
-    members += [("bad1.png", b"not a png"), ("bad1.txt", b"a circle"), ("bad2.png", _png(3)),
-                ("bad3.png", _png(4)), ("bad3.txt", b"  ")]
+        members += [(f"{i:04d}.png", png((i, 255 - i, 40))), (f"{i:04d}.txt", b"a red circle left of a blue square")]
+    members += [("bad1.png", b"not a png"), ("bad1.txt", b"a circle"), ("bad2.png", png((3, 252, 40))),
+                ("bad3.png", png((4, 251, 40))), ("bad3.txt", b"  ")]
     shard = write_tar(str(tmp_path / "000000.tar"), members)
     results = train(**run_args(shard, tmp_path / "run", steps=4, save_every=10, workers=1))
     assert results["skipped"] == {"corrupt_image": 1, "missing_caption": 1, "empty_caption": 1}

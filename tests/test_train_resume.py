@@ -4,30 +4,24 @@ import logging
 import os
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 import mdc
-from mdc.world.scenes import vocabulary, write_shards
 from mdc.train import train
-from conftest import SMALL
-
-MODEL = SMALL | {"vocab": list(vocabulary()), "context_length": 32}
+from conftest import TRAIN_MODEL, same_weights
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """Two shards of 16 synthetic 32 px scenes; returns (pattern, another pattern over the first shard only)."""
-    out = str(tmp_path_factory.mktemp("shards"))
-    write_shards(out, 32, "alt", seed=0, image_size=32, shard_size=16)
-    return os.path.join(out, "{000000..000001}.tar"), os.path.join(out, "000000.tar")
+def data(scene_shards):
+    """(the two-shard pattern, another pattern over its first shard only)."""
+    return scene_shards, os.path.join(os.path.dirname(scene_shards), "000000.tar")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fast on a busy 2-core machine, bitwise comparable
 
 
 def args(data, out, **kw):
-    return dict(train_data=data[0], output_dir=str(out), model_overrides=MODEL, batch_size=8, lr=1e-3,
+    return dict(train_data=data[0], output_dir=str(out), model_overrides=TRAIN_MODEL, batch_size=8, lr=1e-3,
                 workers=1, shuffle_buffer=8, steps=2, save_every=1) | kw
 
 
@@ -41,7 +35,7 @@ def mdc_run(data, tmp_path_factory):
 
 @pytest.mark.parametrize("change, message", [
     (dict(objective="arc"), "objective: checkpoint 'mdc', now 'arc'"),
-    (dict(model_overrides=MODEL | {"text_layers": 1}), "model_overrides.text_layers: checkpoint 2, now 1"),
+    (dict(model_overrides=TRAIN_MODEL | {"text_layers": 1}), "model_overrides.text_layers: checkpoint 2, now 1"),
     ("other data", "train_data: checkpoint '.*000001}.tar', now '.*000000.tar'"),
     (dict(lr=2e-3, t_interval=(0.2, 0.9)), r"lr: checkpoint 0.001, now 0.002.*\n.*t_interval: checkpoint None"),
 ])
@@ -70,7 +64,7 @@ def test_same_run_resumes_with_free_fields_changed(data, tmp_path):
                            tensorboard=False))
     assert resumed["steps"] == 3 and resumed["final_loss"] == full["final_loss"]
     a, b = (load_file(os.path.join(r["checkpoint"], "model.safetensors")) for r in (full, resumed))
-    assert all(torch.equal(a[n], b[n]) for n in a)
+    assert same_weights(a, b)
     assert sorted(os.listdir(run / "checkpoints")) == ["latest.json", "step_000003"]  # keep_last=1
 
 

@@ -1,19 +1,14 @@
 """Unknown words in training captions are counted, logged and warned about; --vocab-from-data removes them."""
-import io
 import json
 import logging
 
 import pytest
-import torch
-from PIL import Image
 
 import mdc
 from mdc.data.writer import write_tar
-from mdc.world.scenes import vocabulary
 from mdc.train import TrainConfig, train
-from conftest import SMALL
+from conftest import TRAIN_MODEL, png
 
-MODEL = SMALL | {"vocab": list(vocabulary()), "context_length": 32}
 WORDS = "a zebra grazes beside the red circle under an acacia tree near the blue square".split()
 
 
@@ -28,9 +23,7 @@ def captions(n=32):
 def shard(tmp_path_factory):
     members = []
     for i, text in enumerate(captions()):
-        buf = io.BytesIO()
-        Image.new("RGB", (32, 32), (7 * i % 256, 40, 200)).save(buf, "PNG")
-        members += [(f"{i:04d}.png", buf.getvalue()), (f"{i:04d}.txt", text.encode())]
+        members += [(f"{i:04d}.png", png((7 * i % 256, 40, 200))), (f"{i:04d}.txt", text.encode())]
     return write_tar(str(tmp_path_factory.mktemp("text") / "000000.tar"), members)
 
 
@@ -38,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # fast on a busy 2-core mach
 
 
 def args(shard, out, **kw):
-    return dict(train_data=shard, output_dir=str(out), model_overrides=MODEL, batch_size=8, steps=4, workers=1,
+    return dict(train_data=shard, output_dir=str(out), model_overrides=TRAIN_MODEL, batch_size=8, steps=4, workers=1,
                 shuffle_buffer=8, lr=1e-3) | kw
 
 
@@ -47,7 +40,7 @@ def rows(results):
 
 
 def test_unknown_words_are_logged_and_warned_about(shard, tmp_path, caplog):
-    tokens, expected = mdc.get_tokenizer(context_length=32, vocab=MODEL["vocab"]).tokenize(captions())
+    tokens, expected = mdc.get_tokenizer(context_length=32, vocab=TRAIN_MODEL["vocab"]).tokenize(captions())
     assert 0.1 < expected.unknown_rate < 0.9 and expected.tokens > 300
     with caplog.at_level(logging.WARNING, logger="mdc.train"):
         results = train(**args(shard, tmp_path / "run"))  # 4 steps of 8: one pass over the 32 captions
@@ -70,7 +63,7 @@ def test_resume_keeps_counting(shard, tmp_path):
 
 
 def test_vocab_from_data_covers_the_training_captions(shard, tmp_path, caplog):
-    overrides = {k: v for k, v in MODEL.items() if k != "vocab"}
+    overrides = {k: v for k, v in TRAIN_MODEL.items() if k != "vocab"}
     with caplog.at_level(logging.WARNING, logger="mdc.train"):
         results = train(**args(shard, tmp_path / "run", model_overrides=overrides, vocab_from_data=True))
     assert all(r["unk_rate"] == 0 for r in rows(results))
@@ -82,6 +75,6 @@ def test_vocab_from_data_covers_the_training_captions(shard, tmp_path, caplog):
 
 def test_vocab_from_data_refuses_a_vocab_override_and_remote_shards(shard):
     with pytest.raises(ValueError, match="vocab_from_data.*'vocab'"):
-        TrainConfig(shard, "y", steps=2, model_overrides=MODEL, vocab_from_data=True).resolved(1)
+        TrainConfig(shard, "y", steps=2, model_overrides=TRAIN_MODEL, vocab_from_data=True).resolved(1)
     with pytest.raises(ValueError, match="vocab_from_data.*'pipe:cat x.tar'.*not a local file"):
         TrainConfig("pipe:cat x.tar", "y", steps=2, vocab_from_data=True).resolved(1)

@@ -15,22 +15,24 @@ as an uninterrupted one (bitwise on CPU; on GPU up to the kernels' own nondeterm
 continues only the same run: a different configuration is refused (see :class:`TrainConfig`).
 A run owns its folder: rank 0 holds ``output_dir/.train.lock`` (:mod:`mdc.lock`) from start to end,
 so a second training into the same folder is refused at once, naming the holder's pid and host
-(a killed run leaves no stale lock). Every bad value is refused before anything is written
-(:class:`mdc.errors.ConfigError`); the command line says so in one line and exits with status 2.
+(a killed run leaves no stale lock). Every bad value, missing local shards included, is refused before
+anything is written (:class:`mdc.errors.ConfigError`); the command line says so in one line and exits
+with status 2.
 
 The package, one module per concern (each importing only those before it):
 
 - :mod:`mdc.train.stream`: the data stream of a rank, and what is counted in local shards;
 - :mod:`mdc.train.config`: :class:`TrainConfig`, every option documented once, and the resume check;
+- :mod:`mdc.train.distributed`: the torchrun process group, sums over ranks, a lost peer told apart;
 - :mod:`mdc.train.loop`: :func:`train`, gradient accumulation, DDP and checkpoints;
 - :mod:`mdc.train.cli`: the command line, generated from :class:`TrainConfig`.
 """
 from mdc.train.cli import main, make_parser, parse_args
 from mdc.train.config import RESUME_FREE, TrainConfig, check_same_run, run_config, run_differences
-from mdc.train.loop import (LossModule, NonFiniteLossError, PeerLostError, accumulate, seed_everything,
-                            setup_distributed, train)
-from mdc.train.stream import DataStream, count_samples, vocab_from_captions
+from mdc.train.distributed import PeerLostError, seed_everything, setup_distributed
+from mdc.train.loop import LossModule, NonFiniteLossError, accumulate, train
+from mdc.train.stream import DataStream, check_shards, count_samples, vocab_from_captions
 
 __all__ = ["RESUME_FREE", "DataStream", "LossModule", "NonFiniteLossError", "PeerLostError", "TrainConfig", "accumulate",
-           "check_same_run", "count_samples", "main", "make_parser", "parse_args", "run_config", "run_differences",
+           "check_same_run", "check_shards", "count_samples", "main", "make_parser", "parse_args", "run_config", "run_differences",
            "seed_everything", "setup_distributed", "train", "vocab_from_captions"]

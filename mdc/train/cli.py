@@ -28,7 +28,8 @@ import typing
 from mdc.cli import ArgumentParser, report
 from mdc.errors import ConfigError
 from mdc.train.config import TrainConfig
-from mdc.train.loop import PeerLostError, train
+from mdc.train.distributed import PeerLostError
+from mdc.train.loop import train
 
 DESCRIPTION = "Pretraining: one loop for MDC, ARC and CLIP, from a laptop CPU to multi-node DDP."
 

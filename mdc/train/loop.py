@@ -1,31 +1,30 @@
-"""The pretraining loop (:func:`train`) and what it needs of torch.distributed: joining the torchrun
-process group, one optimizer step over accumulated micro-batches (:func:`accumulate`), sums over ranks
-and exact checkpoints (weights, optimizer, LR schedule, every rank's RNG and stream position)."""
+"""The pretraining loop (:func:`train`): one optimizer step over accumulated micro-batches
+(:func:`accumulate`), DDP (:mod:`mdc.train.distributed`), and exact checkpoints (weights, optimizer,
+LR schedule, every rank's RNG and stream position)."""
 from __future__ import annotations
 
 import contextlib
-import datetime
+import dataclasses
 import json
 import logging
 import os
-import random
-import re
 import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.nn  # noqa: F401  before any process group: see setup_distributed
 from torch import nn
 
 from mdc import checkpoint, optim
 from mdc.data.pipeline import SKIP_REASONS, SkipStats
-from mdc.errors import ConfigError, RunError
+from mdc.errors import RunError
 from mdc.factory import create_model, load_weights
 from mdc.lock import FolderInUseError, FolderLock
 from mdc.tokenizer import TextStats
 from mdc.train.config import TrainConfig, check_same_run, run_config
-from mdc.train.stream import DataStream
+from mdc.train.distributed import (PeerLostError, all_sum, gather, lost_peer, peer_reason, seed_everything,
+                                   setup_distributed)
+from mdc.train.stream import DataStream, check_shards
 
 logger = logging.getLogger(__name__)
 
@@ -37,42 +36,6 @@ TEXT_FIELDS = tuple(TextStats().as_dict())  # captions, tokens, unknown, truncat
 
 class NonFiniteLossError(RunError):
     """The loss became NaN or infinite; the message names the step and the last good checkpoint."""
-
-
-class PeerLostError(RunError):
-    """A distributed run lost a rank (it died, or hung past ``MDC_DIST_TIMEOUT``); the message names
-    this rank, the step and the last checkpoint to resume from.
-
-    The process should end after it: a collective may still be pending with the silent rank, and freeing
-    the process group then deadlocks (gloo's worker thread needs the interpreter lock that the freeing
-    thread holds while it joins it). ``python -m mdc.train`` exits at once (``os._exit``) after the message."""
-
-
-DIST_TIMEOUT_ENV = "MDC_DIST_TIMEOUT"  # seconds a collective waits for the other ranks (default: torch's 1800)
-
-
-def dist_timeout() -> datetime.timedelta:
-    """How long a collective waits for a silent rank before the run gives up (``MDC_DIST_TIMEOUT``)."""
-    raw = os.environ.get(DIST_TIMEOUT_ENV, "1800")
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ConfigError(f"{DIST_TIMEOUT_ENV} must be a number of seconds > 0, got {raw!r}")
-    return datetime.timedelta(seconds=seconds)
-
-
-def _lost_peer(exn: BaseException) -> bool:
-    """Is this a collective that failed because another rank is gone or silent?"""
-    return isinstance(exn, dist.DistError) or bool(re.search(  # gloo often raises a plain RuntimeError
-        r"gloo|nccl|connection|timed out|timeout|pair closure|by peer|processgroup|collective", str(exn), re.I))
-
-
-def _peer_reason(exn: BaseException) -> str:
-    """The backend's own words, without its source location: 'Read error ...: Connection reset by peer'."""
-    text = re.sub(r"^\[[^\]]*\]\s*", "", str(exn).strip()).splitlines()[0] if str(exn).strip() else type(exn).__name__
-    return text.split(". ")[0][:200]
 
 
 class LossModule(nn.Module):
@@ -129,49 +92,17 @@ def accumulate(net: nn.Module, model: nn.Module, batches: list[tuple[torch.Tenso
     return total / K
 
 
-def setup_distributed() -> tuple[int, int, torch.device, bool]:
-    """(rank, world_size, device, created): joins the torchrun process group if the env defines one.
-
-    ``torch.distributed.nn`` (imported by DDP) binds the default process group that exists when it is
-    first imported as the default argument of its functions, so that ``destroy_process_group`` can no
-    longer free it; its gloo threads then outlive the run and may abort the process (SIGABRT) while the
-    interpreter shuts down. It is imported at the top of this module, before any group exists."""
-    created = False
-    if "WORLD_SIZE" in os.environ and "RANK" in os.environ and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=dist_timeout())
-        created = True
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    return rank, world, device, created
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def _gather(obj, world: int) -> list:
-    if world == 1:
-        return [obj]
-    out = [None] * world
-    dist.all_gather_object(out, obj)
-    return out
-
-
 def train(**kwargs) -> dict:
     """Pretrain a model; returns {checkpoint, steps, final_loss, metrics, skipped, ...}.
 
     Keyword arguments are the fields of :class:`TrainConfig`. Every process of a torchrun job
-    calls it; rank 0 writes the checkpoints and logs.
+    calls it; rank 0 writes the checkpoints and logs. A bad value, missing local shards included
+    (:func:`~mdc.train.stream.check_shards`), is refused before the run folder is created.
     """
     rank, world, device, created = setup_distributed()
     try:
         cfg = TrainConfig(**kwargs).resolved(world)
+        check_shards(cfg.train_data)
         with own_folder(cfg.output_dir, rank, world):
             return _train(cfg, rank, world, device)
     finally:
@@ -195,7 +126,7 @@ def own_folder(folder: str, rank: int, world: int):
         except FolderInUseError as exn:
             refused = exn
     if world > 1:  # rank 0's answer, for every rank
-        message = _gather(None if refused is None else str(refused), world)[0]
+        message = gather(None if refused is None else str(refused), world)[0]
         if message is not None and refused is None:
             refused = FolderInUseError(message, folder, {})
     if refused is not None:
@@ -208,108 +139,194 @@ def own_folder(folder: str, rank: int, world: int):
 
 
 def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dict:
-    from tqdm.auto import tqdm
-
+    """The recipe: build the model and its optimizer, resume the last checkpoint or start, open the data
+    stream, run the steps, summarise."""
     os.makedirs(cfg.output_dir, exist_ok=True)
-    seed_everything(cfg.seed)  # identical initial weights on every rank
+    model, optimizer, scheduler = _build(cfg, device)
+    state, last_ckpt = _resume(cfg, model, optimizer, scheduler, rank, world)
+    stream = _open_stream(cfg, model, state, rank, world, device)
+    net, ddp = _wrap(cfg, model, world, device)
+    run = _Run(cfg, rank, world, device, model, optimizer, scheduler, stream, net, ddp,
+               step=state["step"] if state else 0, last_ckpt=last_ckpt)
+    if rank == 0:
+        checkpoint.atomic_write_text(os.path.join(cfg.output_dir, "train_config.json"),
+                                     json.dumps(run_config(cfg, world), indent=1))
+    _run_steps(run)
+    return _summary(run)
+
+
+def _build(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer, object]:
+    """(model, optimizer, LR schedule), the model's initial weights identical on every rank."""
+    seed_everything(cfg.seed)
     objective_opts = dict(t_interval=cfg.t_interval, mask_ratio=cfg.mask_ratio, t_sampling=cfg.t_sampling)
     overrides = {k: v for k, v in objective_opts.items() if v is not None}
     model = create_model(cfg.model, cfg.objective, time_weighting=cfg.time_weighting,
                          **overrides, **(cfg.model_overrides or {})).to(device)
     optimizer = optim.make_optimizer(model, cfg.lr, cfg.weight_decay)
-    scheduler = optim.make_scheduler(optimizer, cfg.warmup_steps, cfg.steps)
+    return model, optimizer, optim.make_scheduler(optimizer, cfg.warmup_steps, cfg.steps)
 
+
+def _resume(cfg: TrainConfig, model, optimizer, scheduler, rank: int, world: int) -> tuple[dict | None, str | None]:
+    """(trainer state, its checkpoint) after loading the run's last checkpoint into the model, optimizer and
+    schedule; (None, None) when the run starts (no --resume, or nothing saved yet)."""
     last_ckpt = checkpoint.latest(cfg.output_dir) if cfg.resume else None
-    state, step = None, 0
-    if last_ckpt:
-        state = checkpoint.load_trainer_state(last_ckpt)
-        if state["world_size"] != world:
-            raise ValueError(f"{last_ckpt} was written by {state['world_size']} processes; resuming exactly "
-                             f"needs the same number, not {world}")
-        forced = check_same_run(cfg, model.config, world, last_ckpt)
-        if forced and rank == 0:
-            logger.warning("force_resume: continuing %s despite these differences:\n  %s", last_ckpt,
-                           "\n  ".join(forced))
-        load_weights(model, last_ckpt)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step = state["step"]
+    if not last_ckpt:
+        return None, None
+    state = checkpoint.load_trainer_state(last_ckpt)
+    if state["world_size"] != world:
+        raise ValueError(f"{last_ckpt} was written by {state['world_size']} processes; resuming exactly "
+                         f"needs the same number, not {world}")
+    forced = check_same_run(cfg, model.config, world, last_ckpt)
+    if forced and rank == 0:
+        logger.warning("force_resume: continuing %s despite these differences:\n  %s", last_ckpt,
+                       "\n  ".join(forced))
+    load_weights(model, last_ckpt)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return state, last_ckpt
+
+
+def _open_stream(cfg: TrainConfig, model, state: dict | None, rank: int, world: int,
+                 device: torch.device) -> DataStream:
+    """This rank's data stream (where the checkpoint left it) and its RNG: the checkpoint's, or a seed of its
+    own when the run starts (a different mask/noise stream per rank)."""
     stream = DataStream(cfg, model.tokenizer, model.config.image_size, state["data"][rank] if state else None,
                         world, device)
     if state:
         checkpoint.set_rng_state(state["rng"][rank])
-    else:  # a different mask/noise stream per rank
+    else:
         seed_everything(int(np.random.SeedSequence([cfg.seed, rank]).generate_state(1)[0]))
+    return stream
 
+
+def _wrap(cfg: TrainConfig, model, world: int, device: torch.device) -> tuple[nn.Module, nn.Module | None]:
+    """(net, ddp): the loss as a module, DDP-wrapped under several processes (``ddp``, else None) and compiled
+    with ``compile``."""
     net = ddp = LossModule(model)
     if world > 1:
-        net = ddp = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
+        device_ids = [device.index] if device.type == "cuda" else None
+        net = ddp = nn.parallel.DistributedDataParallel(net, device_ids=device_ids)
     if cfg.compile:  # caption lengths bucketed to multiples of 16: a handful of shapes, not one per batch
         model.trim_multiple = 16
         net = torch.compile(net)
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
-    autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)  # noqa: E731
-    global_batch = cfg.batch_size * world * cfg.accum_steps
-    if rank == 0:
-        checkpoint.atomic_write_text(os.path.join(cfg.output_dir, "train_config.json"),
-                                     json.dumps(run_config(cfg, world), indent=1))
-    log = checkpoint.MetricsLog(cfg.output_dir, step, cfg.tensorboard) if rank == 0 else None
-    bar = tqdm(total=cfg.steps, initial=step, disable=rank != 0 or not cfg.progress, desc=f"{cfg.objective} {cfg.model}",
-               dynamic_ncols=True)
-    loss_value, speeds, warned = float("nan"), [], False
-    model.train()
+    return net, ddp if world > 1 else None
+
+
+@dataclasses.dataclass
+class _Run:
+    """What the steps of one process work with, and where they are (``step``, ``last_ckpt``, ``loss``, the
+    images/s of each step run here)."""
+
+    cfg: TrainConfig
+    rank: int
+    world: int
+    device: torch.device
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    stream: DataStream
+    net: nn.Module
+    ddp: nn.Module | None
+    step: int = 0
+    last_ckpt: str | None = None
+    loss: float = float("nan")
+    speeds: list[float] = dataclasses.field(default_factory=list)
+    warned: bool = False  # the unknown-token warning was given
+
+    @property
+    def global_batch(self) -> int:
+        return self.cfg.batch_size * self.world * self.cfg.accum_steps
+
+    def autocast(self):
+        """bf16 autocast with precision bf16, or auto on CUDA; else a no-op."""
+        c = self.cfg
+        bf16 = c.precision == "bf16" or (c.precision == "auto" and self.device.type == "cuda")
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+def _run_steps(run: _Run) -> None:
+    """Steps until ``steps``, a checkpoint every ``save_every`` and at the end; rank 0 logs. A collective that
+    fails because a peer is gone or silent becomes a :class:`PeerLostError` naming the step and checkpoint."""
+    from tqdm.auto import tqdm
+
+    cfg = run.cfg
+    log = checkpoint.MetricsLog(cfg.output_dir, run.step, cfg.tensorboard) if run.rank == 0 else None
+    bar = tqdm(total=cfg.steps, initial=run.step, disable=run.rank != 0 or not cfg.progress,
+               desc=f"{cfg.objective} {cfg.model}", dynamic_ncols=True)
+    run.model.train()
     try:
-        while step < cfg.steps:
-            start = time.perf_counter()
-            batches = [tuple(x.to(device, non_blocking=True) for x in stream.next()) for _ in range(cfg.accum_steps)]
-            loss = accumulate(net, model, batches, ddp if world > 1 else None, autocast)
-            # the step's loss averaged over ranks, the skip and caption counts of all ranks: [1 + reasons + text]
-            report = _all_sum([loss.item()] + _skip_counts(stream.stats) + _text_counts(stream.text), world, device)
-            text = _text_stats(report[1 + len(SKIP_REASONS):])
-            loss_value = report[0] / world
-            step += 1
-            if not np.isfinite(loss_value):
-                raise NonFiniteLossError(f"loss is {loss_value} at step {step}; last good checkpoint: "
-                                         f"{last_ckpt or 'none written yet'}")
-            lr = optimizer.param_groups[0]["lr"]
-            optim.optimizer_step(model, optimizer, scheduler, cfg.grad_clip_norm)
-            speeds.append(global_batch / (time.perf_counter() - start))
-            if rank == 0:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss_value:.4f}", img_s=f"{speeds[-1]:.1f}", lr=f"{lr:.2e}",
-                                **({"unk": f"{text.unknown_rate:.1%}"} if model.tokenizer.vocab is not None else {}))
-                if step % cfg.log_every == 0 or step == cfg.steps:
-                    log.write({"step": step, "epoch": stream.epoch, "loss": loss_value, "lr": lr,
-                               "images_per_s": speeds[-1], "skipped": _skip_dict(report[1 : 1 + len(SKIP_REASONS)]),
-                               "unk_rate": text.unknown_rate, "truncated": text.truncated})
-                if not warned and text.tokens >= UNK_WARN_MIN_TOKENS and text.unknown_rate > UNK_WARN_RATE:
-                    warned = True
-                    logger.warning("%.1f%% of the caption tokens so far (%d of %d) are unknown to the model's compact "
-                                   "vocabulary and became [UNK]; build the vocabulary from the training captions "
-                                   "with --vocab-from-data (vocab_from_data=True)", 100 * text.unknown_rate,
-                                   text.unknown, text.tokens)
-            if step % cfg.save_every == 0 or step == cfg.steps:
-                last_ckpt = _save(cfg, step, model, optimizer, scheduler, stream, rank, world)
+        while run.step < cfg.steps:
+            report, lr = _step(run)
+            if run.rank == 0:
+                _show(run, bar, log, report, lr)
+            if run.step % cfg.save_every == 0 or run.step == cfg.steps:
+                run.last_ckpt = _save(cfg, run.step, run.model, run.optimizer, run.scheduler, run.stream,
+                                      run.rank, run.world)
     except RuntimeError as exn:
-        if world > 1 and _lost_peer(exn) and not isinstance(exn, RunError):
-            raise PeerLostError(f"rank {rank} of {world} lost contact with the other processes after step {step} "
-                                f"({_peer_reason(exn)}); last checkpoint: {last_ckpt or 'none written yet'}; "
-                                f"restart every process with --resume") from exn
+        if run.world > 1 and lost_peer(exn) and not isinstance(exn, RunError):
+            raise PeerLostError(f"rank {run.rank} of {run.world} lost contact with the other processes after step "
+                                f"{run.step} ({peer_reason(exn)}); last checkpoint: "
+                                f"{run.last_ckpt or 'none written yet'}; restart every process with --resume") from exn
         raise
     finally:
         bar.close()
         if log is not None:
             log.close()
-    metrics = os.path.join(cfg.output_dir, "metrics.jsonl")
-    if not speeds:  # nothing left to do: report the finished run's last logged loss
+
+
+def _step(run: _Run) -> tuple[list[float], float]:
+    """One optimizer step; returns the step's sums over ranks ([loss, skip counts, caption counts]) and its LR."""
+    start = time.perf_counter()
+    batches = [tuple(x.to(run.device, non_blocking=True) for x in run.stream.next())
+               for _ in range(run.cfg.accum_steps)]
+    loss = accumulate(run.net, run.model, batches, run.ddp, run.autocast)
+    # the step's loss averaged over ranks, the skip and caption counts of all ranks: [1 + reasons + text]
+    report = all_sum([loss.item()] + _skip_counts(run.stream.stats) + _text_counts(run.stream.text),
+                      run.world, run.device)
+    run.loss = report[0] / run.world
+    run.step += 1
+    if not np.isfinite(run.loss):
+        raise NonFiniteLossError(f"loss is {run.loss} at step {run.step}; last good checkpoint: "
+                                 f"{run.last_ckpt or 'none written yet'}")
+    lr = run.optimizer.param_groups[0]["lr"]
+    optim.optimizer_step(run.model, run.optimizer, run.scheduler, run.cfg.grad_clip_norm)
+    run.speeds.append(run.global_batch / (time.perf_counter() - start))
+    return report, lr
+
+
+def _show(run: _Run, bar, log, report: list[float], lr: float) -> None:
+    """Rank 0: the progress bar, a metrics line every ``log_every`` steps, and one warning when many caption
+    tokens fall outside a compact vocabulary."""
+    cfg, step, text = run.cfg, run.step, _text_stats(report[1 + len(SKIP_REASONS):])
+    bar.update(1)
+    bar.set_postfix(loss=f"{run.loss:.4f}", img_s=f"{run.speeds[-1]:.1f}", lr=f"{lr:.2e}",
+                    **({"unk": f"{text.unknown_rate:.1%}"} if run.model.tokenizer.vocab is not None else {}))
+    if step % cfg.log_every == 0 or step == cfg.steps:
+        log.write({"step": step, "epoch": run.stream.epoch, "loss": run.loss, "lr": lr,
+                   "images_per_s": run.speeds[-1], "skipped": _skip_dict(report[1 : 1 + len(SKIP_REASONS)]),
+                   "unk_rate": text.unknown_rate, "truncated": text.truncated})
+    if not run.warned and text.tokens >= UNK_WARN_MIN_TOKENS and text.unknown_rate > UNK_WARN_RATE:
+        run.warned = True
+        logger.warning("%.1f%% of the caption tokens so far (%d of %d) are unknown to the model's compact "
+                       "vocabulary and became [UNK]; build the vocabulary from the training captions "
+                       "with --vocab-from-data (vocab_from_data=True)", 100 * text.unknown_rate,
+                       text.unknown, text.tokens)
+
+
+def _summary(run: _Run) -> dict:
+    """The run's results: its last checkpoint and loss (from metrics.jsonl when no step was left to run), the
+    skip and caption counts of all ranks, the mean speed."""
+    metrics = os.path.join(run.cfg.output_dir, "metrics.jsonl")
+    loss = run.loss
+    if not run.speeds:  # nothing left to do: report the finished run's last logged loss
         with open(metrics) as f:
-            loss_value = json.loads(f.readlines()[-1])["loss"]
-    totals = _all_sum(_skip_counts(stream.stats) + _text_counts(stream.text), world, device)
+            loss = json.loads(f.readlines()[-1])["loss"]
+    totals = all_sum(_skip_counts(run.stream.stats) + _text_counts(run.stream.text), run.world, run.device)
     skipped, text = _skip_dict(totals), _text_stats(totals[len(SKIP_REASONS):])
-    return {"checkpoint": last_ckpt, "steps": step, "final_loss": loss_value, "metrics": metrics, "skipped": skipped,
-            "unk_rate": text.unknown_rate, "truncated": text.truncated,
-            "images_per_s": float(np.mean(speeds)) if speeds else None, "world_size": world,
-            "global_batch": global_batch, "output_dir": cfg.output_dir}
+    return {"checkpoint": run.last_ckpt, "steps": run.step, "final_loss": loss, "metrics": metrics,
+            "skipped": skipped, "unk_rate": text.unknown_rate, "truncated": text.truncated,
+            "images_per_s": float(np.mean(run.speeds)) if run.speeds else None, "world_size": run.world,
+            "global_batch": run.global_batch, "output_dir": run.cfg.output_dir}
 
 
 def _skip_counts(stats: SkipStats) -> list[int]:
@@ -328,19 +345,10 @@ def _text_stats(counts: list[float]) -> TextStats:
     return TextStats(**{name: int(n) for name, n in zip(TEXT_FIELDS, counts)})
 
 
-def _all_sum(values: list[float], world: int, device: torch.device) -> list[float]:
-    """Element-wise sum over ranks (one small all_reduce)."""
-    if world == 1:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
 def _save(cfg, step, model, optimizer, scheduler, stream, rank, world) -> str:
     """Collect every rank's RNG and stream state; rank 0 writes the checkpoint. Returns its folder."""
-    rngs = _gather(checkpoint.rng_state(), world)
-    data = _gather(stream.state_dict(), world)
+    rngs = gather(checkpoint.rng_state(), world)
+    data = gather(stream.state_dict(), world)
     path = os.path.join(cfg.output_dir, "checkpoints", f"step_{step:06d}")
     if rank == 0:
         path = checkpoint.save(cfg.output_dir, step, model, {

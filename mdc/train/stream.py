@@ -1,10 +1,12 @@
 """The training data of a run: each rank's endless batch stream (:class:`DataStream`), and what a
-configuration reads from local shards before training (:func:`count_samples`, :func:`vocab_from_captions`)."""
+configuration reads from local shards before training (:func:`check_shards`, :func:`count_samples`,
+:func:`vocab_from_captions`)."""
 from __future__ import annotations
 
 import json
 import os
 import tarfile
+from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
@@ -13,7 +15,24 @@ from webdataset.tariterators import base_plus_ext
 
 from mdc.data.pipeline import SkipStats, StreamPosition, iterate_batches, make_loader
 from mdc.data.stats import iter_captions
+from mdc.errors import ConfigError
 from mdc.tokenizer import TextStats, Tokenizer
+
+
+def check_shards(urls: str) -> None:
+    """Refuse (:class:`~mdc.errors.ConfigError` naming ``train_data``) a shard pattern whose local shards
+    do not all exist, naming the first missing one and how many of how many are missing.
+
+    The pattern is expanded as the loader expands it (``::`` and braces, webdataset's ``expand_urls``);
+    ``pipe:`` commands and URLs cannot be checked and pass. Checked before a run writes anything: the
+    loader would otherwise only count each missing shard as skipped, and a run with no shard at all
+    fails after its folder exists.
+    """
+    paths = wds.shardlists.expand_urls(urls)
+    missing = [p for p in paths if not urlparse(p).scheme and p != "-" and not os.path.isfile(p)]
+    if missing:
+        raise ConfigError(f"train_data: {len(missing)} of {len(paths)} shards do not exist, the first: "
+                          f"{missing[0]!r}", "train_data")
 
 
 def vocab_from_captions(urls: str) -> list[int]:
@@ -25,6 +44,7 @@ def vocab_from_captions(urls: str) -> list[int]:
     the way to train ``tiny`` (whose default vocabulary is the synthetic world's) on real
     captions. Every process reads all captions once.
     """
+    check_shards(urls)
     paths = wds.shardlists.expand_urls(urls)
     for url in paths:
         if not os.path.isfile(url):
@@ -57,6 +77,7 @@ def count_samples(urls: str) -> int:
 
 
 def _count_local(urls: str) -> int:
+    check_shards(urls)
     total = 0
     for url in wds.shardlists.expand_urls(urls):
         if not os.path.isfile(url):
