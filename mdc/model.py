@@ -141,20 +141,27 @@ def evaluating(model: nn.Module, precision: str = "auto"):
     device); an autocast the caller has entered is switched off for the model's device unless
     bf16 is asked for. Under bf16 the vocabulary head (:class:`Head`) still runs in fp32, and
     log-probabilities are always taken in fp32 (:func:`mdc.diffusion.caption_log_probs`). The
-    scorers default to "fp32" (:func:`mdc.scoring.score`), the sampler to "auto"."""
+    scorers default to "fp32" (:func:`mdc.scoring.score`), the sampler to "auto".
+    Under fp32, TF32 is off for matmuls and cuDNN convolutions (``torch.backends.cuda.matmul.allow_tf32``,
+    ``torch.backends.cudnn.allow_tf32``; PyTorch enables the latter by default, which would put the
+    conv stem and patch embedding in TF32), and both flags are restored afterwards."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
     device = next(model.parameters()).device
     bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
     was_training = model.training
     heads = [(m, m.fp32) for m in model.modules() if isinstance(m, Head)]
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     model.eval()
     try:
         for head, _ in heads:
             head.fp32 = True
+        if not bf16:  # fp32 means fp32 through every matmul and convolution
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             yield
     finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
         for head, fp32 in heads:
             head.fp32 = fp32
         model.train(was_training)

@@ -114,35 +114,58 @@ def _chunks(R: int, S: int, max_rows: int):
     return [slice(c * S + a, c * S + min(a + max_rows, S)) for c in range(R) for a in range(0, S, max_rows)]
 
 
+def _intervals(t_interval) -> list[tuple[float, float]]:
+    """One (w_l, w_u) or a sequence of them, as a list."""
+    return [tuple(t) for t in t_interval] if isinstance(t_interval[0], (tuple, list)) else [tuple(t_interval)]
+
+
+def _count_bounds(t_interval, N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mask counts lo..hi [R] with n / N in [w_l, w_u]: bounds in float64 (float32 has
+    ceil(0.6 * 25) = 16), 1e-9 absorbing decimals' rounding, at least one count."""
+    lo = torch.clamp(torch.ceil(t_interval[0] * N.double() - 1e-9), min=1).long()
+    return lo, torch.maximum(torch.floor(t_interval[1] * N.double() + 1e-9).long(), lo)
+
+
 def elbo_score(model, context, rows, tokens, num_samples=1024, seed=0, max_rows=256, keys=None,
                t_interval=(0.0, 1.0), stratified=True):
     """Monte-Carlo estimate [R] of the Eq. 8 lower bound; `max_rows` bounds each forward pass.
-    ``context``: an ImageContext, or a :class:`mdc.distribution.CaptionDistribution`."""
+    ``context``: an ImageContext, or a :class:`mdc.distribution.CaptionDistribution`.
+
+    ``t_interval``: one (w_l, w_u), or J of them scored from ONE set of masked copies ([R, J]):
+    the S copies are stratified over the counts of the intervals' hull lo..hi (span = hi - lo + 1),
+    and interval j's estimate is span * (1/S) sum over the copies whose count lies in it of
+    (1/n_s) sum_masked log p. Each is unbiased for its bound (a copy's count is uniform on the hull,
+    so E = sum over the interval's counts of E_{C_n}[...]); the first interval that is the hull gives
+    exactly the numbers of a call with that interval alone, and a narrower one uses the ~S x its
+    share of the hull copies that fall in it (still stratified over its counts)."""
     tok, dist = model.tokenizer, as_distribution(model, context)
     R, L = tokens.shape
     S, dev = num_samples, tokens.device
     maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] positions 1..N
     N = maskable.sum(1).cpu()  # [R] caption lengths
-    # mask counts n [R, S], stratified over the allowed counts lo..hi (1..N for Eq. 8): the n with
-    # n / N in [w_l, w_u], bounds in float64 (float32 has ceil(0.6 * 25) = 16), 1e-9 absorbing decimals' rounding
-    lo = torch.clamp(torch.ceil(t_interval[0] * N.double() - 1e-9), min=1).long()
-    hi = torch.maximum(torch.floor(t_interval[1] * N.double() + 1e-9).long(), lo)
+    intervals = _intervals(t_interval)
+    bounds = [_count_bounds(t, N) for t in intervals]  # J x ([R], [R])
+    lo = torch.stack([b[0] for b in bounds]).min(0).values  # [R] the hull of the intervals' counts
+    hi = torch.stack([b[1] for b in bounds]).max(0).values
     span = hi - lo + 1  # [R]
     v, noise = elbo_noise(range(R) if keys is None else keys, seed, S, model.config.context_length, stratified)
     n = lo[:, None] + (v * span[:, None]).floor().long()  # [R, S] uniform over lo..hi
+    inside = torch.stack([(n >= a[:, None]) & (n <= b[:, None]) for a, b in bounds], -1)  # [R, S, J]
     # noise column j drives caption token j, so captions of one key share positions where they can
     noise = torch.cat([torch.ones(R, S, 1), noise[:, :, : L - 1]], dim=2)  # [R, S, L]; column 0 is SOT
-    n, noise = n.view(R * S), noise.view(R * S, L)
+    n, noise, inside = n.view(R * S), noise.view(R * S, L), inside.view(R * S, -1).to(dev)
     caption_of = torch.arange(R).repeat_interleave(S)  # masked copy -> caption
-    total = torch.zeros(R, device=dev)
+    total = torch.zeros(R, len(intervals), device=dev)
     for chunk in _chunks(R, S, max_rows):
         b = caption_of[chunk].to(dev)
         c = corrupt(tokens[b], maskable[b], tok.mask_id, n=n[chunk].to(dev), noise=noise[chunk].to(dev))
         logp = dist.select(rows[b]).log_probs(c.noisy, where=c.masked)  # [M, V]
         ll = torch.zeros(len(b), L, device=dev)
         ll[c.masked] = logp.gather(-1, tokens[b][c.masked][:, None]).squeeze(-1)
-        total.index_add_(0, b, ll.sum(1) * c.weight)  # (1/n) sum over the masked tokens
-    return span.to(dev) * total / S  # (number of counts) x mean over the copies
+        per_copy = ll.sum(1) * c.weight  # (1/n) sum over the masked tokens
+        total.index_add_(0, b, torch.where(inside[chunk], per_copy[:, None], 0.0))
+    out = span.to(dev)[:, None] * total / S  # (number of counts) x mean over the copies: [R, J]
+    return out if isinstance(t_interval[0], (tuple, list)) else out[:, 0]
 
 
 # ------------------------------------------------------------------------------------ the scorer table
@@ -233,7 +256,7 @@ def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0
         raise ValueError(f"num_samples must be >= 1; got {num_samples}")
     if keys is not None and len(keys) != len(captions):
         raise ValueError(f"got {len(keys)} keys for {len(captions)} captions")
-    if not 0.0 <= t_interval[0] <= t_interval[1] <= 1.0:
+    if not all(0.0 <= a <= b <= 1.0 for a, b in _intervals(t_interval)):
         raise ValueError(f"t_interval must satisfy 0 <= w_l <= w_u <= 1; got {t_interval}")
     if encode is not None and not scorer.caption_distribution:
         raise ValueError(f"a caption distribution (encode) applies to the MDC scorers {DISTRIBUTION_SCORERS}; "
@@ -291,4 +314,5 @@ def score_candidates(model, images, candidates: Sequence[Sequence[str]], method:
     keys = [key if paired else (key, k) for key in item_keys for k in range(K)]
     rows = torch.arange(len(images), device=images.device).repeat_interleave(K)
     flat = [c for cands in candidates for c in cands]
-    return _score(model, images, rows, flat, method, keys, **kw).view(len(images), K)
+    out = _score(model, images, rows, flat, method, keys, **kw)  # [B*K] or, for several ELBO t_intervals, [B*K, J]
+    return out.view(len(images), K, *out.shape[1:])

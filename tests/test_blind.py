@@ -11,6 +11,7 @@ from mdc.eval import accuracy
 from conftest import small_model
 from mdc.data.transforms import image_transform
 from mdc.distribution import encode_null
+from mdc.eval.suites import reference_images
 from mdc.world.evalsets import write_evalsets
 
 
@@ -30,21 +31,22 @@ def _score(model, suite, methods, **kw):
 
 def test_every_likelihood_variant_gets_a_blind_baseline_of_the_right_kind():
     plain, guided = small_model(), small_model(cond_drop_prob=0.1)
-    assert C.method_variants(plain, "auto")["heuristic_blind"]["image"] == "mean"
+    assert C.method_variants(plain, "auto")["heuristic_blind"]["image"] == "marginal"
     assert C.method_variants(guided, "auto")["heuristic_blind"]["image"] == "null"  # its learned null condition
-    assert C.method_variants(small_model("arc"), "auto")["exact_blind"] == {"method": "exact", "image": "mean"}
+    assert C.method_variants(small_model("arc"), "auto")["exact_blind"] == {"method": "exact", "image": "marginal"}
     assert set(C.method_variants(small_model("clip"), "auto")) == {"cosine"}  # not a likelihood
     cfg = C.with_blind(guided, {"cfg@2": dict(method="heuristic", guidance="cfg", guidance_scale=2.0)})
-    assert cfg["cfg@2_blind"]["image"] == "mean"  # a guided score's null is part of its rule: the mean image
+    assert cfg["cfg@2_blind"]["image"] == "marginal"  # a guided score's null is part of its rule: other images
 
 
-def test_blind_scores_ignore_the_image_and_debiased_is_raw_minus_alpha_blind(evalsets):
+def test_blind_scores_ignore_the_image_and_the_heuristic_is_not_debiased(evalsets):
+    """The heuristic's blind score reveals in its own order, so raw - blind would subtract two scores
+    of different orders: no debiased heuristic. The ELBO's pair shares its masked copies: debiased."""
     suite = C.load_suites(evalsets, ["aro_relation"])["aro_relation"]
     model = small_model(cond_drop_prob=0.1)
-    out = _score(model, suite, ["heuristic"], debias_alpha=0.5)
-    assert set(out.scores) == {"heuristic", "heuristic_blind", "heuristic_debiased"}
-    np.testing.assert_allclose(out.scores["heuristic_debiased"],
-                               out.scores["heuristic"] - 0.5 * out.scores["heuristic_blind"])
+    out = _score(model, suite, ["heuristic", "elbo"], debias_alpha=0.5)
+    assert set(out.scores) == {"heuristic", "heuristic_blind", "elbo", "elbo_blind", "elbo_debiased"}
+    np.testing.assert_allclose(out.scores["elbo_debiased"], out.scores["elbo"] - 0.5 * out.scores["elbo_blind"])
     noise = torch.randn(len(suite.items), 3, 32, 32)  # any images: the null condition does not look at them
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -53,13 +55,21 @@ def test_blind_scores_ignore_the_image_and_debiased_is_raw_minus_alpha_blind(eva
     assert not np.allclose(out.scores["heuristic"], out.scores["heuristic_blind"])
 
 
-def test_the_mean_image_stand_in_does_not_depend_on_the_batch(evalsets):
+def test_the_marginal_is_a_log_mean_exp_over_other_images_whatever_the_batch(evalsets):
+    """log p(t) ~ log (1/K) sum_k p(t | i_k) over K reference images of the suite, never the item's own."""
     suite = C.load_suites(evalsets, ["aro_relation"])["aro_relation"]
     model = small_model("arc")
-    a = _score(model, suite, ["exact"])
+    a = _score(model, suite, ["exact"], blind_images=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        b = C.score_suite(model, image_transform(32, train=False), suite, ["exact"], batch_size=5)
+        b = C.score_suite(model, image_transform(32, train=False), suite, ["exact"], batch_size=5, blind_images=3)
+        pool, chosen = reference_images(suite, 3)
+        assert chosen.shape == (len(suite.items), 3) and len(pool) == 4
+        assert all(suite.clusters[pool[j]] != suite.clusters[i] for i, row in enumerate(chosen) for j in row)
+        images = torch.stack([C._Images(suite.items, image_transform(32, train=False))[p] for p in pool])
+        per_image = torch.stack([mdc.score_candidates(model, images[torch.as_tensor(chosen[:, k])], suite.candidates,
+                                                      "exact").double() for k in range(3)])
+    np.testing.assert_allclose(a.scores["exact_blind"], (per_image.logsumexp(0) - np.log(3)).numpy(), rtol=1e-5)
     np.testing.assert_allclose(a.scores["exact_blind"], b.scores["exact_blind"], rtol=1e-6, atol=1e-6)
     assert a.methods["exact_blind"] == "exact"  # length normalisation counts [EOT] for every exact variant
     np.testing.assert_allclose(a.normalised("exact_blind"), a.scores["exact_blind"] / (a.tokens + 1))
@@ -104,7 +114,7 @@ def test_guided_compositionality_reports_each_setting_blind_and_debiased(evalset
         warnings.simplefilter("ignore")
         out = guided_compositionality(model, suites, [(None, None), ("cfg", 1.0)], batch_size=4, resamples=10)
     labels = {k.removesuffix("_lengthnorm") for k in out["table2"]}
-    assert labels == {f"{run}{kind}" for run in ("none", "cfg@s=1") for kind in ("", "_blind", "_debiased")}
+    assert labels == {f"{run}{kind}" for run in ("none", "cfg@s=1") for kind in ("", "_blind")}  # heuristic: no debiased
 
 
 def test_a_suite_left_without_items_scores_its_blind_variants_as_empty():
@@ -112,3 +122,4 @@ def test_a_suite_left_without_items_scores_its_blind_variants_as_empty():
     out = C.score_variants(small_model("arc"), image_transform(32, train=False), suite,
                            C.method_variants(small_model("arc"), "auto"))
     assert {v: a.shape for v, a in out.scores.items()} == {v: (0, 0) for v in ("exact", "exact_blind", "exact_debiased")}
+    assert out.suite.clusters == []

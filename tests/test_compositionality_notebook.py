@@ -35,14 +35,19 @@ def test_compositionality_notebook_smoke(tmp_path, run_notebook):
     assert set(results) >= {"settings", "columns", "sugarcrepe_subsets", "table2", "item_scores"}
     assert set(results["columns"]) == set(COLUMNS) - {"aro_flickr30k_order"}  # no Flickr30k in the synthetic world
     raw = ["elbo", "elbo_trained_t", "heuristic"]  # each with its image-free and debiased scores
-    assert results["settings"]["variants"] == [x for v in raw for x in (v, f"{v}_blind")] + [f"{v}_debiased" for v in raw]
-    assert results["settings"]["debias_alpha"] == 1.0
-    assert set(results["table2"]) == {f"{v}{k}{s}" for v in raw for k in ("", "_blind", "_debiased")
-                                      for s in ("", "_lengthnorm")}
+    debiased = ["elbo", "elbo_trained_t"]  # the heuristic has none: without the image it reveals in another order
+    assert results["settings"]["variants"] == [x for v in raw for x in (v, f"{v}_blind")] + [f"{v}_debiased" for v in debiased]
+    assert results["settings"]["debias_alpha"] == 1.0 and results["settings"]["blind_images"] == 8
+    assert set(results["table2"]) == {f"{v}{k}{s}" for v in raw for k in ("", "_blind") for s in ("", "_lengthnorm")} \
+        | {f"{v}_debiased{s}" for v in debiased for s in ("", "_lengthnorm")}
     entry = results["columns"]["aro_relation"]
     assert entry["items"] == entry["total"] == 4 and entry["chance"] == 0.5 and entry["data"] == "synthetic"
     assert results["columns"]["aro_coco_order"]["chance"] == 0.2
-    assert set(entry["scores"]["heuristic"]) >= {"accuracy", "ci", "ties", "accuracy_lengthnorm", "ci_lengthnorm"}
+    assert set(entry["scores"]["heuristic"]) >= {"accuracy", "ci", "ties", "accuracy_lengthnorm", "ci_lengthnorm",
+                                                 "above_chance", "image_adds"}
+    order = results["columns"]["aro_coco_order"]
+    assert order["images"] == 4 and len(order["records"]["correct"]["elbo"]) == 20  # per-item outcomes, 5 per image
+    assert set(order["records"]) == {"ids", "clusters", "correct"} and order["ties"] == "win"
     with np.load(out / results["item_scores"]) as scores:
         assert scores["aro_coco_order/elbo"].shape == (20, 5)
     table = (out / "table2.md").read_text()

@@ -39,6 +39,11 @@ def test_correct_ties_and_length_normalisation():
     identical[0, 2] = True
     correct, ties = accuracy.correct_and_ties(scores, identical)
     assert correct.tolist() == [True, False] and ties.tolist() == [False, True]
+    # ARO's order tasks (true caption first, np.argmax takes the first maximum): a tie at the top is correct
+    correct, ties = accuracy.correct_and_ties(scores, identical, ties_win=True)
+    assert correct.tolist() == [True, True] and ties.tolist() == [False, True]
+    assert correct.tolist() == (np.argmax(scores, 1) == 0).tolist()
+    assert accuracy.TIES_WIN == ("aro_coco_order", "aro_flickr30k_order")
     # heuristic/elbo divide by the caption tokens, exact also counts [EOT], cosine is unchanged
     s = C.SuiteScores(None, {"heuristic": np.array([[-6.0, -8.0]]), "exact": np.array([[-6.0, -8.0]]),
                              "cosine": np.array([[0.3, 0.2]])}, np.array([[3, 4]]))
@@ -107,15 +112,49 @@ def test_bootstrap_interval_contains_the_estimate_and_shrinks():
         assert lo <= correct.mean() <= hi
         widths.append(hi - lo)
     assert widths[1] < widths[0] / 4  # ~ 1/sqrt(n): 10x narrower
-    again = accuracy.bootstrap_ci(correct, resamples=300, seed=1)
-    assert accuracy.bootstrap_ci(correct, resamples=300, seed=1) == again  # seeded
+    assert accuracy.bootstrap_ci(correct, resamples=300, seed=1) == accuracy.bootstrap_ci(correct, resamples=300, seed=1)
     # macro: the point estimate is the mean of group accuracies; the interval re-runs that mean
     groups = ["a"] * 10 + ["b"] * 90
     correct = np.array([True] * 10 + [False] * 90)
-    lo, hi = accuracy.bootstrap_ci(correct, groups, resamples=300)
+    lo, hi = accuracy.bootstrap_ci(correct, groups=groups, resamples=300)
     assert lo == hi == 0.5  # every resample: (1 + 0) / 2
     assert np.isnan(accuracy.bootstrap_ci([], resamples=10)[0])
-    assert np.isnan(accuracy.bootstrap_ci([True], ["a"], min_count=2, resamples=10)[0])  # no group left
+
+
+def test_groups_are_fixed_once_and_not_refiltered_per_resample():
+    """ARO drops attribute pairs under 25 items once, from the file. A pair with exactly the minimum
+    count must stay in every resample (re-applying the filter per resample dropped it from ~45%)."""
+    groups = ["red_blue"] * 5 + ["wet_dry"] * 5
+    correct = np.array([1] * 5 + [0] * 5)
+    stats = accuracy.resample_stats(correct, groups=groups, resamples=400, seed=0)[:, 0]
+    assert (stats == 0.5).all()  # both pairs in every resample: (1 + 0) / 2
+
+
+def test_the_image_is_the_resampling_unit():
+    """Items of one image (COCO-Order's five captions) are drawn together: with outcomes constant within
+    each of two images, every resample is 0, 1/2 or 1; drawn one by one, almost never."""
+    correct = np.array([1] * 5 + [0] * 5)
+    clusters = ["a.jpg"] * 5 + ["b.jpg"] * 5
+    by_image = accuracy.resample_stats(correct, clusters, resamples=400, seed=0)[:, 0]
+    assert set(np.round(by_image, 9)) <= {0.0, 0.5, 1.0}
+    by_item = accuracy.resample_stats(correct, resamples=400, seed=0)[:, 0]
+    assert np.isin(np.round(by_item, 9), [0.0, 0.5, 1.0]).mean() < 0.5
+    # paired: the image's share, accuracy with - without it, from the same resamples
+    d, lo, hi = accuracy.paired_difference(correct, np.zeros(10), clusters, resamples=400)
+    assert d == 0.5 and lo == 0.0 and hi == 1.0
+    assert accuracy.decode_outcomes(accuracy.encode_outcomes([True, False, True])).tolist() == [True, False, True]
+
+
+def test_clustered_items_widen_the_interval_on_a_synthetic_suite():
+    """1000 images x 5 captions, the captions of an image mostly sharing their outcome (an image that is
+    hard is hard for all five): the item bootstrap's interval is ~1.9x too narrow here."""
+    rng = np.random.default_rng(0)
+    image_p = rng.beta(0.5, 0.5, size=1000)  # each image's chance of a correct caption
+    correct = rng.random((1000, 5)) < image_p[:, None]
+    clusters = np.repeat(np.arange(1000), 5)
+    lo_c, hi_c = accuracy.bootstrap_ci(correct.ravel(), clusters, resamples=1000)
+    lo_i, hi_i = accuracy.bootstrap_ci(correct.ravel(), resamples=1000)
+    assert 1.6 < (hi_c - lo_c) / (hi_i - lo_i) < 2.2
 
 
 def test_methods_must_fit_the_objective():
@@ -211,12 +250,26 @@ def test_end_to_end_on_synthetic_sets(evalsets, objective, tmp_path):
         scored = {n: C.score_suite(model, transform, s, methods, num_samples=2, batch_size=4)
                   for n, s in suites.items()}
     variants = list(C.method_variants(model, methods)) + [f"{v}_debiased" for v in C.variants(methods)
-                                                          if objective != "clip"]  # and each one's blind baseline
+                                                          if objective != "clip" and v != "heuristic"]
     for name, s in scored.items():
         N, K = len(suites[name].items), len(suites[name].candidates[0])
         assert set(s.scores) == set(variants) and s.tokens.shape == (N, K) and (s.tokens > 0).all()
         assert all(a.shape == (N, K) and np.isfinite(a).all() for a in s.scores.values())
     res = C.summarise(scored, settings={"methods": methods}, attribute_min_count=1, resamples=50)
+    order = res["columns"]["aro_coco_order"]
+    assert order["images"] == order["items"] // 5 and order["ties"] == "win"  # five captions per image
+    assert res["columns"]["sugarcrepe_add"]["images"] < res["columns"]["sugarcrepe_add"]["items"]  # shared images
+    for column in res["columns"]:  # the records recompute every accuracy
+        for v in variants:
+            correct, clusters, groups, _ = accuracy.item_outcomes(res, column, v)
+            assert len(correct) == len(clusters) == res["columns"][column]["items"]
+            point = accuracy._point(correct[None].astype(float), groups)[0]
+            assert point == pytest.approx(res["columns"][column]["scores"][v]["accuracy"])
+            if column.startswith("sugarcrepe"):
+                groups = accuracy.item_outcomes(res, column, v, macro=True)[2]
+                assert np.mean([res["sugarcrepe_subsets"][f]["scores"][v]["accuracy"] for f in set(groups)]) == \
+                    pytest.approx(res["columns"][column]["scores"][v]["accuracy_macro"])
+                assert accuracy.over_seeds([res, res], column, v, resamples=20)[0] == pytest.approx(point)
     assert set(res["columns"]) == {"aro_relation", "aro_attribute", "aro_coco_order", "sugarcrepe_add",
                                    "sugarcrepe_replace", "sugarcrepe_swap"}
     assert set(res["table2"]) == {f"{v}{s}" for v in variants for s in ("", "_lengthnorm")}
@@ -233,6 +286,14 @@ def test_end_to_end_on_synthetic_sets(evalsets, objective, tmp_path):
     with np.load(path) as saved:
         assert saved["aro_relation/ids"].tolist() == [str(i["id"]) for i in suites["aro_relation"].items]
         np.testing.assert_array_equal(saved[f"aro_relation/{methods[0]}"], scored["aro_relation"].scores[methods[0]])
+
+
+def test_elbo_and_its_trained_t_variant_are_scored_in_one_call():
+    scoring = C.method_variants(small_model("mdc"), "auto")  # t_interval (0.5, 1.0) by default
+    calls = {tuple(v for v, _ in names): kw.get("t_interval") for kw, names in C._calls(scoring)}
+    assert calls[("elbo", "elbo_trained_t")] == [(0.0, 1.0), (0.5, 1.0)]
+    assert calls[("elbo_blind", "elbo_trained_t_blind")] == [(0.0, 1.0), (0.5, 1.0)]
+    assert calls[("heuristic",)] is None
 
 
 def test_a_method_that_does_not_fit_the_checkpoint_is_an_error(evalsets):

@@ -124,9 +124,12 @@ def test_order_suite(tmp_path):
 
     true = np.zeros(5)
     perturbed = -np.ones((5, 4))
-    perturbed[1, 2] = 0.0  # a tie with a different caption: wrong
-    perturbed[np.array([it["identical"] for it in items])] = 0.0  # ties with the same string: ignored
+    perturbed[1, 2] = 0.0  # a tie with a different caption: correct, as ARO's argmax (true caption first) has it
+    perturbed[3, 1] = 0.5  # beaten: wrong
+    perturbed[np.array([it["identical"] for it in items])] = 0.0  # ties with the same string: correct too
     assert order_accuracy(items, true, perturbed) == pytest.approx(4 / 5)
+    scores = np.concatenate([true[:, None], perturbed], 1)  # ARO's own evaluate_scores: argmax == 0
+    assert order_accuracy(items, true, perturbed) == float(np.mean(np.argmax(scores, -1) == 0))
 
     with pytest.raises(ValueError, match=r"coco_karpathy_test\.json.*item 0.*'caption'"):
         load_order_suite(_json(tmp_path / "coco_karpathy_test.json", [{"image": "val2014/a.jpg"}]), str(tmp_path),

@@ -24,25 +24,13 @@ import mdc
 from mdc import optim
 from mdc.transformer import Head
 from mdc.train import loop, train
-from mdc.world.scenes import vocabulary, write_shards
-from conftest import CAPTIONS, SMALL, small_model
-
-MODEL = SMALL | {"vocab": list(vocabulary()), "context_length": 32}
-ENV = dict(os.environ, OMP_NUM_THREADS="1")  # conftest puts this checkout on PYTHONPATH
+from conftest import CAPTIONS, SUBPROCESS_ENV, TRAIN_MODEL, same_weights, small_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fast on a busy 2-core machine, bitwise comparable
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    """Two shards of 16 synthetic 32 px scenes; returns the brace pattern."""
-    out = str(tmp_path_factory.mktemp("shards"))
-    write_shards(out, 32, "alt", seed=0, image_size=32, shard_size=16)
-    return os.path.join(out, "{000000..000001}.tar")
-
-
 def run_args(data, out, **kw):
-    return dict(train_data=data, output_dir=str(out), model_overrides=MODEL, batch_size=4, lr=1e-3, workers=0,
+    return dict(train_data=data, output_dir=str(out), model_overrides=TRAIN_MODEL, batch_size=4, lr=1e-3, workers=0,
                 shuffle_buffer=8, steps=3, save_every=3, warmup_steps=1, precision="bf16", progress=False) | kw
 
 
@@ -98,21 +86,21 @@ def check_bf16_training(result: dict, record: dict) -> None:
 
 
 @pytest.mark.parametrize("objective, extra", [("mdc", {}), ("arc", {}), ("clip", {"accum_steps": 2})])
-def test_bf16_pretraining_keeps_fp32_master_weights(shards, tmp_path, monkeypatch, objective, extra):
+def test_bf16_pretraining_keeps_fp32_master_weights(scene_shards, tmp_path, monkeypatch, objective, extra):
     """A few bf16 steps of each objective (CLIP accumulating: its cached-embedding path too)."""
-    result, record = recording_train(monkeypatch, **run_args(shards, tmp_path, objective=objective, **extra))
+    result, record = recording_train(monkeypatch, **run_args(scene_shards, tmp_path, objective=objective, **extra))
     check_bf16_training(result, record)
     if objective != "clip":
         assert record["head"] == {torch.bfloat16}  # training leaves the vocabulary head to autocast
 
 
-def test_fp32_run_and_ignored_bf16_switch_are_noticed(shards, tmp_path, monkeypatch):
+def test_fp32_run_and_ignored_bf16_switch_are_noticed(scene_shards, tmp_path, monkeypatch):
     """The checks above fail on an fp32 run, and on a bf16 run whose autocast is switched off."""
-    result, record = recording_train(monkeypatch, **run_args(shards, tmp_path / "fp32", precision="fp32"))
+    result, record = recording_train(monkeypatch, **run_args(scene_shards, tmp_path / "fp32", precision="fp32"))
     with pytest.raises(AssertionError, match="bf16"):
         check_bf16_training(result, record)
     monkeypatch.setattr(torch, "autocast", AutocastOff)
-    result, record = recording_train(monkeypatch, **run_args(shards, tmp_path / "off"))
+    result, record = recording_train(monkeypatch, **run_args(scene_shards, tmp_path / "off"))
     with pytest.raises(AssertionError, match="bf16"):
         check_bf16_training(result, record)
 
@@ -121,10 +109,10 @@ class Crash(Exception):
     pass
 
 
-def test_bf16_run_resumes_exactly(shards, tmp_path, monkeypatch):
+def test_bf16_run_resumes_exactly(scene_shards, tmp_path, monkeypatch):
     """A bf16 run stopped after its step-2 checkpoint and resumed ends bit for bit where an
     uninterrupted one does (the fp32 master weights and optimizer state are what is saved)."""
-    straight = train(**run_args(shards, tmp_path / "straight", steps=4, save_every=2))
+    straight = train(**run_args(scene_shards, tmp_path / "straight", steps=4, save_every=2))
     save = loop._save
 
     def crash_after_first(cfg, step, *rest):
@@ -135,12 +123,11 @@ def test_bf16_run_resumes_exactly(shards, tmp_path, monkeypatch):
 
     monkeypatch.setattr(loop, "_save", crash_after_first)
     with pytest.raises(Crash):
-        train(**run_args(shards, tmp_path / "resumed", steps=4, save_every=2))
+        train(**run_args(scene_shards, tmp_path / "resumed", steps=4, save_every=2))
     monkeypatch.setattr(loop, "_save", save)
-    resumed = train(**run_args(shards, tmp_path / "resumed", steps=4, save_every=2, resume=True))
+    resumed = train(**run_args(scene_shards, tmp_path / "resumed", steps=4, save_every=2, resume=True))
     a, b = (load_file(os.path.join(r["checkpoint"], "model.safetensors")) for r in (straight, resumed))
-    assert resumed["steps"] == 4 and a.keys() == b.keys()
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["steps"] == 4 and same_weights(a, b)
     assert resumed["final_loss"] == straight["final_loss"]
 
 
@@ -182,14 +169,14 @@ DDP_SCRIPT = textwrap.dedent('''
 ''')
 
 
-def test_ddp_two_gloo_processes_in_bf16(shards, tmp_path):
+def test_ddp_two_gloo_processes_in_bf16(scene_shards, tmp_path):
     """DDP's gradient all-reduce in bf16 training: fp32 gradients and weights, ranks identical."""
     script = tmp_path / "ddp_bf16.py"
     script.write_text(DDP_SCRIPT)
-    kwargs = run_args(shards, tmp_path / "run", steps=2, save_every=2, accum_steps=2)
+    kwargs = run_args(scene_shards, tmp_path / "run", steps=2, save_every=2, accum_steps=2)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
            str(tmp_path), json.dumps(kwargs)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for got in ranks:
@@ -254,3 +241,24 @@ def test_ignored_evaluation_switch_is_noticed(images, monkeypatch):
     monkeypatch.setattr(torch, "autocast", AutocastOff)
     with pytest.raises(AssertionError, match="bf16"):
         check_bf16_evaluation(*evaluate_all(images))
+
+
+@pytest.mark.parametrize("precision, tf32_inside", [("fp32", False), ("bf16", True)])
+def test_fp32_evaluation_turns_tf32_off_and_restores_the_flags(precision, tf32_inside):
+    """fp32 scores are fp32 through the conv stem and patch embedding too: TF32 (matmul and cuDNN) off
+    inside evaluating(..., "fp32"), the caller's flags back afterwards (bf16 leaves them alone)."""
+    from mdc.model import evaluating
+
+    model = small_model("mdc")
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        with evaluating(model, precision):
+            inside = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        assert inside == (tf32_inside, tf32_inside)
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (True, True)
+        with pytest.raises(RuntimeError), evaluating(model, precision):
+            raise RuntimeError("an error inside restores the flags too")
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (True, True)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import mdc
 import mdc.condition
@@ -57,15 +56,15 @@ def test_arc_exact_equals_teacher_forced_sum(images):
     torch.testing.assert_close(mdc.score(model, images, CAPTIONS), torch.tensor(expect), rtol=1e-5, atol=1e-4)
 
 
-def _exact_bound(model, image, cap):
-    """Eq. 8 by enumerating every mask subset of a short caption."""
+def _exact_bound(model, image, cap, t_interval=(0.0, 1.0)):
+    """Eq. 8 by enumerating every mask subset of a short caption (the counts n with n / N in ``t_interval``)."""
     tok = model.tokenizer
     ids = tok([cap])
     ids = ids[:, : int((ids[0] == tok.eot_id).nonzero()[0]) + 1]
     pos = caption_mask(ids, tok.sot_id, tok.eot_id)[0].nonzero().flatten().tolist()
     N, bound = len(pos), 0.0
     with torch.no_grad():
-        for n in range(1, N + 1):
+        for n in range(max(1, math.ceil(t_interval[0] * N - 1e-9)), math.floor(t_interval[1] * N + 1e-9) + 1):
             subsets = list(itertools.combinations(pos, n))
             for sub in subsets:
                 x = ids.clone()
@@ -82,6 +81,23 @@ def test_elbo_converges_to_the_enumerated_bound(images, stratified):
     exact = torch.tensor([_exact_bound(model, images[i], c) for i, c in enumerate(caps)])
     est = mdc.score(model, images[:2], caps, method="elbo", num_samples=3000, max_rows=512, stratified=stratified)
     torch.testing.assert_close(est, exact, rtol=0.02, atol=0.05)
+
+
+def test_elbo_and_trained_t_from_one_set_of_masked_copies(images):
+    """Both bounds from one call: the ELBO's numbers bitwise those of a call for it alone; the trained-t
+    bound from the copies whose mask count falls in its range, unbiased for the same sum (the enumerated
+    bound), with the Monte-Carlo error of a dedicated estimate of about S x (its share of counts) copies."""
+    model = small_model().eval()
+    caps = ["a red circle", "two blue squares"]
+    both = mdc.score(model, images[:2], caps, method="elbo", num_samples=64, t_interval=[(0.0, 1.0), (0.5, 1.0)])
+    assert both.shape == (2, 2)
+    assert torch.equal(both[:, 0], mdc.score(model, images[:2], caps, method="elbo", num_samples=64))
+    exact = torch.tensor([_exact_bound(model, images[i], c, (0.5, 1.0)) for i, c in enumerate(caps)])
+    shared = mdc.score(model, images[:2], caps, method="elbo", num_samples=3000, max_rows=512,
+                       t_interval=[(0.0, 1.0), (0.5, 1.0)])[:, 1]
+    alone = mdc.score(model, images[:2], caps, method="elbo", num_samples=3000, max_rows=512, t_interval=(0.5, 1.0))
+    torch.testing.assert_close(shared, exact, rtol=0.02, atol=0.05)  # per item: the old and the new estimate
+    torch.testing.assert_close(alone, exact, rtol=0.02, atol=0.05)   # agree with the same bound
 
 
 def test_elbo_is_seeded_and_its_spread_shrinks_like_inverse_sqrt_n(images):

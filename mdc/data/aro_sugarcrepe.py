@@ -1,8 +1,10 @@
 """Compositionality benchmarks as published: SugarCrepe, ARO (VG-Relation, VG-Attribution,
 COCO-Order, Flickr30k-Order), with their accuracy rules.
 
-Tie rule everywhere: an item is correct only if the true caption's score is strictly
-greater than every competing caption's score (a tie is an error).
+Tie rules, each benchmark's own: SugarCrepe counts ``pos_score > neg_score`` (a tie is an error);
+ARO takes ``np.argmax`` over the candidates, which returns the first maximum, so VG-Relation and
+VG-Attribution (false caption listed first, correct = argmax == 1) count a tie as an error and
+COCO/Flickr30k-Order (true caption first, correct = argmax == 0) count a tie as correct.
 
 Items are dicts with ``image_path`` (and ``bbox`` for ARO's VG sets); open images with
 ``mdc.data.formats.load_image``. Missing fields raise ValueError naming file, item and field;
@@ -285,14 +287,14 @@ def load_order_suite(karpathy_test_json: str, image_dir: str | None, seed: int =
 
 
 def order_accuracy(items: Sequence[dict], true_scores, perturbed_scores) -> float:
-    """Fraction of captions whose true caption scores strictly above each of its
-    perturbations (``perturbed_scores``: [N, 4]). A perturbation that is the very same
-    string as the true caption (``identical``) is the same caption, not a competitor, and
-    is ignored; any other tie counts as an error."""
+    """Fraction of captions whose true caption scores at least as high as each of its
+    perturbations (``perturbed_scores``: [N, 4]): ARO's rule, argmax over [true, *perturbed]
+    == 0, where ``np.argmax`` returns the first maximum, so a tie counts as correct (a
+    perturbation that is the true caption's very string, ``identical``, always ties)."""
     true = np.asarray(true_scores, dtype=np.float64)[:, None]
     perturbed = np.asarray(perturbed_scores, dtype=np.float64)
     if perturbed.shape != (len(items), len(PERTURBATIONS)) or len(true) != len(items):
         raise ValueError(f"expected {len(items)} true scores and [{len(items)}, 4] perturbed scores, "
                          f"got {len(true)} and {list(perturbed.shape)}")
     identical = np.array([item["identical"] for item in items], dtype=bool)
-    return float(((true > perturbed) | identical).all(axis=1).mean())
+    return float(((true >= perturbed) | identical).all(axis=1).mean())

@@ -1,16 +1,20 @@
 """Accuracy of a multiple-choice benchmark (Table 2): which items count as correct, the suites'
-official aggregations, and percentile bootstrap intervals. Pure numpy: scores in, numbers out.
+official aggregations, and cluster-bootstrap intervals. Pure numpy: scores in, numbers out.
 
 Rules, stated once here and in the functions below:
 
-- Ties are errors: an item is correct only if its true caption (column 0) scores strictly above
-  every other candidate. On the order tasks a perturbation that is the true caption's very string
-  is not a competitor (:func:`correct_and_ties`).
+- Ties follow each benchmark's own scorer (:data:`TIES_WIN`, :func:`correct_and_ties`). ARO's
+  ``evaluate_scores`` takes ``np.argmax`` over the candidates, and ``np.argmax`` returns the first
+  maximum: the order tasks list the true caption first (correct = argmax == 0), so a tie at the top
+  counts as correct; VG-Relation and VG-Attribution list the false caption first (correct =
+  argmax == 1), so a tie is an error. SugarCrepe counts ``pos_score > neg_score``: a tie is an error.
 - Aggregations: VG-Relation is a macro average over relations, VG-Attribution over attribute pairs
-  with at least ``min_count`` items, the order tasks and SugarCrepe are item averages
-  (:func:`suite_accuracy`).
-- Intervals: percentile bootstrap, items resampled with replacement and the suite's own
-  aggregation re-run on each resample (:func:`bootstrap_ci`).
+  (pairs with fewer than 25 items in the file are dropped once, when the file is read, as ARO does),
+  the order tasks and SugarCrepe are item averages (:func:`suite_accuracy`).
+- Intervals: percentile cluster bootstrap (:func:`resample_stats`). The resampling unit is the
+  image: items that share an image (COCO-Order's five captions, SugarCrepe items of one COCO image
+  across sub-files) are drawn together. The groups of a macro average are fixed once from the full
+  file; a resample averages the fixed groups that it drew at least one item of.
 - A score without the image whose accuracy lies at least :data:`BLIND_WARNING` from chance means
   the captions' text alone separates the suite's candidates.
 """
@@ -23,61 +27,147 @@ import numpy as np
 
 from mdc.data import aro_sugarcrepe as comp
 
-__all__ = ["BLIND_WARNING", "MACRO_SUITES", "bootstrap_ci", "correct_and_ties", "same_words", "suite_accuracy"]
+__all__ = ["BLIND_WARNING", "MACRO_SUITES", "TIES_WIN", "bootstrap_ci", "correct_and_ties", "decode_outcomes",
+           "encode_outcomes", "interval", "item_outcomes", "over_seeds", "paired_difference", "resample_stats", "same_words", "suite_accuracy"]
 
 BLIND_WARNING = 0.10  # |blind accuracy - chance| at which the text alone decides a suite
 MACRO_SUITES = ("aro_relation", "aro_attribute")  # suites averaged over groups (relations, attribute pairs)
+TIES_WIN = ("aro_coco_order", "aro_flickr30k_order")  # ARO: true caption first, argmax takes the first maximum
 
 
-def correct_and_ties(scores: np.ndarray, identical: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Per item [N]: whether the true caption (column 0) scores strictly above every competitor,
-    and whether the item is lost by a tie (it would be correct if ties counted as wins).
+def correct_and_ties(scores: np.ndarray, identical: np.ndarray | None = None,
+                     ties_win: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Per item [N]: whether the true caption (column 0 of ``scores`` [N, K]) wins, and whether the
+    item is decided by a tie (its true caption equals its best competitor's score, none higher).
+    ``ties_win`` (ARO's order tasks): true >= every competitor wins; else true > every competitor.
     ``identical`` [N, K] marks candidates that are the true caption's very string: not competitors."""
     true, others = scores[:, :1], scores[:, 1:]
     same = np.zeros_like(others, dtype=bool) if identical is None else identical[:, 1:]
-    correct = ((true > others) | same).all(1)
-    return correct, ~correct & ((true >= others) | same).all(1)
+    strict = ((true > others) | same).all(1)
+    weak = ((true >= others) | same).all(1)
+    return (weak if ties_win else strict), weak & ~strict
 
 
-def suite_accuracy(name: str, items: list, correct: np.ndarray, scores: np.ndarray, min_count: int,
-                   order: bool = False) -> tuple[float, dict | None]:
-    """The official number of suite ``name`` and, for the macro suites, the accuracy per group
-    (relation or attribute pair); NaN without items. ``order``: an order task (ARO's own rule on the
-    true caption's score against its perturbations'); ``scores`` [N, K], ``correct`` [N]."""
+def suite_accuracy(name: str, items: list, correct: np.ndarray, groups: Sequence | None = None) -> tuple[float, dict | None]:
+    """The official number of suite ``name`` from per-item outcomes ``correct`` [N] and, for the
+    macro suites, the accuracy per group (``groups`` [N]: relation or attribute pair, already
+    filtered by the suite's rule); NaN without items."""
     if not items:
         return float("nan"), ({} if name in MACRO_SUITES else None)
     if name == "aro_relation":
         return comp.vg_relation_accuracy(items, correct)
     if name == "aro_attribute":
-        return comp.vg_attribution_accuracy(items, correct, min_count)
-    if order:
-        return comp.order_accuracy(items, scores[:, 0], scores[:, 1:]), None
+        return comp.vg_attribution_accuracy(items, correct, min_count=1)  # the file's filter is already applied
     return float(np.mean(correct)), None
 
 
-def bootstrap_ci(correct, groups=None, min_count: int = 1, resamples: int = 1000, seed=0,
-                 level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the accuracy: items resampled with replacement ``resamples`` times;
-    each resample re-runs the aggregation, the mean over ``groups`` of per-group accuracy (groups
-    with fewer than ``min_count`` resampled items dropped), or the item mean without groups."""
-    correct = np.asarray(correct, dtype=np.float64)
-    N = len(correct)
+def _codes(labels, n: int) -> np.ndarray:
+    return np.unique(np.asarray([""] * n if labels is None else [str(x) for x in labels]), return_inverse=True)[1]
+
+
+def resample_stats(outcomes, clusters=None, groups=None, resamples: int = 1000, seed=0) -> np.ndarray:
+    """Cluster-bootstrap replicates [R, M] of the accuracy of each outcome row (``outcomes`` [M, N]
+    or [N], values in [0, 1]); every row shares each resample (paired). A resample draws C clusters
+    with replacement out of the C in ``clusters`` [N] (default: each item its own) and weights each
+    item by its cluster's draws. Statistic: the mean over the fixed ``groups`` [N] of each group's
+    weighted accuracy, over the groups with a drawn item; without groups, the weighted item mean."""
+    y = np.atleast_2d(np.asarray(outcomes, dtype=np.float64))  # [M, N]
+    M, N = y.shape
     if N == 0:
-        return float("nan"), float("nan")
-    codes = np.unique(np.asarray(groups if groups is not None else [""] * N), return_inverse=True)[1]
-    onehot = np.eye(codes.max() + 1)[codes]  # [N, G]
-    rng, stats = np.random.default_rng(seed), []
+        return np.full((resamples, M), np.nan)
+    cl = _codes(clusters if clusters is not None else range(N), N)
+    onehot = np.eye(_codes(groups, N).max() + 1)[_codes(groups, N)]  # [N, G]
+    C, rng, out = cl.max() + 1, np.random.default_rng(seed), []
     for start in range(0, resamples, 100):
-        weights = rng.multinomial(N, np.full(N, 1.0 / N), size=min(100, resamples - start))  # [R, N]
-        counts, hits = weights @ onehot, weights @ (onehot * correct[:, None])  # [R, G]
-        kept = counts >= min_count  # [R, G] groups counted in each resample
-        acc = np.where(kept, hits / np.maximum(counts, 1), 0.0)
-        stats.append(np.where(kept.any(1), acc.sum(1) / np.maximum(kept.sum(1), 1), np.nan))  # [R]
-    stats = np.concatenate(stats)
-    if not np.isfinite(stats).any():
+        draws = rng.multinomial(C, np.full(C, 1.0 / C), size=min(100, resamples - start))  # [r, C]
+        w = draws[:, cl].astype(np.float64)  # [r, N] item weights
+        counts = w @ onehot  # [r, G]
+        hits = np.stack([w @ (row[:, None] * onehot) for row in y], 1)  # [r, M, G]
+        drawn = counts > 0
+        acc = np.where(drawn[:, None], hits / np.maximum(counts, 1e-12)[:, None], 0.0)
+        out.append(acc.sum(2) / np.maximum(drawn.sum(1), 1)[:, None])  # [r, M]
+    return np.concatenate(out)
+
+
+def interval(replicates: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of bootstrap replicates [R]; NaN if none is finite."""
+    replicates = np.asarray(replicates, dtype=np.float64)
+    if not np.isfinite(replicates).any():
         return float("nan"), float("nan")
-    lo, hi = np.nanpercentile(stats, [50 * (1 - level), 50 * (1 + level)])
+    lo, hi = np.nanpercentile(replicates, [50 * (1 - level), 50 * (1 + level)])
     return float(lo), float(hi)
+
+
+def bootstrap_ci(correct, clusters=None, groups=None, resamples: int = 1000, seed=0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile cluster-bootstrap interval of one accuracy (:func:`resample_stats`)."""
+    return interval(resample_stats(correct, clusters, groups, resamples, seed)[:, 0], level)
+
+
+def paired_difference(a, b, clusters=None, groups=None, resamples: int = 1000, seed=0,
+                      level: float = 0.95) -> tuple[float, float, float]:
+    """(accuracy of a - accuracy of b, lo, hi) for two outcome vectors [N] of the same items (e.g.
+    with and without the image): both aggregated alike, the interval from the same resamples."""
+    y = np.stack([np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)])  # [2, N]
+    stats, point = resample_stats(y, clusters, groups, resamples, seed), _point(y, groups)
+    return (float(point[0] - point[1]), *interval(stats[:, 0] - stats[:, 1], level))
+
+
+def _point(y: np.ndarray, groups) -> np.ndarray:
+    """The statistic of :func:`resample_stats` on the full sample: [M]."""
+    N = y.shape[1]
+    if N == 0:
+        return np.full(len(y), np.nan)
+    codes = _codes(groups, N)
+    return np.stack([np.bincount(codes, row) / np.bincount(codes) for row in y]).mean(1)
+
+
+def encode_outcomes(values) -> str:
+    """Per-item 0/1 outcomes [N] as one string of '0' and '1' (a results record's compact form)."""
+    return "".join("1" if v else "0" for v in values)
+
+
+def decode_outcomes(text: str) -> np.ndarray:
+    """The 0/1 outcomes [N] (bool) of :func:`encode_outcomes`."""
+    return np.frombuffer(text.encode(), dtype=np.uint8) == ord("1")
+
+
+def item_outcomes(results: dict, column: str, variant: str, macro: bool = False) -> tuple[np.ndarray, list, list | None, list]:
+    """(outcomes [N] bool, image clusters [N], groups [N] or None, item ids [N]) of ``variant`` (may end in
+    "_lengthnorm") in ``column`` of a results dict, from its records; a pooled SugarCrepe column from its
+    sub-files' (ids prefixed by the sub-file; ``macro``: groups = sub-files, for the mean over sub-files)."""
+    if column in results["columns"] and "records" in results["columns"][column]:
+        r = results["columns"][column]["records"]
+        return decode_outcomes(r["correct"][variant]), r["clusters"], r.get("groups"), r["ids"]
+    files = [f for f in comp.SUGARCREPE_COLUMNS[column.removeprefix("sugarcrepe_")] if f in results["sugarcrepe_subsets"]]
+    recs = [(f, results["sugarcrepe_subsets"][f]["records"]) for f in files]
+    if not recs:
+        raise KeyError(f"{column}: no sub-file was evaluated")
+    return (np.concatenate([decode_outcomes(r["correct"][variant]) for _, r in recs]),
+            [c for _, r in recs for c in r["clusters"]], [f for f, r in recs for _ in r["ids"]] if macro else None,
+            [f"{f}/{i}" for f, r in recs for i in r["ids"]])
+
+
+def over_seeds(results: Sequence[dict], column: str, variant: str, baseline: str | None = None,
+               resamples: int = 1000, level: float = 0.95, macro: bool = False) -> tuple[float, float, float] | None:
+    """(accuracy, lo, hi) of ``variant`` in ``column`` over the seeds' results dicts (or of ``variant``
+    minus ``baseline``, paired), from their records: the mean over seeds of the seeds' accuracies
+    (= the statistic of the seed-averaged per-item outcomes, for the same items in every seed) with
+    the cluster-bootstrap interval of those seed-averaged outcomes, i.e. test-item noise only (one
+    seed: its own interval). None when a seed lacks records or the seeds' items differ."""
+    try:
+        got = [[item_outcomes(r, column, v, macro) for v in (variant, baseline) if v] for r in results]
+    except KeyError:
+        return None
+    ids, clusters, groups = got[0][0][3], got[0][0][1], got[0][0][2]
+    if not ids or any(o[3] != ids for seed in got for o in seed):
+        return None
+    y = np.mean([[o[0] for o in seed] for seed in got], axis=0)  # [1 or 2, N] seed-averaged outcomes
+    stats = resample_stats(y, clusters, groups, resamples, seed=0)
+    point = _point(y, groups)
+    if baseline:
+        return float(point[0] - point[1]), *interval(stats[:, 0] - stats[:, 1], level)
+    return float(point[0]), *interval(stats[:, 0], level)
 
 
 def same_words(candidates: Sequence[Sequence[str]]) -> int:

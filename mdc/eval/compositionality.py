@@ -6,20 +6,23 @@ COCO-Order, Flickr30k-Order and the seven SugarCrepe sub-files, published or syn
 Scorers (:data:`mdc.scoring.METHODS`): "exact" (ARC), "elbo" and "heuristic" (MDC), "cosine"
 (CLIP). Each scored method is reported raw and length-normalised; "elbo" also as
 ``elbo_trained_t``, the ELBO summed only over the mask ratios the model was trained on
-(``model.config.t_interval``, or ``mask_ratio`` when fixed).
+(``model.config.t_interval``, or ``mask_ratio`` when fixed), estimated from the ELBO's own masked
+copies (the ones whose mask count lies in that range; :func:`mdc.scoring.elbo_score`).
 
 How much of a score is the image's? Every likelihood variant is also scored without the image
-(``<variant>_blind``: the learned null condition where the model has one, else the suite's mean
-image) and debiased (``<variant>_debiased`` = log p(t | i) - alpha log p(t), VisualGPTScore's
-correction). A blind accuracy far from chance means the text alone decides the suite: published
-benchmarks share this (ARO's order tasks are solved by text-only models; SugarCrepe was filtered
-until its text-only baselines, Vera and a grammar model, sat near 50%).
+(``<variant>_blind``): the learned null condition where the model has one (log p(t | null)), else
+log p(t) ~ log (1/K) sum_k p(t | i_k), the log-mean-exp over K = ``blind_images`` reference images
+of the suite other than the item's own (a fixed seeded draw of K + 1 distinct images; each costs one
+more scoring of every candidate). ``<variant>_debiased`` = log p(t | i) - alpha log p(t)
+(VisualGPTScore's) for "exact" and "elbo", whose two terms share their noise keys; the heuristic has
+none (without the image it reveals in another order). A blind accuracy far from chance means the
+text alone decides the suite (ARO's order tasks; SugarCrepe was filtered against it).
 
 Results schema (the ``results`` part of a ``kind="compositionality"`` results file)::
 
     {
       "settings": {"methods": [...], "variants": [...], "num_samples": int, "paired": bool,
-                   "stratified": bool, "seed": int, "t_interval_trained": [w_l, w_u],
+                   "stratified": bool, "seed": int, "t_interval_trained": [w_l, w_u], "blind_images": K,
                    "resamples": int, "level": 0.95, "attribute_min_count": 25, "debias_alpha": float},
       "columns": {                  # Table 2 columns that were evaluated, keys from COLUMNS:
         "aro_relation" | "aro_attribute" | "aro_coco_order" | "aro_flickr30k_order" |
@@ -30,29 +33,35 @@ Results schema (the ``results`` part of a ``kind="compositionality"`` results fi
     }
     ENTRY = {
       "data": "synthetic" | "real", "sources": [benchmark files],
-      "items": int,                 # items evaluated (counted in the accuracy)
+      "items": int, "images": int,  # items evaluated, and the distinct images they show (bootstrap clusters)
       "total": int,                 # items in the file(s)
       "missing": int,               # skipped: image absent (on_missing="skip")
       "excluded": int,              # left out by the suite's rule (symmetric relations, rare pairs)
       "chance": float,              # random-guess floor: 0.5 for pairs, 0.2 for order tasks
-      "candidates": int,            # captions per item, the true one included
+      "candidates": int, "ties": "win" | "error",  # the suite's tie rule (mdc.eval.accuracy)
       "aggregation": str, "tagger": "spacy" | "builtin" (order suites only), "seconds": float,
       "same_words": int,            # items whose false caption has the true one's words (bag-of-words ties)
       "scores": {variant: {         # variant: a method or "elbo_trained_t", each also + "_blind", "_debiased"
-          "accuracy": float, "ci": [lo, hi], "ties": int,   # ties: items lost by a tie (correct if ties won)
+          "accuracy": float, "ci": [lo, hi], "ties": int,   # ties: items decided by a tie
           "accuracy_lengthnorm": float, "ci_lengthnorm": [lo, hi], "ties_lengthnorm": int,
+          "above_chance": bool,     # the interval lies above chance
+          "image_adds": {"difference": float, "ci": [lo, hi]},  # accuracy - blind accuracy (variants with one)
           "per_group": {relation | attribute pair: accuracy},      # macro suites only
-          "accuracy_macro": float,  # SugarCrepe columns: the mean over their sub-files
-          "far_from_chance": bool}}}  # blind variants: accuracy.BLIND_WARNING
+          "accuracy_macro": float, "ci_macro": [lo, hi],  # SugarCrepe columns: the mean over their sub-files
+          "far_from_chance": bool}},  # blind variants: accuracy.BLIND_WARNING
+      "records": {"ids": [...], "clusters": [...], "groups": [...],   # per item (suites and sub-files only:
+          "correct": {variant (+ "_lengthnorm"): "0110..."}}}     # a pooled column is its sub-files')
     }
 
-Accuracies are fractions in [0, 1]; a macro average with no group left is null. The rules behind
-them (ties are errors, the suites' aggregations, the intervals) live in :mod:`mdc.eval.accuracy`.
+Accuracies are fractions in [0, 1]; a macro average with no group left is null. Intervals are 95%
+percentile cluster-bootstrap intervals, the image being the resampling unit (:mod:`mdc.eval.accuracy`,
+which holds every rule); "records" carry what recomputes them (:func:`mdc.eval.accuracy.item_outcomes`).
 SugarCrepe's add / replace / swap columns pool their sub-files' items (``accuracy_macro`` beside it:
-the mean over sub-files); the length-normalised score is :meth:`SuiteScores.normalised`.
+the mean over sub-files, SugarCrepe's own reporting); per token: :meth:`SuiteScores.normalised`.
 """
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -65,18 +74,20 @@ from mdc.api import score_candidates
 from mdc.data import aro_sugarcrepe as comp
 from mdc.data.formats import load_image
 from mdc.distribution import encode_null
-from mdc.eval.accuracy import BLIND_WARNING, MACRO_SUITES, bootstrap_ci, correct_and_ties, same_words, suite_accuracy
-from mdc.eval.suites import SUGARCREPE, SUITES, Suite, describe, load_suites, synthetic_data
+from mdc.eval.accuracy import (BLIND_WARNING, MACRO_SUITES, TIES_WIN, correct_and_ties, encode_outcomes,
+                               interval, paired_difference, resample_stats, same_words, suite_accuracy)
+from mdc.eval.suites import SUGARCREPE, SUITES, Suite, describe, load_suites, reference_images, synthetic_data
 from mdc.scoring import METHODS
 from mdc.tokenizer import caption_mask
 
 __all__ = [  # the suites' names are part of this module's API: notebooks read them from here
     "COLUMNS", "SUGARCREPE", "SUITES", "Suite", "SuiteScores", "describe", "image_table", "load_suites",
-    "markdown_table", "mean_image", "method_variants", "resolve_methods", "save_item_scores", "score_suite",
-    "score_variants", "summarise", "synthetic_data", "trained_t_interval", "variants", "with_blind"]
+    "markdown_table", "method_variants", "resolve_methods", "save_item_scores", "score_suite", "score_variants",
+    "summarise", "synthetic_data", "trained_t_interval", "variants", "with_blind"]
 
 COLUMNS = ("aro_relation", "aro_attribute", "aro_coco_order", "aro_flickr30k_order",
            "sugarcrepe_add", "sugarcrepe_replace", "sugarcrepe_swap")
+DEBIASED = ("exact", "elbo")  # scorers whose blind score is the same estimator without the image
 
 
 def resolve_methods(objective: str, methods="auto") -> list[str]:
@@ -148,22 +159,22 @@ def method_variants(model, methods, *, num_samples=1024, seed=0, elbo_trained_t=
 
 def with_blind(model, scoring: dict[str, dict]) -> dict[str, dict]:
     """``scoring`` with ``<variant>_blind`` after each likelihood variant, the same scorer without the
-    image and with the same noise keys as the raw score: keyword
-    ``image`` = "null" (the learned null condition: plain MDC scorers of a model trained with one) or
-    "mean" (the suite's mean image: every other scorer, guided ones included). Cosine has none."""
+    image, with the raw score's noise keys: keyword ``image`` = "null" (the learned null condition: plain
+    MDC scorers of a model trained with one) or "marginal" (the log-mean-exp over reference images of
+    the suite, :func:`mdc.eval.suites.reference_images`: every other scorer). Cosine has none."""
     null = getattr(model, "cond_null", None) is not None
     out = {}
     for v, kw in scoring.items():
         out[v] = kw
         if kw["method"] != "cosine":
             plain_mdc = kw["method"] in ("elbo", "heuristic") and kw.get("guidance") is None
-            out[f"{v}_blind"] = dict(kw, image="null" if null and plain_mdc else "mean")
+            out[f"{v}_blind"] = dict(kw, image="null" if null and plain_mdc else "marginal")
     return out
 
 
 def score_suite(model, transform, suite: Suite, methods: Sequence[str], *, num_samples=1024, paired=True, seed=0,
                 batch_size=32, device="cpu", elbo_trained_t=True, stratified=True, max_rows=256,
-                workers=0, blind=True, debias_alpha=1.0) -> SuiteScores:
+                workers=0, blind=True, debias_alpha=1.0, blind_images=8) -> SuiteScores:
     """Score every candidate of every item with each method's variants (:func:`method_variants`),
     with their image-free and debiased scores unless ``blind=False``. ELBO noise is keyed by the
     item's id (:meth:`Suite.keys`) and shared by its candidates when ``paired`` (common random
@@ -171,56 +182,74 @@ def score_suite(model, transform, suite: Suite, methods: Sequence[str], *, num_s
     scoring = method_variants(model, methods, num_samples=num_samples, seed=seed, elbo_trained_t=elbo_trained_t,
                               stratified=stratified, max_rows=max_rows, blind=blind)
     return score_variants(model, transform, suite, scoring, paired=paired, batch_size=batch_size, device=device,
-                          workers=workers, debias_alpha=debias_alpha)
+                          workers=workers, debias_alpha=debias_alpha, blind_images=blind_images, seed=seed)
 
 
-def mean_image(loader) -> torch.Tensor | None:
-    """The mean [3, S, S] of every image the loader yields (float64 sum: the same whatever the batch
-    size); None when it yields none."""
-    total, n = None, 0
-    for images in loader:
-        total = images.double().sum(0) if total is None else total + images.double().sum(0)
-        n += len(images)
-    return None if total is None else (total / n).float()
+def _calls(scoring: dict[str, dict]) -> list[tuple[dict, list[tuple[str, int]]]]:
+    """One scoring call per distinct set of keywords, ELBO intervals aside: ``[(keywords, [(variant,
+    column)])]``. ELBO variants that differ only in ``t_interval`` share one set of masked copies
+    (column j of the call's [B, K, J] scores); variants with equal keywords share their scores."""
+    calls: dict[str, tuple[dict, list]] = {}
+    for v, kw in scoring.items():
+        elbo = kw["method"] == "elbo"
+        rest = {k: x for k, x in kw.items() if not (elbo and k == "t_interval")}
+        key = repr(sorted(rest.items()))
+        call, names = calls.setdefault(key, (dict(rest, t_interval=[]) if elbo else dict(rest), []))
+        t = tuple(kw.get("t_interval", (0.0, 1.0))) if elbo else None
+        if elbo and t not in call["t_interval"]:
+            call["t_interval"].append(t)
+        names.append((v, call["t_interval"].index(t) if elbo else -1))
+    return list(calls.values())
 
 
 @torch.no_grad()
 def score_variants(model, transform, suite: Suite, scoring: dict[str, dict], *, paired=True, batch_size=32,
-                   device="cpu", workers=0, debias_alpha=1.0) -> SuiteScores:
+                   device="cpu", workers=0, debias_alpha=1.0, blind_images=8, seed=0) -> SuiteScores:
     """Score every candidate of every item under each variant of ``scoring``, ``{name: keywords of
-    mdc.score_candidates}`` (``method`` and its options, e.g. ``guidance``, and ``image``: "mean" or
-    "null" for an image-free score, :func:`with_blind`): the candidates of ``batch_size`` items in one
-    call per variant, each image encoded once per call. A variant whose keywords equal an earlier
-    one's reuses its scores (e.g. ``elbo_trained_t`` of a model trained on t in [0, 1] is ``elbo``).
-    Every ``v`` scored with its ``v_blind`` also gets ``v_debiased`` = v - ``debias_alpha`` v_blind."""
+    mdc.score_candidates}`` (``method`` and its options, e.g. ``guidance``, and ``image``: "null" or
+    "marginal" for an image-free score, :func:`with_blind`): the candidates of ``batch_size`` items in
+    one call per distinct scorer (:func:`_calls`), each image encoded once per call. "marginal" is
+    logmeanexp_k score(t | i_k) over ``blind_images`` reference images (:func:`reference_images`,
+    ``seed``). Every exact or ELBO ``v`` scored with its ``v_blind`` also gets ``v_debiased`` =
+    v - ``debias_alpha`` v_blind."""
     start, model = time.time(), model.to(device)
     keys, tok = suite.keys(), model.tokenizer
-    same = {v: next(u for u in scoring if scoring[u] == kw) for v, kw in scoring.items()}  # first equal variant
     out = SuiteScores(suite, {v: [] for v in scoring}, methods={v: kw["method"] for v, kw in scoring.items()})
     tokens = []
-    loader = torch.utils.data.DataLoader(_Images(suite.items, transform), batch_size=batch_size, num_workers=workers)
-    mean = mean_image(loader) if any(kw.get("image") == "mean" for kw in scoring.values()) else None
+    dataset = _Images(suite.items, transform)
+    pool, chosen = reference_images(suite, blind_images, seed)
+    if any(kw.get("image") == "marginal" for kw in scoring.values()) and pool:
+        pool_images = torch.stack([dataset[i] for i in pool]).to(device)  # [P, 3, S, S]
+    calls = _calls(scoring)
     first = 0
-    for images in loader:  # [B, 3, S, S]
-        images, rows = images.to(device), slice(first, first + len(images))
+    for images in torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers):
+        images, rows = images.to(device), slice(first, first + len(images))  # [B, 3, S, S]
         cands, first = suite.candidates[rows], first + len(images)
         ids = tok.tokenize([c for cs in cands for c in cs])[0]  # [B*K, L]
         tokens.append(caption_mask(ids, tok.sot_id, tok.eot_id).sum(1).view(len(cands), -1).numpy())
-        for v, kw in scoring.items():
-            if same[v] != v:  # the same scores: no need to score twice
-                out.scores[v].append(out.scores[same[v]][-1])
-                continue
+        for kw, names in calls:
             kw = dict(kw)
             image = kw.pop("image", None)
-            x = mean.to(device).expand_as(images) if image == "mean" else images  # [B, 3, S, S]
+            if "t_interval" in kw and len(kw["t_interval"]) == 1:
+                kw["t_interval"] = kw["t_interval"][0]  # one interval: scores [B, K]
             if image == "null":
                 kw["encode"] = encode_null
-            s = score_candidates(model, x, cands, paired=paired, item_keys=keys[rows], **kw)  # [B, K]
-            out.scores[v].append(s.double().cpu().numpy())
+            score = lambda x: score_candidates(model, x, cands, paired=paired, item_keys=keys[rows], **kw)  # noqa: E731
+            if image != "marginal":
+                s = score(images).double()
+            elif chosen.shape[1] == 0:  # a suite of one image has no other image
+                s = torch.full((len(cands), len(cands[0])), math.nan, dtype=torch.float64)
+            else:  # log (1/K) sum_k p(t | i_k)
+                k = torch.as_tensor(chosen[rows], device=device)  # [B, K]
+                s = torch.stack([score(pool_images[k[:, j]]).double() for j in range(k.shape[1])])
+                s = s.logsumexp(0) - math.log(k.shape[1])
+            s = s.cpu().numpy()  # [B, K] or [B, K, J]
+            for v, j in names:
+                out.scores[v].append(s[..., j] if s.ndim == 3 else s)
     K = len(suite.candidates[0]) if suite.candidates else 0
     out.scores = {v: np.concatenate(s) if s else np.zeros((0, K)) for v, s in out.scores.items()}
     for v in scoring:
-        if f"{v}_blind" in scoring:  # VisualGPTScore's debiased score: log p(t | i) - alpha log p(t)
+        if f"{v}_blind" in scoring and out.methods[v] in DEBIASED:  # log p(t | i) - alpha log p(t)
             out.scores[f"{v}_debiased"] = out.scores[v] - debias_alpha * out.scores[f"{v}_blind"]
             out.methods[f"{v}_debiased"] = out.methods[v]
     out.tokens = np.concatenate(tokens) if tokens else np.zeros((0, K), dtype=np.int64)
@@ -228,63 +257,87 @@ def score_variants(model, transform, suite: Suite, scoring: dict[str, dict], *, 
     return out
 
 
-def _entry(parts: list[SuiteScores], variant_names, min_count, resamples, level, seed, name) -> dict:
+def _outcomes(parts: list[SuiteScores], v: str, suffix: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-item outcomes and ties [N] of variant ``v`` (``suffix`` "_lengthnorm": per token) under the suite's tie rule."""
+    s0 = parts[0].suite
+    scores = np.concatenate([p.normalised(v) if suffix else p.scores[v] for p in parts])
+    return correct_and_ties(scores, s0.identical, s0.name in TIES_WIN)
+
+
+def _entry(parts: list[SuiteScores], variant_names, resamples, level, seed, name, min_count) -> dict:
     """The ENTRY of one column or sub-file (``parts``: one suite, or the SugarCrepe sub-files pooled)."""
     suites = [p.suite for p in parts]
     s0 = suites[0]
-    macro = s0.name in MACRO_SUITES
+    items = [it for s in suites for it in s.items]
+    clusters = [c for s in suites for c in s.clusters]  # an image's items across sub-files resample together
+    groups = [g for s in suites for g in s.groups] if s0.name in MACRO_SUITES else None
     entry = {"data": s0.data, "sources": [src for s in suites for src in s.sources],
-             "items": sum(len(s.items) for s in suites), "total": sum(s.total for s in suites),
+             "items": len(items), "images": len(set(clusters)), "total": sum(s.total for s in suites),
              "missing": sum(s.missing for s in suites), "excluded": sum(s.excluded for s in suites),
              "chance": s0.chance, "candidates": len(s0.candidates[0]) if s0.candidates else 0,
+             "ties": "win" if s0.name in TIES_WIN else "error",
              "aggregation": {"aro_relation": "macro over relations (symmetric relations excluded)",
-                             "aro_attribute": f"macro over attribute pairs with >= {min_count} items"}.get(
+                             "aro_attribute": f"macro over attribute pairs with >= {min_count} items in the file"}.get(
                  s0.name, "micro (item-weighted) average"),
              "same_words": sum(same_words(s.candidates) for s in suites),
              "seconds": sum(p.seconds for p in parts), "scores": {}}
     if s0.tagger is not None:
         entry["tagger"] = s0.tagger
-    items = [it for s in suites for it in s.items]
-    groups = [g for s in suites for g in s.groups]
-    identical = s0.identical
-    boot_seed = [seed, zlib.crc32(name.encode())]
+    boot = dict(clusters=clusters, groups=groups, resamples=resamples, seed=[seed, zlib.crc32(name.encode())])
+    correct = {}
     for v in variant_names:
         result = {}
-        for suffix, get in (("", lambda p: p.scores[v]), ("_lengthnorm", lambda p: p.normalised(v))):
-            scores = np.concatenate([get(p) for p in parts])
-            correct, ties = correct_and_ties(scores, identical)
-            acc, per_group = suite_accuracy(s0.name, items, correct, scores, min_count, identical is not None)
-            ci = bootstrap_ci(correct, groups if macro else None, min_count if s0.name == "aro_attribute" else 1,
-                              resamples, boot_seed, level)
+        for suffix in ("", "_lengthnorm"):
+            correct[v + suffix], ties = _outcomes(parts, v, suffix)
+            acc, per_group = suite_accuracy(s0.name, items, correct[v + suffix], groups)
+            ci = interval(resample_stats(correct[v + suffix], **boot)[:, 0], level)
             result |= {f"accuracy{suffix}": acc, f"ci{suffix}": list(ci), f"ties{suffix}": int(ties.sum())}
             if per_group is not None and not suffix:
                 result["per_group"] = per_group
+        result["above_chance"] = bool(result["ci"][0] > s0.chance)  # NaN: False
         if v.endswith("_blind"):
             result["far_from_chance"] = bool(abs(result["accuracy"] - s0.chance) >= BLIND_WARNING)  # NaN: False
         entry["scores"][v] = result
+    for v in variant_names:
+        if f"{v}_blind" in correct:  # the image's share: accuracy with it - without it, paired resamples
+            d, lo, hi = paired_difference(correct[v], correct[f"{v}_blind"], level=level, **boot)
+            entry["scores"][v]["image_adds"] = {"difference": d, "ci": [lo, hi]}
+    if len(parts) == 1:  # per-item records: what a later build needs to recompute every interval
+        entry["records"] = {"ids": [str(it["id"]) for it in items], "clusters": clusters,
+                            "correct": {v: encode_outcomes(c) for v, c in correct.items()}}
+        if groups is not None:
+            entry["records"]["groups"] = groups
     return entry
 
 
 def summarise(scored: dict[str, SuiteScores], *, settings: dict | None = None, attribute_min_count=25,
               resamples=1000, level=0.95, seed=0) -> dict:
-    """The ``results`` part of the results file (module docstring) from the scored suites."""
+    """The ``results`` part of the results file (module docstring) from the scored suites.
+    ``attribute_min_count`` names the filter the suites were read with (:func:`load_suites`)."""
     if not scored:
         raise ValueError("no suite was scored")
     names = list(next(iter(scored.values())).scores)
-    args = (names, attribute_min_count, resamples, level, seed)
-    columns = {name: _entry([scored[name]], *args, name) for name in COLUMNS[:4] if name in scored}
-    subsets = {s.split("/")[1]: _entry([scored[s]], *args, s) for s in SUGARCREPE if s in scored}
+    args = (names, resamples, level, seed)
+    columns = {n: _entry([scored[n]], *args, n, attribute_min_count) for n in COLUMNS[:4] if n in scored}
+    subsets = {s.split("/")[1]: _entry([scored[s]], *args, s, attribute_min_count) for s in SUGARCREPE if s in scored}
     for column, files in comp.SUGARCREPE_COLUMNS.items():
         parts = [scored[f"sugarcrepe/{s}"] for s in files if f"sugarcrepe/{s}" in scored]
         if parts:
-            entry = columns[f"sugarcrepe_{column}"] = _entry(parts, *args, f"sugarcrepe_{column}")
-            for v, result in entry["scores"].items():  # the mean over sub-files beside the pooled items
-                result["accuracy_macro"] = float(np.mean([subsets[s]["scores"][v]["accuracy"] for s in files
-                                                          if s in subsets]))
+            name = f"sugarcrepe_{column}"
+            entry = columns[name] = _entry(parts, *args, name, attribute_min_count)
+            files_of = [p.suite.name for p in parts for _ in p.suite.items]
+            clusters = [c for p in parts for c in p.suite.clusters]
+            for v, result in entry["scores"].items():  # SugarCrepe's own number: the mean over sub-files
+                c = np.concatenate([_outcomes([p], v, "")[0] for p in parts])
+                stats = resample_stats(c, clusters, files_of, resamples, [seed, zlib.crc32(name.encode())])
+                result["accuracy_macro"] = float(np.mean([subsets[p.suite.name.split("/")[1]]["scores"][v]["accuracy"]
+                                                          for p in parts]))
+                result["ci_macro"] = list(interval(stats[:, 0], level))
     table = {f"{v}{suffix}": {c: e["scores"][v][f"accuracy{suffix}"] for c, e in columns.items()}
              for v in names for suffix in ("", "_lengthnorm")}
     return {"settings": {**(settings or {}), "variants": names, "resamples": resamples, "level": level,
-                         "attribute_min_count": attribute_min_count},
+                         "attribute_min_count": attribute_min_count,
+                         "interval": "percentile cluster bootstrap, the image the resampling unit"},
             "columns": columns, "sugarcrepe_subsets": subsets, "table2": table}
 
 
@@ -307,21 +360,27 @@ def markdown_table(results: dict, variants: Sequence[str] | None = None, section
 
 
 def image_table(results: dict) -> str:
-    """How much of each score is the image's, as Markdown: per likelihood variant the raw, blind and
-    debiased accuracy (%) per Table 2 column; "!" marks a blind accuracy at least
+    """How much of each score is the image's, as Markdown: per likelihood variant the raw and blind
+    accuracy (%) per Table 2 column, the difference with its paired 95% interval (points) and the
+    debiased accuracy where there is one; "!" marks a blind accuracy at least
     :data:`~mdc.eval.accuracy.BLIND_WARNING` from chance."""
     entries = results["columns"]
     cols = [c for c in COLUMNS if c in entries]
     alpha = results["settings"].get("debias_alpha", 1.0)
+    pct = lambda x: "n/a" if x is None or np.isnan(x) else f"{100 * x:.1f}"  # noqa: E731
     lines = ["| | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
-    for v in results["settings"]["variants"]:
-        if f"{v}_blind" not in results["settings"]["variants"]:
-            continue
-        for name, label in ((v, v), (f"{v}_blind", f"{v} blind"), (f"{v}_debiased", f"{v} debiased ({alpha:g})")):
-            got = [entries[c]["scores"][name] for c in cols]
-            flag = ["!" if x.get("far_from_chance") else "" for x in got]
-            cells = ["n/a" if np.isnan(x["accuracy"]) else f"{100 * x['accuracy']:.1f}{f}" for x, f in zip(got, flag)]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    variants = results["settings"]["variants"]
+    for v in (v for v in variants if f"{v}_blind" in variants):
+        lines.append(f"| {v} | " + " | ".join(pct(entries[c]["scores"][v]["accuracy"]) for c in cols) + " |")
+        blind = [entries[c]["scores"][f"{v}_blind"] for c in cols]
+        lines.append(f"| {v} blind | " + " | ".join(pct(x["accuracy"]) + ("!" if x.get("far_from_chance") else "")
+                                                    for x in blind) + " |")
+        adds = [entries[c]["scores"][v]["image_adds"] for c in cols]
+        lines.append(f"| {v}: the image adds | " + " | ".join(
+            f"{pct(a['difference'])} [{pct(a['ci'][0])}, {pct(a['ci'][1])}]" for a in adds) + " |")
+        if f"{v}_debiased" in variants:
+            lines.append(f"| {v} debiased ({alpha:g}) | " + " | ".join(
+                pct(entries[c]["scores"][f"{v}_debiased"]["accuracy"]) for c in cols) + " |")
     lines.append("| chance | " + " | ".join(f"{100 * entries[c]['chance']:.0f}" for c in cols) + " |")
     lines.append("| same-word pairs | " + " | ".join(f"{entries[c]['same_words']} of {entries[c]['items']}"
                                                      for c in cols) + " |")

@@ -35,16 +35,29 @@ class Suite:
     chance: float = 0.5
     identical: np.ndarray | None = None  # [N, K] order suites: candidate == true caption
     tagger: str | None = None
+    clusters: list | None = None  # [N] the item's image (path relative to the image folder): the bootstrap's unit
+
+    def __post_init__(self):
+        if self.clusters is None:  # default: each item its own image
+            self.clusters = [str(item["id"]) for item in self.items]
 
     def keys(self) -> list[str]:
         """Stable per-item ids, the ELBO noise keys."""
         return [f"{self.name}/{item['id']}" for item in self.items]
 
 
-def _pairs(name, data, loaded, kept, true, false, groups) -> Suite:
+def image_ids(items, image_dir: str | None) -> list[str]:
+    """Per item, its image as a path relative to ``image_dir`` (items that share an image share it);
+    an item without an image path (order suites read without images) by its caption's image index."""
+    return [os.path.relpath(it["image_path"], image_dir or ".") if it.get("image_path") is not None
+            else f"image {str(it['id']).split('.')[0]}" for it in items]
+
+
+def _pairs(name, data, loaded, kept, true, false, groups, image_dir) -> Suite:
     """A two-caption suite of the ``kept`` items out of the ``loaded`` ones (:class:`Items`)."""
     return Suite(name, data, list(kept), [[it[true], it[false]] for it in kept], groups, [loaded.source],
-                 loaded.total, loaded.total - len(loaded), len(loaded) - len(kept))
+                 loaded.total, loaded.total - len(loaded), len(loaded) - len(kept),
+                 clusters=image_ids(kept, image_dir))
 
 
 def _suite(name: str, data: str, path: str, image_dir: str | None, on_missing: str, attribute_min_count: int,
@@ -53,22 +66,24 @@ def _suite(name: str, data: str, path: str, image_dir: str | None, on_missing: s
     if name == "aro_relation":
         items = comp.load_vg_relation(path, image_dir, on_missing)
         kept = [it for it in items if it["relation_name"] not in comp.ARO_SYMMETRIC_RELATIONS]
-        return _pairs(name, data, items, kept, "true_caption", "false_caption", [it["relation_name"] for it in kept])
+        return _pairs(name, data, items, kept, "true_caption", "false_caption", [it["relation_name"] for it in kept],
+                      image_dir)
     if name == "aro_attribute":
         items = comp.load_vg_attribution(path, image_dir, on_missing)
         pair = [f"{it['attributes'][0]}_{it['attributes'][1]}" for it in items]
-        counts = Counter(pair)
+        counts = Counter(pair)  # ARO's filter, once, on the file's items
         keep = [i for i, g in enumerate(pair) if counts[g] >= attribute_min_count]
         return _pairs(name, data, items, [items[i] for i in keep], "true_caption", "false_caption",
-                      [pair[i] for i in keep])
+                      [pair[i] for i in keep], image_dir)
     if name in ("aro_coco_order", "aro_flickr30k_order"):
         items = comp.load_order_suite(path, image_dir, order_seed, on_missing=on_missing, tagger=tagger)
         identical = np.array([[False, *it["identical"]] for it in items], dtype=bool).reshape(len(items), 5)
         return Suite(name, data, list(items), [[it["caption"], *it["perturbed"]] for it in items], [""] * len(items),
-                     [path], items.total, items.total - len(items), 0, 0.2, identical, items.tagger)
+                     [path], items.total, items.total - len(items), 0, 0.2, identical, items.tagger,
+                     image_ids(items, image_dir))
     subset = name.split("/")[1]
     items = comp.load_sugarcrepe(path, image_dir, [subset], on_missing)[subset]
-    return _pairs(name, data, items, items, "caption", "negative_caption", [""] * len(items))
+    return _pairs(name, data, items, items, "caption", "negative_caption", [""] * len(items), image_dir)
 
 
 def _expand(suites) -> list[str]:
@@ -130,6 +145,22 @@ def load_suites(data_dir: str | None = None, suites="all", *, sugarcrepe_dir="",
         data, path, image_dir = found[0]
         out[name] = _suite(name, data, path, image_dir, on_missing, attribute_min_count, order_seed, tagger)
     return out
+
+
+def reference_images(suite: Suite, K: int, seed: int = 0) -> tuple[list[int], np.ndarray]:
+    """The image-free baseline's reference images: items [P] showing P = K + 1 distinct images (the
+    first item of each new image in a ``seed``-ed shuffle of the suite; fewer if the suite has fewer),
+    and per item [N, K'] the first K' = min(K, P - 1) of them that are not the item's own image."""
+    order, seen, pool = np.random.default_rng(seed).permutation(len(suite.items)), set(), []
+    for i in order:
+        if len(pool) > K:
+            break
+        if suite.clusters[i] not in seen:
+            seen.add(suite.clusters[i])
+            pool.append(int(i))
+    k = min(K, len(pool) - 1)
+    chosen = [[j for j, p in enumerate(pool) if suite.clusters[p] != own][:k] for own in suite.clusters]
+    return pool, np.array(chosen, dtype=np.int64).reshape(len(suite.items), max(k, 0))
 
 
 def describe(suites: dict[str, Suite]) -> str:
