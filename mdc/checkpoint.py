@@ -174,6 +174,12 @@ def load_trainer_state(checkpoint: str) -> dict:
     return torch.load(os.path.join(checkpoint, "trainer.pt"), map_location="cpu", weights_only=True)
 
 
+def read_metrics(path: str) -> list[dict]:
+    """The rows of a metrics log (``metrics.jsonl``), one dict per logged step."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 class MetricsLog:
     """metrics.jsonl (and optionally TensorBoard) on rank 0; a resumed run drops lines past its step."""
 

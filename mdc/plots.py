@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, NullLocator
 from PIL import Image
 
+from mdc.checkpoint import read_metrics
 from mdc.eval.captioning import row_label
 from mdc.guidance import RULES, strength_of
 
@@ -70,10 +71,7 @@ def plot_captions(images: Sequence, captions_by_model: Mapping[str, Sequence[str
 
 def plot_loss_curve(metrics_path: str, path: str | None = None, title: str = "") -> Figure:
     """Training loss per step from a run's ``metrics.jsonl``."""
-    import json
-
-    with open(metrics_path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = read_metrics(metrics_path)
     fig = PaperFigure(figsize=(5, 3))
     ax = fig.add_subplot()
     ax.plot([r["step"] for r in rows], [r["loss"] for r in rows])

@@ -8,9 +8,13 @@
     python -m reproduce --profile paper --gpus-per-node 8   # GPU node; data paths from MDC_* variables
     python -m reproduce --profile paper --slurm slurm/      # write one sbatch script per run + submit.sh
     python -m reproduce --profile paper --dry-run [--mfu 0.4]  # the plan costed: commands, data, GPU-hours
+    python -m reproduce --profile mini --seeds 3 --time-budget 150   # a part: stop starting runs after 150 min
+    python -m reproduce --profile mini --seeds 3 --from-records      # every artifact from the ledger alone
 
 Completed runs are skipped (keyed by notebook, parameters and dependencies); a failed run is
-reported at the end and the exit status is non-zero. One runner per output folder: a second one
+reported at the end and the exit status is non-zero. Every finished run writes a small record into
+the ledger (--records; for mini the committed reproduce/records/mini/), from which the tables and
+figures are built; a run whose record carries its key is done even with no run folder. One runner per output folder: a second one
 on the same OUT/<profile>/ is refused, naming the first. A bad value prints one line,
 ``error: --jobs must be >= 1, got 0``, and exits 2; --debug (or MDC_DEBUG=1) shows the traceback.
 """
@@ -18,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 from mdc.cli import ArgumentParser, report
-from mdc.errors import ConfigError, must
-from reproduce import cost, registry, runner
+from mdc.errors import ConfigError, RunError, must
+from reproduce import cost, ledger, registry, runner
 
 
 def check(args: argparse.Namespace) -> None:
@@ -34,6 +39,10 @@ def check(args: argparse.Namespace) -> None:
         raise must("mfu", args.mfu, "in (0, 1]")
     if args.nodes > 1 and not (args.gpus_per_node or args.slurm):
         raise ConfigError("nodes needs gpus_per_node or slurm", "nodes", "gpus_per_node", "slurm")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise must("time_budget", args.time_budget, "> 0 minutes")
+    if args.from_records and (args.run or args.slurm or args.dry_run):
+        raise ConfigError("from_records builds the artifacts from the ledger; it runs nothing", "from_records")
     if args.run and args.slurm:
         raise ConfigError("run executes one job here; slurm writes job scripts instead", "run", "slurm")
     unknown = [a for a in args.only or () if a not in registry.ARTIFACTS]
@@ -59,17 +68,28 @@ def main(argv=None) -> int:
     p.add_argument("--slurm", metavar="DIR", help="write sbatch scripts and submit.sh to DIR instead of running")
     p.add_argument("--mfu", type=float, default=cost.MFU,
                    help="paper --dry-run: model FLOPs utilisation assumed for GPU-hours (of an H100's bf16 peak)")
+    p.add_argument("--records", help="the ledger: one record per finished run (default: reproduce/records/mini for "
+                   "mini, else OUT/<profile>/records)")
+    p.add_argument("--from-records", action="store_true", help="build every artifact from the records alone")
+    p.add_argument("--time-budget", type=float, metavar="MINUTES",
+                   help="start no run that would not finish within MINUTES; the rest is left for the next call")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep checkpoints whose every reader is recorded (default: removed)")
     p.add_argument("--debug", action="store_true", help="on an error, show the traceback (or set MDC_DEBUG=1)")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
-    return report(lambda: _main(args), p, debug=args.debug)
+    return report(lambda: _main(args, argv), p, debug=args.debug)
 
 
-def _main(args: argparse.Namespace) -> int:
+def _main(args: argparse.Namespace, argv: list[str]) -> int:
     check(args)
 
     out = os.path.join(args.out, args.profile)
     figures = args.figures or ("figures" if args.profile == "mini" else os.path.join(out, "figures"))
-    runs = registry.with_figures(registry.build(args.profile, args.seeds), os.path.abspath(figures), args.profile)
+    records = args.records or (os.path.join("reproduce", "records", "mini") if args.profile == "mini"
+                               else os.path.join(out, "records"))
+    runs = registry.with_figures(registry.build(args.profile, args.seeds), os.path.abspath(figures), args.profile,
+                                 os.path.abspath(records))
     runs = registry.select(runs, args.only)
     if args.list:
         for name, artifact in registry.ARTIFACTS.items():
@@ -77,27 +97,52 @@ def _main(args: argparse.Namespace) -> int:
             print(f"{name:10s} {artifact.description}\n{'':10s} {len(feeding)} runs: {', '.join(feeding[:6])}"
                   f"{' ...' if len(feeding) > 6 else ''}")
         return 0
+    if args.from_records:
+        return _from_records(runs, records, figures, args)
     if args.slurm:
         path = runner.slurm_scripts(runs, out, args.slurm, args.profile, gpus=args.gpus_per_node or 8,
                                     nodes=args.nodes)
         print(f"wrote {len(runs)} job scripts; submit them with: bash {path}")
         return 0
     torchrun = (args.gpus_per_node, args.nodes) if args.gpus_per_node else None
+    budget = None if args.time_budget is None else args.time_budget * 60
     outcome = runner.run_all(runs, out, jobs=args.jobs, dry_run=args.dry_run, torchrun=torchrun,
-                             only={args.run} if args.run else None)  # --run: its dependencies ran as earlier jobs
-    failed = {n: o for n, o in outcome.items() if o["status"] not in ("ok", "skipped")}
+                             only={args.run} if args.run else None,  # --run: its dependencies ran as earlier jobs
+                             records=records, time_budget_s=budget, profile=args.profile,
+                             keep_checkpoints=args.keep_checkpoints or bool(args.only))  # --only: a partial graph
+    failed = {n: o for n, o in outcome.items() if o["status"] not in ("ok", "skipped", "left")}
     if failed:
         print(f"\n{len(failed)} run(s) did not complete:", file=sys.stderr)
         for name, o in failed.items():
             print(f"- {name}: {o['status']}\n{o['error'][-800:]}", file=sys.stderr)
         return 1
+    left = [n for n, o in outcome.items() if o["status"] == "left"]
     if args.dry_run and args.profile == "paper":  # what it would cost (reproduce/cost.py)
         print("\n" + cost.render(cost.plan(runs, out), args.mfu))
-    if args.run and not args.dry_run:  # one job of the graph: the figures come from their own run
+    if left:
+        print(f"\ntime budget reached: {len(left)} of {len(outcome)} runs left ({', '.join(left[:3])}"
+              f"{', ...' if len(left) > 3 else ''}); records in {records}; continue with: "
+              f"python -m reproduce {' '.join(shlex.quote(a) for a in argv)}")
+    elif args.run and not args.dry_run:  # one job of the graph: the figures come from their own run
         print(f"\n{args.run} complete in {os.path.join(out, args.run)}")
     elif not args.dry_run:
-        print(f"\nall {len(outcome)} runs complete; tables and figures in {figures}; per-run times in "
-              f"{os.path.join(out, 'runs.csv')}")
+        print(f"\nall {len(outcome)} runs complete; tables and figures in {figures}; records in {records}; "
+              f"per-run times in {os.path.join(out, 'runs.csv')}")
+    return 0
+
+
+def _from_records(runs: list, records: str, figures: str, args: argparse.Namespace) -> int:
+    """Every artifact of ``runs`` built from the ledger alone; a missing record is one line naming it."""
+    found = ledger.read_all(records)
+    missing = [r.name for r in runs if r.notebook not in runner.READS_RECORDS_ONLY and r.name not in found]
+    if missing:
+        raise RunError(f"no record of run {missing[0]} in {records} ({len(missing)} of {len(runs) - 1} missing); "
+                       f"make them with: python -m reproduce --profile {args.profile} --seeds {args.seeds} "
+                       f"--records {records}")
+    wanted = {r.name: found[r.name] for r in runs if r.notebook not in runner.READS_RECORDS_ONLY}  # registry order
+    files = registry.build_from_records(wanted, figures, only=args.only)
+    print(f"{sum(map(len, files.values()))} files of {len(files)} artifacts in {figures}, from "
+          f"{len(wanted)} records in {records}")
     return 0
 
 

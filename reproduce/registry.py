@@ -21,14 +21,14 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from reproduce import claims, report
+from reproduce import claims, ledger, report
 from reproduce.runner import Run
 
 
 @dataclass(frozen=True)
 class Artifact:
     """A table or figure of the paper: what it shows, and the builder that writes it from the runs'
-    results (``builder(runs, paper_dir, out)`` -> the files written; runs as :func:`reproduce.report.load_index`
+    records (``builder(runs, paper_dir, out)`` -> the files written; runs as :func:`reproduce.ledger.for_build`
     gives them)."""
 
     description: str
@@ -76,6 +76,7 @@ PAPER_ENV = {
     "MDC_RECAP_SUBSETS": "Fig. 5: JSON {pairs: shards}, e.g. {\"5000000\": \"/data/recap5m/{00000..00499}.tar\", ...}",
 }
 
+PAPER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper")  # the paper's numbers (CSV)
 # The recipe the learnability study froze for mini (mdc.optim.read_preset reads it).
 MINI_PRESET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "mini.json")
 
@@ -86,7 +87,7 @@ PROFILES = {
                   model_overrides=dict(image_size=32, patch_size=8, vision_width=32, vision_layers=1, vision_heads=2,
                                        text_width=32, text_layers=1, text_heads=2, embed_dim=32, context_length=64),
                   train=dict(steps=3, batch_size=16, lr=1e-3), workers=0, probe=dict(epochs=2),
-                  compositionality=dict(num_samples=4, batch_size=16, attribute_min_count=1),
+                  compositionality=dict(num_samples=4, batch_size=16, attribute_min_count=1, blind_images=2),
                   captioning=dict(finetune_steps=2, max_images=4, metrics=["bleu", "rouge_l", "cider"]),
                   guidance=dict(max_images=4, strengths=[1.0, 2.0], metrics=["bleu", "cider"], composition_items=4),
                   bert_ratios=(0.15, 1.0), fig5_fractions=(0.5,), timeout_s=600),
@@ -98,7 +99,7 @@ PROFILES = {
                  # (stratified, common random numbers): the true-minus-false spread is ~6x smaller than
                  # i.i.d. samples' (tests/test_scoring_slow.py), i.e. about what 1,000+ i.i.d. samples give;
                  # 256 took over an hour per model on 2 cores
-                 compositionality=dict(num_samples=32, batch_size=64, attribute_min_count=5),
+                 compositionality=dict(num_samples=32, batch_size=64, attribute_min_count=5, blind_images=4),
                  captioning=dict(finetune_steps=300, max_images=500, metrics=["bleu", "meteor", "rouge_l", "cider"]),
                  guidance=dict(max_images=300, strengths=[1.0, 2.0, 3.0, 4.0], metrics=["bleu", "meteor", "cider"],
                                composition_items=100),
@@ -241,10 +242,10 @@ def build(profile: str, seeds: int = 1) -> list[Run]:
     return runs
 
 
-def with_figures(runs: list[Run], figures_dir: str, profile: str) -> list[Run]:
-    """The figures run, after every other run: rebuilds all artifacts from the results files."""
-    return runs + [Run("figures", "figures", dict(index="{run:index.json}", figures_dir=figures_dir, profile=profile,
-                                                 output_dir="{run:figures}"),
+def with_figures(runs: list[Run], figures_dir: str, profile: str, records: str) -> list[Run]:
+    """The figures run, after every other run: rebuilds all artifacts from their records in ``records``."""
+    return runs + [Run("figures", "figures", dict(records=records, runs=[r.name for r in runs], figures_dir=figures_dir,
+                                                 profile=profile, output_dir="{run:figures}"),
                        deps=tuple(r.name for r in runs), artifacts=tuple(ARTIFACTS), timeout_s=1800)]
 
 
@@ -273,14 +274,35 @@ def select(runs: list[Run], only: list[str] | None) -> list[Run]:
             add(r.name)
     out = [r for r in runs if r.name in keep]
     figures = [r for r in runs if r.notebook == "figures"]
-    return out + [Run(f.name, f.notebook, dict(f.params, only=list(only)), deps=tuple(r.name for r in out),
-                      artifacts=tuple(only), timeout_s=f.timeout_s) for f in figures]
+    return out + [Run(f.name, f.notebook, dict(f.params, only=list(only), runs=[r.name for r in out]),
+                      deps=tuple(r.name for r in out), artifacts=tuple(only), timeout_s=f.timeout_s) for f in figures]
 
 
-def build_artifacts(index_path: str, out: str, paper_dir: str, only: Sequence[str] | None = None) -> dict[str, list[str]]:
-    """Rebuild the artifacts (all, or ``only``) into ``out`` from the run index (the figures notebook's
-    work); returns {artifact: files written}."""
+def build_artifacts(records: str, out: str, paper_dir: str = PAPER_DIR, only: Sequence[str] | None = None,
+                    runs: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """Rebuild the artifacts (all, or ``only``) into ``out`` from the ledger folder ``records`` (the figures
+    notebook's work); ``runs``: the records to read (default: all). Returns {artifact: files written}."""
+    found = ledger.read_all(records)
+    return build_from_records(found if runs is None else {n: found[n] for n in runs if n in found}, out, paper_dir,
+                              only)
+
+
+def build_from_records(records: dict[str, dict], out: str, paper_dir: str = PAPER_DIR,
+                       only: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """The artifacts (all, or ``only``) from ``records`` ({run name: record}); every Markdown table ends
+    with the line that names the code its records came from (:func:`reproduce.ledger.provenance`)."""
     _check_artifacts(only)
-    runs = report.load_index(index_path)
+    runs = ledger.for_build(records)
     os.makedirs(out, exist_ok=True)
-    return {name: a.builder(runs, paper_dir, out) for name, a in ARTIFACTS.items() if not only or name in only}
+    files = {}
+    for name, artifact in ARTIFACTS.items():
+        if only and name not in only:
+            continue
+        files[name] = artifact.builder(runs, paper_dir, out)
+        feeding = {n: r for n, r in records.items() if name in r["artifacts"]}
+        line = ledger.provenance(feeding)
+        for path in files[name] if feeding else ():  # Tables 6-8 are the presets: no run feeds them
+            if path.endswith(".md"):
+                with open(path, "a") as f:
+                    f.write(f"\n{line}\n")
+    return files

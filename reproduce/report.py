@@ -1,22 +1,21 @@
-"""Every paper artifact rebuilt from results files: tables (Markdown, CSV, LaTeX) with the
-paper's number in the column beside ours, figures (PNG, PDF). Nothing here trains or scores.
+"""Every paper artifact rebuilt from the run records: tables (Markdown, CSV, LaTeX) with the
+paper's number in the column beside ours, figures (PNG, PDF). Nothing here trains or scores, and
+nothing reads a run folder.
 
-Input: the run index of the reproduction (``index.json``: run name -> notebook, labels, the
-artifacts it feeds and its results file; written by :mod:`reproduce.runner`) and the paper's
-numbers (``reproduce/paper/*.csv``). Over seeds, a cell is "mean ± std" (sample std; "mean"
+Input: the runs of the ledger (:func:`reproduce.ledger.for_build`: run name -> notebook, labels, the
+artifacts it feeds and its results, ``record``) and the paper's numbers (``reproduce/paper/*.csv``). Over seeds, a cell is "mean ± std" (sample std; "mean"
 alone for one seed). Synthetic probe tasks stand in for the paper's datasets as
 ``mdc.world.evalsets.PROBE_TASKS`` says (object -> ImageNet-1k, texture -> Food101, shape ->
 CIFAR-10, shape_texture -> CIFAR-100, colour -> Pets); a real-data run reports the real ones.
 
 One builder per artifact (``table1`` ... ``fig6``, ``tables6_8``, ``guidance``), each taking
-the runs of :func:`load_index`, the paper's numbers and the output folder and returning the
+those runs, the paper's numbers and the output folder and returning the
 files it wrote. :data:`reproduce.registry.ARTIFACTS` names the builder of every artifact and
 :func:`reproduce.registry.build_artifacts` runs the ones asked for.
 """
 from __future__ import annotations
 
 import csv
-import json
 import os
 from collections import defaultdict
 from typing import Callable, Iterable, Mapping, Sequence
@@ -36,35 +35,30 @@ PAPER_BACKBONE = "ViT-B/32"  # the paper row a synthetic run is printed beside (
 PAPER_ROWS = {"cosine": "CLIP", "exact": "ARC", "elbo": "MDC (Monte Carlo)", "heuristic": "MDC (Heuristic)"}
 # How Table 2's numbers are computed (mdc.eval.accuracy, mdc.eval.compositionality): notes under the table
 TABLE2_RULES = {
-    "ties": "an item is correct only if its true caption scores strictly above every other candidate; ties count "
-            "as errors (order tasks: a perturbation identical to the true caption is not a competitor)",
+    "ties": "each benchmark's own rule: ARO's argmax takes the first maximum, so a tie with the true caption is "
+            "correct on the order tasks (true caption listed first) and an error on VG-Relation and VG-Attribution "
+            "(false caption first); SugarCrepe counts pos > neg, a tie is an error",
+    "interval": "95% percentile cluster bootstrap (1000 resamples) with the image as the unit: an image's items "
+                "(COCO-Order's five captions, SugarCrepe items of one image across sub-files) resample together; "
+                "the macro suites' groups are fixed from the full file; over several seeds, the mean over seeds "
+                "and the interval of the seed-averaged per-item outcomes (test-item noise only); ↑: the interval "
+                "lies above chance",
     "per token": "the score divided by the caption's token count (exact: the caption tokens and [EOT]; elbo, "
                  "heuristic: the caption tokens); cosine is left unchanged",
     "SugarCrepe": "add = {add_att, add_obj}, replace = {replace_att, replace_obj, replace_rel}, swap = {swap_att, "
-                  "swap_obj}; item-weighted means (the sub-files' items pooled)",
+                  "swap_obj}; the sub-files' items pooled, and (sub-file mean) SugarCrepe's own mean over sub-files",
     "no image": "the same scorer without the image: the model's learned null condition for the MDC scorers of a "
-                "model trained with one (cond_drop_prob > 0), else the suite's mean image (every image of the suite "
-                "averaged after the transform); the same noise keys as the score with the image",
-    "image-debiased": "log p(t | i) - alpha log p(t), the score minus alpha times the no-image one (VisualGPTScore's "
-                      "debiasing; alpha = 0 is the raw score)",
+                "model trained with one (cond_drop_prob > 0), else log p(t) estimated as the log-mean-exp of "
+                "log p(t | i_k) over K other images of the suite (K in the run's settings, blind_images); the same "
+                "noise keys as the score with the image",
+    "the image adds": "accuracy with the image minus without it (points), with its paired cluster-bootstrap interval",
+    "image-debiased": "log p(t | i) - alpha log p(t) (VisualGPTScore's debiasing), for exact and Monte Carlo only: "
+                      "the heuristic without the image reveals in another order",
     "*": "a no-image accuracy at least 10 points from chance: the text alone separates the captions",
 }
 
 
 # ----------------------------------------------------------------------------- inputs
-def load_index(index_path: str) -> list[dict]:
-    """Runs of the index whose results file exists, each ``{name, notebook, labels, artifacts, record}``."""
-    from mdc.eval.results import read_results  # here, so that the runner's registry imports this without torch
-
-    with open(index_path) as f:
-        index = json.load(f)
-    runs = []
-    for name, run in index.items():
-        if os.path.isfile(run["results"]):
-            runs.append({"name": name, **run, "record": read_results(run["results"])})
-    return runs
-
-
 def paper_table(paper_dir: str, name: str) -> list[dict]:
     """Rows of ``paper_dir/<name>.csv`` (numbers as floats where they parse)."""
     def num(v):
@@ -142,17 +136,13 @@ def _probe_top1(record: dict, floor: bool = False) -> dict[str, float]:
 
 
 def _loss_ends(runs: Iterable[dict], n: int = 10) -> dict[str, str]:
-    """{checkpoint id: "first → last"}: a pretraining run's mean loss over its first and last ``n`` steps
-    (its metrics.jsonl), keyed by the weights it wrote, which the probes of those weights record too."""
+    """{checkpoint id: "first → last"}: a pretraining run's mean loss over its first and last ``n`` logged
+    steps (its results' ``losses``), keyed by the weights it wrote, which the probes of those weights record too."""
     out = {}
     for r in runs:
         record = r["record"]
-        metrics = (record.get("results") or {}).get("metrics")
-        if r["notebook"] != "pretrain" or not record.get("checkpoint_id") or not metrics or not os.path.isfile(metrics):
-            continue
-        with open(metrics) as f:
-            losses = [row["loss"] for row in map(json.loads, f) if "loss" in row]
-        if losses:
+        losses = (record.get("results") or {}).get("losses")
+        if r["notebook"] == "pretrain" and record.get("checkpoint_id") and losses:
             out[record["checkpoint_id"]] = f"{np.mean(losses[:n]):.2f} → {np.mean(losses[-n:]):.2f}"
     return out
 
@@ -199,9 +189,28 @@ def table1(runs: list[dict], paper_dir: str, out: str) -> list[str]:
                        "'paper' lists the paper's five numbers in the same column order")
 
 
+def _table2_cell(results: list[dict], column: str, variant: str, baseline: str | None = None,
+                 macro: bool = False) -> str:
+    """"acc [lo, hi]" (percent; ↑ when the interval lies above chance) of ``variant`` over the seeds'
+    results, or the difference from ``baseline`` (points), from their per-item records
+    (:func:`mdc.eval.accuracy.over_seeds`); without records "mean ± std" over seeds."""
+    from mdc.eval.accuracy import over_seeds
+
+    got = over_seeds(results, column, variant, baseline, macro=macro)
+    if got is None:
+        return "-" if baseline or macro else cell([r["table2"].get(variant, {}).get(column) for r in results])
+    a, lo, hi = (100 * x for x in got)
+    if np.isnan(a):
+        return "-"
+    if baseline:
+        return f"{a:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+    return f"{a:.1f} [{lo:.1f}, {hi:.1f}]" + ("↑" if lo > 100 * results[0]["columns"][column]["chance"] else "")
+
+
 def table2(runs: list[dict], paper_dir: str, out: str) -> list[str]:
-    """Table 2: compositionality per scorer (CLIP cosine, ARC exact, MDC Monte Carlo and heuristic), and
-    where scored, each likelihood scorer without the image (blind) and image-debiased (rows below it)."""
+    """Table 2: compositionality per scorer (CLIP cosine, ARC exact, MDC Monte Carlo and heuristic), each cell
+    the accuracy with its 95% interval; where scored, each likelihood scorer without the image, what the image
+    adds (with - without, paired interval) and image-debiased (rows below it)."""
     from mdc.eval.compositionality import COLUMNS
 
     paper = {p["method"]: p for p in paper_table(paper_dir, "table2_compositionality")}
@@ -209,14 +218,15 @@ def table2(runs: list[dict], paper_dir: str, out: str) -> list[str]:
     for r in runs:
         if r["notebook"] == "compositionality" and "table2" in r["artifacts"]:
             results = r["record"]["results"]
-            for variant, accs in results["table2"].items():
+            for variant in results["table2"]:
                 if variant.endswith(("_blind_lengthnorm", "_debiased_lengthnorm")):
                     continue  # per token, only the raw scores
-                by_variant[variant].append(accs)
+                by_variant[variant].append(results)
                 far[variant] |= {c for c, e in results.get("columns", {}).items()
                                  if e["scores"].get(variant, {}).get("far_from_chance")}
+    by_variant |= {f"{v}_adds": by_variant[v] for v in list(by_variant) if f"{v}_blind" in by_variant}
     order = ["cosine", "exact", "elbo", "heuristic", "elbo_trained_t"]
-    kinds = ("", "_lengthnorm", "_blind", "_debiased")
+    kinds = ("", "_lengthnorm", "_blind", "_adds", "_debiased")
 
     def split(variant):  # (base, kind)
         kind = next((k for k in kinds[1:] if variant.endswith(k)), "")
@@ -228,16 +238,22 @@ def table2(runs: list[dict], paper_dir: str, out: str) -> list[str]:
         base, kind = split(variant)
         name = "MDC (Monte Carlo, trained t only)" if base == "elbo_trained_t" else PAPER_ROWS.get(base, base)
         label = name + {"": "", "_lengthnorm": " per token", "_blind": ", no image",
-                        "_debiased": ", image-debiased"}[kind]
-        row = {"method": label, "seeds": str(len(by_variant[variant]))}
+                        "_adds": ", the image adds (points)", "_debiased": ", image-debiased"}[kind]
+        results = by_variant[variant]
+        row = {"method": label, "seeds": str(len(results))}
         for c in COLUMNS:
-            row[c] = cell([a.get(c) for a in by_variant[variant]]) + ("*" if c in far[variant] else "")
+            row[c] = (_table2_cell(results, c, base, f"{base}_blind") if kind == "_adds" else
+                      _table2_cell(results, c, variant) + ("*" if c in far[variant] else ""))
             ref = paper.get(PAPER_ROWS.get(base)) if not kind else None
             row[f"{c} (paper)"] = paper_cell(ref[c]) if ref else "-"
+        for c in COLUMNS[4:] if kind in ("", "_lengthnorm") else ():
+            row[f"{c} (sub-file mean)"] = _table2_cell(results, c, variant, macro=True)
         rows.append(row)
-    caption = "Table 2: compositionality accuracy (%), ties count as errors; chance 50 (pairs), 20 (order)"
+    caption = ("Table 2: compositionality accuracy (%) [95% cluster-bootstrap interval, the image the unit], "
+               "↑ interval above chance; chance 50 (pairs), 20 (order); ties as each benchmark scores them")
     if any(split(v)[1] == "_blind" for v in by_variant):
-        caption += ("; no image: the scorer without the image (null condition or mean image), image-debiased: "
+        caption += ("; no image: the scorer without the image (null condition, or log-mean-exp over K other "
+                    "images), the image adds: with - without (points, paired interval), image-debiased: "
                     "log p(t|i) - log p(t); * no-image accuracy at least 10 points from chance (the text alone "
                     "decides); SugarCrepe's published text-only baselines sit near 50 by construction")
     return write_table(rows, os.path.join(out, "table2_compositionality"), caption, TABLE2_RULES)
@@ -377,22 +393,17 @@ def fig5(runs: list[dict], paper_dir: str, out: str) -> list[str]:
 
 def fig6(runs: list[dict], paper_dir: str, out: str, k: int = 3) -> list[str]:
     """Fig. 6: qualitative captions (MDC-10/15/20, ARC) of the first captioning run's examples."""
+    from mdc.eval.captioning import example_images
     from mdc.plots import plot_captions
 
     run = next((r for r in runs if r["notebook"] == "captioning" and "fig6" in r["artifacts"]), None)
     if run is None:
         return []
-    res = run["record"]["results"]
-    folder = os.path.dirname(run["results"])
-    with open(os.path.join(folder, os.path.basename(res["files"]["predictions"]))) as f:
-        captions = json.load(f)
-    examples = res.get("examples") or []
+    examples = (run["record"]["results"].get("examples") or [])[:k]
     if not examples:
         return []
-    examples = examples[:k]
     base = os.path.join(out, "fig6_captions")
-    plot_captions([e["image_path"] for e in examples],
-                  {name: [captions[name][str(e["image_id"])] for e in examples] for name in captions},
+    plot_captions(example_images(examples), {name: [e["captions"][name] for e in examples] for name in examples[0]["captions"]},
                   [e.get("references") for e in examples], base)
     return [base + ".png", base + ".pdf"]
 

@@ -25,6 +25,15 @@ starts. A run that executes again with the same key continues in its folder (a p
 resumes from its last checkpoint); a folder left by a run with another key is first moved aside
 to ``<run name>.superseded-<its key>``, kept whole, and the log says so.
 
+The ledger (:mod:`reproduce.ledger`): with ``records=DIR`` every run that succeeds writes one small
+record into DIR, and a run whose record carries its current key counts as done even where no run
+folder exists; it executes again only when a run that will execute needs its output (a checkpoint,
+data), and the log says so. With ``time_budget_s`` the runner starts no run that its estimate (its
+last record, or the profile's default) says would not finish in time, lets the running ones finish
+and returns with the rest ``left``. Once every run that reads a pretraining run's checkpoints has a
+record, its checkpoints are removed (``keep_checkpoints`` keeps them) and its folder no longer counts
+as done: the record stands for it.
+
 One owner: a runner holds ``<out>/<profile>/.reproduce.lock`` (:mod:`mdc.lock`) while it runs
 (``only=`` a run, as a SLURM job does: that run's folder instead), so a second runner on the
 same folder is refused at once, naming the first. A run about to execute loses its ``done.json``
@@ -43,6 +52,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +65,7 @@ import nbformat
 from mdc.checkpoint import atomic_write_text
 from mdc.lock import FolderLock
 from mdc.train.config import RESUME_FREE
+from reproduce import ledger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
@@ -237,7 +248,8 @@ def execute(out: str, run: Run, key: str, torchrun: tuple[int, int] | None = Non
             error = f.read()[-2000:]
     else:
         atomic_write_text(os.path.join(folder, "done.json"), json.dumps({"key": key, "seconds": seconds}))
-    return {"status": status, "seconds": seconds, "peak_mb": rusage.ru_maxrss / 1024, "error": error}
+    return {"status": status, "seconds": seconds, "cpu_seconds": rusage.ru_utime + rusage.ru_stime,
+            "peak_mb": rusage.ru_maxrss / 1024, "error": error}
 
 
 def write_index(out: str, runs: list[Run]) -> str:
@@ -250,23 +262,24 @@ def write_index(out: str, runs: list[Run]) -> str:
     return path
 
 
+READS_RECORDS_ONLY = ("figures",)  # notebooks that need their dependencies' records, not their folders
+
+
 def run_all(runs: list[Run], out: str, jobs: int = 1, dry_run: bool = False, log=print,
-            torchrun: tuple[int, int] | None = None, only: set[str] | None = None) -> dict[str, dict]:
+            torchrun: tuple[int, int] | None = None, only: set[str] | None = None, records: str | None = None,
+            time_budget_s: float | None = None, keep_checkpoints: bool = True, profile: str = "") -> dict[str, dict]:
     """Execute ``runs`` (dependencies first, ``jobs`` at a time); returns {name: outcome}.
 
     ``only``: execute just these runs of the graph (a cluster job each), taking the others as done.
     The runner holds ``out``'s lock meanwhile (with ``only``: those runs' folders'); another holder
     makes it raise :class:`mdc.lock.FolderInUseError` before anything runs. ``dry_run`` takes no
-    lock and writes nothing.
+    lock and writes nothing. ``records``, ``time_budget_s``, ``keep_checkpoints``: the ledger, the
+    time box and the checkpoints' removal (module docstring); ``profile`` picks the default estimates.
     """
     runs = order(runs)
     key = keys(runs)
     if dry_run:
-        for r in runs:
-            state = "done" if is_done(out, r, key[r.name]) else "would run"
-            aside = "; its folder holds a run with other parameters, to be moved aside" if superseded_key(
-                run_dir(out, r), key[r.name]) else ""
-            log(f"{state:9s} {r.name}  ({r.notebook}; needs {', '.join(r.deps) or 'nothing'}{aside})")
+        _plan(runs, key, out, records, profile, log)
         return {}
     if only is not None:
         unknown = set(only) - {r.name for r in runs}
@@ -277,42 +290,129 @@ def run_all(runs: list[Run], out: str, jobs: int = 1, dry_run: bool = False, log
     with contextlib.ExitStack() as held:
         for folder in folders:
             held.enter_context(FolderLock(folder, RUNNER_LOCK, "a reproduction runner", hint))
-        return _run_all(runs, key, out, jobs, log, torchrun, only)
+        book = _Book(runs, key, out, records, keep_checkpoints or only is not None, log)
+        return _run_all(runs, book, jobs, torchrun, only, time_budget_s, profile)
 
 
-def _run_all(runs, key, out, jobs, log, torchrun, only) -> dict[str, dict]:
+def _plan(runs, key, out, records, profile, log) -> None:
+    """--dry-run: each run's state and estimated minutes, and the minutes left in all."""
+    left = 0.0
+    for r in runs:
+        done = is_done(out, r, key[r.name]) or ledger.done(records, r.name, key[r.name])
+        minutes = ledger.estimate_seconds(r, records, profile) / 60
+        left += 0 if done else minutes
+        aside = "; its folder holds a run with other parameters, to be moved aside" if superseded_key(
+            run_dir(out, r), key[r.name]) else ""
+        needs = ", ".join(r.deps[:4]) + (f", ... ({len(r.deps)} runs)" if len(r.deps) > 4 else "") or "nothing"
+        log(f"{'done' if done else 'would run':9s} {r.name}  ({r.notebook}; ~{minutes:.0f} min; needs {needs}{aside})")
+    log(f"about {left / 60:.1f} run-hours left")
+
+
+class _Book:
+    """What is done and where: run folders, the ledger, the records to write and the checkpoints to free."""
+
+    def __init__(self, runs, key, out, records, keep_checkpoints, log):
+        self.runs, self.key, self.out, self.records, self.keep, self.log = runs, key, out, records, keep_checkpoints, log
+        self.digest = {nb: code_digest(os.path.join(NOTEBOOKS, f"{nb}.ipynb")) for nb in {r.notebook for r in runs}}
+        self.in_folder = {r.name for r in runs if is_done(out, r, key[r.name])}
+        self.recorded = {r.name for r in runs if ledger.done(records, r.name, key[r.name])}
+        self.needed = self._needed()
+
+    def _needed(self) -> set[str]:
+        """Runs to execute: those not done, and the recorded runs whose output (folder) one of them reads."""
+        needed = {r.name for r in self.runs if r.name not in self.in_folder | self.recorded}
+        for r in reversed(self.runs):  # dependants first
+            if r.name in needed and r.notebook not in READS_RECORDS_ONLY:
+                for d in r.deps:
+                    if d not in self.in_folder and d not in needed:
+                        needed.add(d)
+                        self.log(f"{d}: recorded, but {r.name} reads its output, which is not here: it executes again")
+        return needed
+
+    def record(self, r: Run, outcome: dict) -> None:
+        """Write ``r``'s record from its folder's results.json (a run just done, or done before the ledger)."""
+        if not self.records or r.notebook in READS_RECORDS_ONLY:  # the figures are built from records, not one
+            return
+        results = read_results_file(os.path.join(run_dir(self.out, r), "results.json"))
+        ledger.write(self.records, r, self.key[r.name], results, self.out, self.digest[r.notebook], outcome)
+        self.recorded.add(r.name)
+
+    def free_checkpoints(self) -> None:
+        """Remove the checkpoints of runs whose every reader has a record (unless kept)."""
+        if self.keep or not self.records:
+            return
+        for r in self.runs:
+            folder = os.path.join(run_dir(self.out, r), "checkpoints")
+            readers = [d.name for d in self.runs if r.name in d.deps and d.notebook not in READS_RECORDS_ONLY]
+            if readers and os.path.isdir(folder) and set(readers) <= self.recorded and r.name in self.recorded:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(run_dir(self.out, r), "done.json"))  # the record stands for it now
+                shutil.rmtree(folder)
+                self.in_folder.discard(r.name)
+                self.log(f"{r.name}: every run that reads its checkpoints is recorded; checkpoints removed")
+
+
+def read_results_file(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _run_all(runs, book: _Book, jobs, torchrun, only, budget_s, profile) -> dict[str, dict]:
+    out, key, log = book.out, book.key, book.log
     write_index(out, runs)
+    start = time.perf_counter()
     outcome: dict[str, dict] = {}
     if only is not None:
-        outcome = {r.name: {"status": "skipped", "seconds": 0.0, "peak_mb": 0.0, "error": ""}
-                   for r in runs if r.name not in only}
+        outcome = {r.name: _quiet("skipped") for r in runs if r.name not in only}
+        book.needed = set(only)
     pending = [r for r in runs if r.name not in outcome]
     total = len(runs)
     depth: dict[str, int] = {}
+    readers: dict[str, list[Run]] = {r.name: [] for r in runs}
     for r in runs:  # dependencies first (order()), so theirs are known
         depth[r.name] = 1 + max((depth[d] for d in r.deps), default=-1)
+        for d in r.deps:
+            readers[d].append(r)
 
-    def ready(r: Run) -> bool:
-        return all(outcome.get(d, {}).get("status") in ("ok", "skipped") for d in r.deps)
+    def status(d: str) -> str | None:
+        return outcome.get(d, {}).get("status")
+
+    def reach(r: Run) -> int:
+        """The depth of the deepest run that ``r`` would make ready (its own if none): depth first."""
+        ready_after = [depth[x.name] for x in readers[r.name] if x.notebook not in READS_RECORDS_ONLY
+                       and all(d == r.name or status(d) in ("ok", "skipped") for d in x.deps)]
+        return max([depth[r.name], *ready_after])
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         running = {}
         while pending or running:
-            for r in list(pending):  # dependencies first: settle what is blocked or completed earlier
-                if any(outcome.get(d, {}).get("status") not in (None, "ok", "skipped") for d in r.deps):
-                    failed = [d for d in r.deps if outcome.get(d, {}).get("status") not in ("ok", "skipped")]
-                    outcome[r.name] = {"status": "blocked", "seconds": 0.0, "peak_mb": 0.0,
-                                       "error": f"dependency failed: {', '.join(failed)}"}
-                    pending.remove(r)
+            for r in list(pending):  # dependencies first: settle what is blocked, left or completed earlier
+                if any(status(d) == "left" for d in r.deps):
+                    outcome[r.name] = _quiet("left")
+                elif any(status(d) not in (None, "ok", "skipped") for d in r.deps):
+                    failed = [d for d in r.deps if status(d) not in ("ok", "skipped")]
+                    outcome[r.name] = _quiet("blocked", f"dependency failed: {', '.join(failed)}")
                     log(f"[{len(outcome)}/{total}] blocked  {r.name} (a dependency failed)")
-                elif ready(r) and is_done(out, r, key[r.name]):
-                    outcome[r.name] = {"status": "skipped", "seconds": 0.0, "peak_mb": 0.0, "error": ""}
-                    pending.remove(r)
+                elif r.name not in book.needed and all(status(d) in ("ok", "skipped") for d in r.deps):
+                    outcome[r.name] = _quiet("skipped")
+                    if r.name not in book.recorded:
+                        book.record(r, {"seconds": 0.0})  # done before the ledger: its record, from its folder
                     log(f"[{len(outcome)}/{total}] done     {r.name} (completed earlier, same parameters)")
-            # then deeper runs first: a seed's evaluations follow its pretraining runs instead of waiting
-            # behind every other pretraining run (results sooner, a failing evaluation found early)
-            for r in sorted(filter(ready, pending), key=lambda r: -depth[r.name])[:max(1, jobs) - len(running)]:
+                else:
+                    continue
                 pending.remove(r)
+            # then depth first: the runs that make the deepest runs ready, deeper ones first, so a seed's
+            # evaluations (and the data only they read) follow its pretraining run instead of waiting behind
+            # every other pretraining run (results sooner, few checkpoints waiting for their evaluations)
+            ready = [r for r in pending if all(status(d) in ("ok", "skipped") for d in r.deps)]
+            for r in sorted(ready, key=lambda r: (-reach(r), -depth[r.name])):
+                if len(running) >= max(1, jobs):
+                    break
+                pending.remove(r)
+                elapsed = time.perf_counter() - start
+                if budget_s is not None and elapsed + ledger.estimate_seconds(r, book.records, profile) > budget_s:
+                    outcome[r.name] = _quiet("left")
+                    continue
                 moved = set_aside(out, r, key[r.name])
                 if moved:
                     log(f"{r.name}: its folder held a run with other parameters; moved to {moved}")
@@ -322,12 +422,20 @@ def _run_all(runs, key, out, jobs, log, torchrun, only) -> dict[str, dict]:
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in finished:
                     r = running.pop(fut)
-                    outcome[r.name] = fut.result()
-                    o = outcome[r.name]
+                    o = outcome[r.name] = fut.result()
+                    if o["status"] == "ok":
+                        book.in_folder.add(r.name)
+                        book.record(r, o)
+                        book.free_checkpoints()
                     log(f"[{len(outcome)}/{total}] {o['status']:8s} {r.name} in {o['seconds']:.0f} s, "
                         f"peak {o['peak_mb']:.0f} MB")
     _write_csv(out, runs, outcome, key)
     return outcome
+
+
+def _quiet(status: str, error: str = "") -> dict:
+    """The outcome of a run that did not execute."""
+    return {"status": status, "seconds": 0.0, "peak_mb": 0.0, "error": error}
 
 
 def _write_csv(out: str, runs: list[Run], outcome: dict, key: dict) -> None:

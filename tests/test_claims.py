@@ -7,6 +7,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
+from conftest import write_records
 from mdc.eval.results import write_results
 from reproduce import claims, registry
 from reproduce.claims import TASKS, Claim, difference, paired_items, verdict, write_readme_table
@@ -166,7 +167,7 @@ def test_pairs_need_one_run_per_seed_and_the_same_items():
         paired_items([runs[0], old], claim)
 
 
-def test_the_claims_table_from_an_index_shaped_as_the_registry_writes_it(tmp_path):
+def test_the_claims_table_from_records_shaped_as_the_registry_writes_them(tmp_path):
     """Every probe run of the mini profile's registry, with outcomes drawn so that MDC beats CLIP by a wide
     margin and equals ARC: the table names each claim, its seeds and the verdicts those imply."""
     rng = np.random.default_rng(0)
@@ -178,12 +179,10 @@ def test_the_claims_table_from_an_index_shaped_as_the_registry_writes_it(tmp_pat
         path = str(tmp_path / r.name / "results.json")
         datasets = {f"wds/{t}": {"top1": rate, "correct": _outcomes(rate, rng)} for t in TASKS}
         write_results(path, "linear_probe", {"datasets": datasets})
-        index[r.name] = {"notebook": r.notebook, "params": {}, "labels": r.labels, "artifacts": list(r.artifacts),
-                         "results": path}
+        index[r.name] = {"notebook": r.notebook, "labels": r.labels, "artifacts": list(r.artifacts), "results": path}
     assert all("claims" in v["artifacts"] for v in index.values())
-    with open(tmp_path / "index.json", "w") as f:
-        json.dump(index, f)
-    files = registry.build_artifacts(str(tmp_path / "index.json"), str(tmp_path / "figures"), "unused", ["claims"])
+    records = write_records(tmp_path / "records", index)
+    files = registry.build_artifacts(records, str(tmp_path / "figures"), "unused", ["claims"])
     table = open(files["claims"][0]).read()
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
     by_what = {row[1]: row for row in rows}
@@ -197,9 +196,7 @@ def test_the_claims_table_from_an_index_shaped_as_the_registry_writes_it(tmp_pat
 
 
 def test_a_claim_without_runs_says_so(tmp_path):
-    with open(tmp_path / "index.json", "w") as f:
-        json.dump({}, f)
-    files = registry.build_artifacts(str(tmp_path / "index.json"), str(tmp_path / "figures"), "unused", ["claims"])
+    files = registry.build_artifacts(str(tmp_path / "records"), str(tmp_path / "figures"), "unused", ["claims"])
     assert open(files["claims"][0]).read().count("not run (no seed has runs on both sides)") == len(claims.CLAIMS)
     assert os.path.isfile(files["claims"][1]) and os.path.isfile(files["claims"][2])
 

@@ -3,6 +3,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -274,6 +275,11 @@ def test_table3_rows_and_figure(tmp_path):
     items = _items(tmp_path, 3)
     picked = cap.pick_examples(items, {"mdc-10": {i: "a caption " * 9 for i in range(3)},
                                        "arc-beam6": {i: "x" for i in range(3)}}, k=2)
-    assert [set(it) for it in picked.pop("items")] == [{"image_id", "image_path", "references"}] * 2
+    examples = picked.pop("items")  # what the results keep: the figure is redrawn from them alone
+    assert [set(it) for it in examples] == [{"image_id", "image_path", "references", "captions", "thumbnail"}] * 2
+    assert [e["captions"]["arc-beam6"] for e in examples] == picked["captions_by_model"]["arc-beam6"]
+    thumbs = cap.example_images(examples)
+    assert [t.size for t in thumbs] == [im.size for im in picked["images"]]  # small images stay whole
+    assert all(np.array_equal(np.asarray(t), np.asarray(im.convert("RGB"))) for t, im in zip(thumbs, picked["images"]))
     fig = plot_captions(**picked, path=str(tmp_path / "fig6.png"))
     assert len(fig.axes) == 4 and (tmp_path / "fig6.png").is_file() and (tmp_path / "fig6.pdf").is_file()

@@ -12,6 +12,7 @@ import os
 import numpy as np
 import pytest
 
+from conftest import write_records
 from mdc.eval.results import write_results
 from reproduce import registry
 
@@ -22,19 +23,19 @@ TASKS = ("object", "shape", "texture", "count", "relation", "shape_texture", "co
 # sha256 (16 hex digits) of every table file written from synthetic_index() by mdc/report.py
 EXPECTED = {
     "table1_linear_probe.csv": "8ab3633616d2fc06",
-    "table1_linear_probe.md": "7db9ef1bce0cea63",
+    "table1_linear_probe.md": "ea38e754a6a55962",
     "table1_linear_probe.tex": "500ea74387799ecb",
-    "table2_compositionality.csv": "d7e03bfb219e02d1",
-    "table2_compositionality.md": "4fcad9b29a1885da",
-    "table2_compositionality.tex": "dc0022117dde7dd2",
+    "table2_compositionality.csv": "8c0ffcab9788aded",
+    "table2_compositionality.md": "76eeb96e18a0aa53",
+    "table2_compositionality.tex": "f8d0d496e7c080e6",
     "table3_captioning.csv": "2e6384557db7f151",
-    "table3_captioning.md": "759412fe975ede50",
+    "table3_captioning.md": "b718a96f50e4b5d5",
     "table3_captioning.tex": "6b1cf536494604a9",
     "table4_time_weighting.csv": "bba00b6b94c15522",
-    "table4_time_weighting.md": "63aacf4f913abe3f",
+    "table4_time_weighting.md": "2158bf74282a8eef",
     "table4_time_weighting.tex": "0cce0a77195d1fc2",
     "table5_noise_schedule.csv": "2876b3656ffdf2fd",
-    "table5_noise_schedule.md": "148e25c1919ee3ed",
+    "table5_noise_schedule.md": "961350a7ac79d7cf",
     "table5_noise_schedule.tex": "d38bf50c3bac0a59",
     "tables6-8_hyperparameters.csv": "4446ff45b1b43f9d",
     "tables6-8_hyperparameters.md": "84c52efe2bf83496",
@@ -47,8 +48,9 @@ def _probe(rng) -> dict:
     return {"datasets": top1(0.2, 0.9), "random_init": {"datasets": top1(0.05, 0.3)}}
 
 
-def synthetic_index(folder) -> str:
-    """Results files and their index.json in ``folder``, shaped as a reproduction writes them."""
+def synthetic_index(folder) -> tuple[str, list[str]]:
+    """Run records in ``folder``/records, shaped as a reproduction writes them; returns that folder and
+    the runs in the registry's order."""
     rng = np.random.default_rng(0)
     index = {}
 
@@ -85,10 +87,7 @@ def synthetic_index(folder) -> str:
         add(f"captioning/alt-s{seed}", "captioning",
             {"dataset": {"name": "coco"}, "metrics": metrics, "judge": judge, "examples": []},
             ["table3"], dict(style="alt", seed=seed))
-    path = os.path.join(folder, "index.json")
-    with open(path, "w") as f:
-        json.dump(index, f, indent=1)
-    return path
+    return write_records(os.path.join(folder, "records"), index), list(index)
 
 
 def digests(folder) -> dict[str, str]:
@@ -97,8 +96,8 @@ def digests(folder) -> dict[str, str]:
 
 
 def test_tables_from_a_synthetic_index_are_byte_identical(tmp_path):
-    index = synthetic_index(tmp_path / "runs")
-    files = registry.build_artifacts(index, str(tmp_path / "figures"), PAPER_DIR, TABLES)
+    records, runs = synthetic_index(tmp_path / "runs")
+    files = registry.build_artifacts(records, str(tmp_path / "figures"), PAPER_DIR, TABLES, runs)
     assert list(files) == TABLES and all(len(fs) == 3 for fs in files.values())
     assert digests(tmp_path / "figures") == EXPECTED
     table1 = (tmp_path / "figures" / "table1_linear_probe.md").read_text()
@@ -107,7 +106,7 @@ def test_tables_from_a_synthetic_index_are_byte_identical(tmp_path):
 
 def test_unknown_artifacts_are_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown artifact"):
-        registry.build_artifacts(str(tmp_path / "index.json"), str(tmp_path), PAPER_DIR, ["table9"])
+        registry.build_artifacts(str(tmp_path / "records"), str(tmp_path), PAPER_DIR, ["table9"])
 
 
 def test_table2_shows_blind_and_debiased_rows_and_flags_a_text_decided_column(tmp_path):
@@ -119,17 +118,49 @@ def test_table2_shows_blind_and_debiased_rows_and_flags_a_text_decided_column(tm
                for c in columns}
     path = tmp_path / "run" / "results.json"
     write_results(str(path), "compositionality", {"table2": table2, "columns": entries})
-    index = tmp_path / "index.json"
-    index.write_text(json.dumps({"c": {"notebook": "compositionality", "params": {}, "labels": {"seed": 0},
-                                       "artifacts": ["table2"], "results": str(path)}}))
-    registry.build_artifacts(str(index), str(tmp_path / "figures"), PAPER_DIR, ["table2"])
+    records = write_records(tmp_path / "records", {"c": {"notebook": "compositionality", "labels": {"seed": 0},
+                                                         "artifacts": ["table2"], "results": str(path)}})
+    registry.build_artifacts(records, str(tmp_path / "figures"), PAPER_DIR, ["table2"])
     rows = {line.split(" | ")[0].lstrip("| "): line for line in
             (tmp_path / "figures" / "table2_compositionality.md").read_text().splitlines() if line.startswith("| MDC")}
     assert list(rows) == ["MDC (Heuristic)", "MDC (Heuristic) per token", "MDC (Heuristic), no image",
+                          "MDC (Heuristic), the image adds (points)",
                           "MDC (Heuristic), image-debiased"]  # per token only for the raw score
     assert "| 97.0* |" in rows["MDC (Heuristic), no image"] and rows["MDC (Heuristic)"].count("*") == 0
-    notes = (tmp_path / "figures" / "table2_compositionality.md").read_text().split("\n\n")[-1]
-    assert notes.startswith("- ties: an item is correct only if") and "\n- *: a no-image accuracy" in notes
+    notes = (tmp_path / "figures" / "table2_compositionality.md").read_text().split("\n\n")[-2]  # then provenance
+    assert notes.startswith("- ties: each benchmark's own rule") and "\n- *: a no-image accuracy" in notes
+
+
+def test_table2_cells_carry_cluster_bootstrap_intervals_and_what_the_image_adds(tmp_path):
+    """From per-item records: each cell the accuracy [95% interval], ↑ above chance; 'the image adds' the
+    paired difference with its interval; two seeds: the mean over seeds, the interval of the pooled items."""
+    import mdc.eval.compositionality as C
+
+    def run(seed):
+        n, rng = 40, np.random.default_rng(seed)
+        suites = {f"sugarcrepe/{f}": C.Suite(f"sugarcrepe/{f}", "synthetic", [{"id": i} for i in range(n)],
+                                             [["a", "b"]] * n, [""] * n, [f], n, clusters=[f"{i // 2}.jpg" for i in range(n)])
+                  for f in ("add_att", "add_obj")}
+        wins = {v: rng.random((2, n)) < p for v, p in (("exact", 0.9), ("exact_blind", 0.5))}
+        scored = {name: C.SuiteScores(s, {v: np.where(w[k][:, None], [[0.0, -1.0]], [[-1.0, 0.0]])
+                                          for v, w in wins.items()}, np.full((n, 2), 3),
+                                      methods={"exact": "exact", "exact_blind": "exact"})
+                  for k, (name, s) in enumerate(suites.items())}
+        path = tmp_path / f"run{seed}" / "results.json"
+        write_results(str(path), "compositionality", C.summarise(scored, resamples=50))
+        return f"c{seed}", {"notebook": "compositionality", "labels": {"seed": seed}, "artifacts": ["table2"],
+                            "results": str(path)}
+
+    records = write_records(tmp_path / "records", dict(run(s) for s in (0, 1)))
+    registry.build_artifacts(records, str(tmp_path / "figures"), PAPER_DIR, ["table2"])
+    lines = (tmp_path / "figures" / "table2_compositionality.md").read_text().splitlines()
+    header = [c.strip() for c in lines[2].strip("|").split("|")]
+    rows = {r[0]: dict(zip(header, r)) for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines[4:8])}
+    raw, adds = rows["ARC"]["sugarcrepe_add"], rows["ARC, the image adds (points)"]["sugarcrepe_add"]
+    assert raw.endswith("]↑") and adds.startswith("+") and rows["ARC"]["seeds"] == "2"
+    acc, lo, hi = (float(x) for x in raw.rstrip("]↑").replace("[", "").replace(",", "").split())
+    assert lo < acc < hi and lo > 50
+    assert rows["ARC"]["sugarcrepe_add (sub-file mean)"].count("[") == 1
 
 
 def test_table1_shows_each_seeds_pretraining_loss_so_a_run_that_did_not_train_is_seen(tmp_path):
@@ -139,9 +170,7 @@ def test_table1_shows_each_seeds_pretraining_loss_so_a_run_that_did_not_train_is
         run = tmp_path / f"pretrain-s{seed}"
         run.mkdir()
         losses = np.linspace(first, last, 40)
-        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "loss": float(v)}) + "\n"
-                                                   for i, v in enumerate(losses)))
-        write_results(str(run / "results.json"), "pretrain", {"metrics": str(run / "metrics.jsonl")})
+        write_results(str(run / "results.json"), "pretrain", {"losses": losses.tolist()})
         probe = tmp_path / f"probe-s{seed}" / "results.json"
         write_results(str(probe), "linear_probe", _probe(np.random.default_rng(seed)))
         for path in (run / "results.json", probe):  # both name the same weights, as the notebooks record them
@@ -152,11 +181,11 @@ def test_table1_shows_each_seeds_pretraining_loss_so_a_run_that_did_not_train_is
         index[f"probe/clip-alt-s{seed}"] = {"notebook": "linear_probe", "params": {}, "artifacts": ["table1"],
                                             "labels": {"method": "CLIP", "style": "alt", "seed": seed},
                                             "results": str(probe)}
-    (tmp_path / "index.json").write_text(json.dumps(index))
-    registry.build_artifacts(str(tmp_path / "index.json"), str(tmp_path / "figures"), PAPER_DIR, ["table1"])
+    registry.build_artifacts(write_records(tmp_path / "records", index), str(tmp_path / "figures"), PAPER_DIR,
+                             ["table1"])
     lines = (tmp_path / "figures" / "table1_linear_probe.md").read_text().splitlines()
     header = [c.strip() for c in lines[2].strip("|").split("|")]
-    rows = {r[1]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines[4:])}
+    rows = {r[1]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines[4:] if line.startswith("|"))}
     column = header.index("pretraining loss, first → last 10 steps (per seed)")
     ends = [np.linspace(first, last, 40) for first, last in ((4.3, 3.0), (4.2, 3.9))]
     assert rows["CLIP"][column] == ", ".join(f"{v[:10].mean():.2f} → {v[-10:].mean():.2f}" for v in ends)

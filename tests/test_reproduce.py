@@ -158,13 +158,13 @@ def test_registry_lists_every_artifact_and_every_run_is_wired(capsys):
     assert all(name in listed for name in registry.ARTIFACTS)
     assert set(registry.ARTIFACTS) == paper | {"guidance", "claims"}
     for profile in ("smoke", "paper"):
-        runs = registry.with_figures(registry.build(profile, seeds=2), "figs", profile)
+        runs = registry.with_figures(registry.build(profile, seeds=2), "figs", profile, "records")
         runner.order(runs)  # every dependency exists, no cycle
         fed = {a for r in runs if r.notebook != "figures" for a in r.artifacts}
         synthetic_only = {"guidance", "claims"} if profile == "paper" else set()
         assert fed | {"tables6-8"} == set(registry.ARTIFACTS) - synthetic_only, profile
         assert all(os.path.isfile(os.path.join(runner.NOTEBOOKS, f"{r.notebook}.ipynb")) for r in runs)
-    only = registry.select(registry.with_figures(registry.build("smoke"), "figs", "smoke"), ["table2"])
+    only = registry.select(registry.with_figures(registry.build("smoke"), "figs", "smoke", "records"), ["table2"])
     assert {r.notebook for r in only} == {"data", "pretrain", "compositionality", "figures"}
 
 

@@ -22,7 +22,8 @@ Results (``results`` of the ``captioning`` results file, :mod:`mdc.eval.results`
       "checkpoints": {"mdc" | "arc": {"path", "checkpoint_id", "finetuned": folder | null, "model": config}},
       "finetune": {"mdc" | "arc": {"steps", "batch_size", "lr", "images", "unknown_rate", "loss": [per step]}},
       "files": {"predictions", "table", "figure", "judge_answers"?},  # beside the results file
-      "examples": [{"image_id", "image_path", "references"}]  # the images of the figure (Fig. 6)
+      "examples": [{"image_id", "image_path", "references", "captions": {model: caption},
+                    "thumbnail": base64 PNG, at most 128 px}]  # the figure (Fig. 6), redrawn from this alone
     }
 
 The results file's top-level ``checkpoint`` / ``model`` are the MDC checkpoint's (ARC's without one).
@@ -32,6 +33,8 @@ the paper's units (percent).
 """
 from __future__ import annotations
 
+import base64
+import io
 import json
 import logging
 import os
@@ -39,6 +42,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import torch
+from PIL import Image
 
 from mdc.api import generate
 from mdc.data.formats import Items, load_coco_captions, load_image, load_karpathy, load_karpathy_test
@@ -274,12 +278,30 @@ def table3_rows(results: Mapping, dataset: str | None = None) -> list[dict]:
 def pick_examples(items: Sequence[Mapping], captions_by_model: Mapping[str, Mapping], k: int = 3,
                   seed: int = 0) -> dict:
     """``k`` seeded random images with every model's caption: the arguments of :func:`mdc.plots.plot_captions`,
-    plus ``items`` (the picked items: image_id, image_path, references)."""
+    plus ``items``: the picked items (image_id, image_path, references), each with its captions and a
+    thumbnail, so that the figure can be redrawn from the results alone (:func:`example_images`)."""
     chosen = sorted(np.random.default_rng(seed).choice(len(items), min(k, len(items)), replace=False).tolist())
     picked = [items[i] for i in chosen]
-    return {"images": [load_image(it) for it in picked], "references": [it["references"] for it in picked],
-            "captions_by_model": {n: [c[it["image_id"]] for it in picked] for n, c in captions_by_model.items()},
-            "items": [{k: it[k] for k in ("image_id", "image_path", "references")} for it in picked]}
+    images = [load_image(it) for it in picked]
+    by_model = {n: [c[it["image_id"]] for it in picked] for n, c in captions_by_model.items()}
+    return {"images": images, "references": [it["references"] for it in picked], "captions_by_model": by_model,
+            "items": [{**{k: it[k] for k in ("image_id", "image_path", "references")},
+                       "captions": {n: caps[i] for n, caps in by_model.items()}, "thumbnail": _thumbnail(image)}
+                      for i, (it, image) in enumerate(zip(picked, images))]}
+
+
+def _thumbnail(image, size: int = 128) -> str:
+    """A PIL image as a base64 PNG whose longer side is at most ``size`` pixels."""
+    image = image.copy()
+    image.thumbnail((size, size))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def example_images(examples: Sequence[Mapping]) -> list:
+    """The PIL images of :func:`pick_examples`' ``items`` (from their thumbnails)."""
+    return [Image.open(io.BytesIO(base64.b64decode(e["thumbnail"]))).convert("RGB") for e in examples]
 
 
 def captioning_results(*, dataset: str, items: Items, metrics: Mapping[str, dict], judge: Mapping | None,

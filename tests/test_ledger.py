@@ -1,0 +1,160 @@
+"""The results ledger: every finished run leaves a small record; a recorded run is done without its folder,
+executes again only when a run that executes reads its output; a time budget leaves runs for the next call;
+checkpoints go once every reader is recorded; records say which code made them and nothing of the machine."""
+import json
+import os
+import shutil
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from reproduce import ledger, runner
+from reproduce.runner import Run
+
+TOY = '''
+import json, os, time
+os.makedirs(output_dir, exist_ok=True)
+if checkpoint:
+    os.makedirs(os.path.join(output_dir, "checkpoints", "step_1"), exist_ok=True)
+time.sleep(sleep)
+with open(os.path.join(output_dir, "calls.txt"), "a") as f:
+    f.write("x")
+json.dump({"schema": "mdc.results/1", "kind": "toy", "checkpoint": os.path.abspath(output_dir),
+           "results": {"value": value, "correct": [1, 0, 1]}}, open(os.path.join(output_dir, "results.json"), "w"))
+'''
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    """A notebook folder with one fast toy notebook in place of notebooks/; returns (out, records)."""
+    nb = new_notebook(cells=[new_code_cell('output_dir = ""\nvalue = 0\nsleep = 0.0\ncheckpoint = False',
+                                           metadata={"tags": ["parameters"]}), new_code_cell(TOY)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (tmp_path / "notebooks").mkdir()
+    nbformat.write(nb, tmp_path / "notebooks" / "toy.ipynb")
+    monkeypatch.setattr(runner, "NOTEBOOKS", str(tmp_path / "notebooks"))
+    return str(tmp_path / "out"), str(tmp_path / "records")
+
+
+def _runs(b=2, sleep=0.0, checkpoint=False):
+    return [Run("pre/a", "toy", {"output_dir": "{run:pre/a}", "value": 1, "checkpoint": checkpoint}),
+            Run("eval/b", "toy", {"output_dir": "{run:eval/b}", "value": b, "sleep": sleep}, deps=("pre/a",),
+                labels={"seed": 0}),
+            Run("eval/c", "toy", {"output_dir": "{run:eval/c}", "value": 3, "sleep": sleep}, deps=("pre/a",))]
+
+
+def _calls(out, name):
+    path = os.path.join(out, name, "calls.txt")
+    return len(open(path).read()) if os.path.exists(path) else 0
+
+
+def test_every_finished_run_leaves_a_record_that_names_its_code_and_no_machine_path(toy):
+    out, records = toy
+    outcome = runner.run_all(_runs(), out, log=lambda *a: None, records=records)
+    assert {o["status"] for o in outcome.values()} == {"ok"}
+    found = ledger.read_all(records)
+    assert sorted(found) == ["eval/b", "eval/c", "pre/a"]
+    b = found["eval/b"]
+    assert b["key"] == runner.keys(_runs())["eval/b"] and b["seed"] == 0 and b["params"]["output_dir"] == "{run:eval/b}"
+    assert b["code"]["notebook"] == runner.code_digest(os.path.join(runner.NOTEBOOKS, "toy.ipynb"))
+    assert b["code"]["package"] == ledger.package_digest() and b["device"]
+    assert b["seconds"] > 0 and b["cpu_seconds"] > 0 and b["peak_mb"] > 0
+    assert b["results"]["results"] == {"value": 2, "correct": [1, 0, 1]}
+    assert b["results"]["checkpoint"] == "{out}/eval/b"  # the run tree, not this machine's path
+    assert os.path.abspath(out) not in open(ledger.path(records, "eval/b")).read()
+
+
+def test_a_recorded_run_is_done_without_its_folder(toy):
+    out, records = toy
+    runner.run_all(_runs(), out, log=lambda *a: None, records=records)
+    shutil.rmtree(out)  # a fresh machine with the committed ledger only
+    outcome = runner.run_all(_runs(), out, log=lambda *a: None, records=records)
+    assert {o["status"] for o in outcome.values()} == {"skipped"}
+    assert not any(_calls(out, r.name) for r in _runs())
+
+
+def test_a_recorded_run_executes_again_when_a_run_that_executes_reads_its_output(toy):
+    out, records = toy
+    runner.run_all(_runs(), out, log=lambda *a: None, records=records)
+    shutil.rmtree(out)
+    lines = []
+    outcome = runner.run_all(_runs(b=5), out, log=lines.append, records=records)  # b changed: it reads pre/a's folder
+    assert outcome["pre/a"]["status"] == "ok" and outcome["eval/b"]["status"] == "ok"
+    assert outcome["eval/c"]["status"] == "skipped"
+    assert any("pre/a: recorded, but eval/b reads its output" in line for line in lines)
+    assert ledger.read(records, "eval/b")["results"]["results"]["value"] == 5
+
+
+def test_runs_done_before_the_ledger_get_their_records_from_their_folders(toy):
+    out, records = toy
+    runner.run_all(_runs(), out, log=lambda *a: None)  # no ledger yet
+    outcome = runner.run_all(_runs(), out, log=lambda *a: None, records=records)
+    assert {o["status"] for o in outcome.values()} == {"skipped"}
+    assert sorted(ledger.read_all(records)) == ["eval/b", "eval/c", "pre/a"]
+
+
+def test_a_time_budget_starts_no_run_past_it_and_the_next_call_finishes(toy):
+    out, records = toy
+    first = runner.run_all(_runs(sleep=1.5), out, log=lambda *a: None, records=records, time_budget_s=0.5)
+    statuses = {n: o["status"] for n, o in first.items()}
+    assert statuses["pre/a"] == "ok" and "left" in statuses.values()
+    assert len(ledger.read_all(records)) < 3
+    second = runner.run_all(_runs(sleep=1.5), out, log=lambda *a: None, records=records)
+    assert {o["status"] for o in second.values()} <= {"ok", "skipped"} and len(ledger.read_all(records)) == 3
+
+
+def test_an_estimate_comes_from_the_run_s_last_record(toy):
+    out, records = toy
+    run = _runs()[1]
+    assert ledger.estimate_seconds(run, records, "mini") == 0  # no record, and no default for a toy notebook
+    assert ledger.estimate_seconds(Run("p", "pretrain", {}), records, "mini") == ledger.DEFAULT_SECONDS["mini"]["pretrain"]
+    runner.run_all(_runs(sleep=0.3), out, log=lambda *a: None, records=records)
+    assert ledger.estimate_seconds(run, records, "mini") == ledger.read(records, "eval/b")["seconds"] >= 0.3
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_checkpoints_go_once_every_reader_is_recorded(toy, keep):
+    out, records = toy
+    lines = []
+    runner.run_all(_runs(checkpoint=True), out, log=lines.append, records=records, keep_checkpoints=keep)
+    folder = os.path.join(out, "pre", "a")
+    assert os.path.isdir(os.path.join(folder, "checkpoints")) == keep
+    assert os.path.isfile(os.path.join(folder, "done.json")) == keep
+    assert any("checkpoints removed" in line for line in lines) != keep
+    again = runner.run_all(_runs(checkpoint=True), out, log=lambda *a: None, records=records)
+    assert {o["status"] for o in again.values()} == {"skipped"}  # the records stand for the removed folder
+
+
+def test_provenance_lists_records_of_different_package_versions(toy):
+    out, records = toy
+    runner.run_all(_runs(), out, log=lambda *a: None, records=records)
+    found = ledger.read_all(records)
+    assert ledger.provenance(found) == f"From 3 run records of package {ledger.package_digest()}."
+    found["eval/c"] = {**found["eval/c"], "code": {**found["eval/c"]["code"], "package": "0" * 16}}
+    line = ledger.provenance(found)
+    assert "2 package versions" in line and f"package {'0' * 16}: 1 (eval/c)" in line
+
+
+def test_a_record_is_one_small_json_file(toy):
+    out, records = toy
+    runner.run_all(_runs(), out, log=lambda *a: None, records=records)
+    with open(ledger.path(records, "pre/a")) as f:
+        record = json.load(f)
+    assert record["schema"] == ledger.SCHEMA and os.path.getsize(ledger.path(records, "pre/a")) < 4000
+
+
+def test_depth_first_a_pretraining_run_s_evaluations_come_before_the_next_pretraining_run(toy):
+    """Evaluations also need the evaluation data, which nothing else needs: it runs as soon as an evaluation
+    waits for it, so a runner stopped by its budget leaves few checkpoints without their evaluations."""
+    out, _ = toy
+    runs = [Run("data/alt", "toy", {"output_dir": "{run:data/alt}"}),
+            Run("pre/a", "toy", {"output_dir": "{run:pre/a}"}, deps=("data/alt",)),
+            Run("pre/b", "toy", {"output_dir": "{run:pre/b}"}, deps=("data/alt",)),
+            Run("data/eval", "toy", {"output_dir": "{run:data/eval}"}),
+            Run("probe/a", "toy", {"output_dir": "{run:probe/a}"}, deps=("pre/a", "data/eval")),
+            Run("probe/b", "toy", {"output_dir": "{run:probe/b}"}, deps=("pre/b", "data/eval"))]
+    lines = []
+    runner.run_all(runs, out, log=lines.append)
+    started = [line.split()[-1] for line in lines if " running " in line]
+    assert started == ["data/alt", "pre/a", "data/eval", "probe/a", "pre/b", "probe/b"]
