@@ -17,11 +17,11 @@ import time
 
 import torch
 
-from benchmarks import data, gpu, sampling, scoring, train_step
+from benchmarks import data, flops, gpu, sampling, scoring, train_step
 from benchmarks.common import Context, Section
 
-SECTIONS = {"train": train_step.run, "sampling": sampling.run, "scoring": scoring.run, "data": data.run,
-            "gpu": gpu.run}
+SECTIONS = {"train": train_step.run, "flops": flops.run, "sampling": sampling.run, "scoring": scoring.run,
+            "data": data.run, "gpu": gpu.run}
 
 
 def _cell(value) -> str:

@@ -40,10 +40,41 @@ def test_quick_run_writes_table_json_and_markdown(tmp_path):
         assert results["sections"]["gpu"]["rows"][0]["value"] == "skipped: no CUDA"
 
 
+def test_flops_section_prints_each_models_step_beside_the_matmul(tmp_path):
+    results = _quick(tmp_path, "flops")
+    rows = {r["name"]: r for r in results["sections"]["flops"]["rows"]}
+    assert rows["matmul 256 x 256, fp32"]["value"] > 0
+    for name in ("tiny", "mini"):
+        for obj in ("MDC", "ARC", "CLIP"):
+            label = f"{name} {obj}, batch 4"
+            assert rows[f"{label}: step"]["value"] > 0 and "GFLOP/image counted" in rows[f"{label}: step"]["note"]
+            assert rows[f"{label}: achieved"]["value"] > 0
+            assert rows[f"{label}: fraction of the matmul's GFLOP/s"]["value"] > 0
+    assert rows["mini MDC, batch 4: fraction of the matmul's GFLOP/s"]["target"] == ">= 0.6"
+    alt, desc = (rows[f"mini MDC pretraining run, {s} captions"]["value"] for s in ("alt", "descriptive"))
+    assert 0 < alt < desc  # alt captions are shorter
+    shares = [r["value"] for name, r in rows.items() if name.startswith("mini MDC step, time in")]
+    assert sum(shares) == pytest.approx(100, abs=1)
+
+
+def test_flop_count_includes_cpu_attention():
+    """The step's count includes SDPA's CPU kernel, which FlopCounterMode alone misses (backward: the
+    scores recomputed and four products, 2.5 x the forward), and leaves no gradients behind."""
+    from benchmarks.flops import batch, count
+
+    model = mdc.create_model("tiny", "clip")
+    images, tokens = batch(model, 2)
+    per_op = count(model, images, tokens)
+    assert per_op["aten._scaled_dot_product_flash_attention_for_cpu"] > 0
+    assert per_op["aten._scaled_dot_product_flash_attention_for_cpu_backward"] == pytest.approx(
+        2.5 * per_op["aten._scaled_dot_product_flash_attention_for_cpu"])
+    assert all(p.grad is None for p in model.parameters())
+
+
 @pytest.mark.slow
 def test_quick_run_of_every_section(tmp_path):
     results = _quick(tmp_path)
-    assert list(results["sections"]) == ["train", "sampling", "scoring", "data", "gpu"]
+    assert list(results["sections"]) == ["train", "flops", "sampling", "scoring", "data", "gpu"]
     sampling = {r["name"]: r for r in results["sections"]["sampling"]["rows"]}
     assert sampling["MDC cache speedup, tiny"]["note"] == "same captions"
 
