@@ -15,6 +15,7 @@ from PIL import Image
 
 from mdc.checkpoint import read_metrics
 from mdc.eval.captioning import row_label
+from mdc.eval.guidance_sweeps import run_intervals
 from mdc.guidance import RULES, strength_of
 
 
@@ -136,38 +137,57 @@ def plot_data_scaling(points: Mapping[int, Mapping[str, Sequence]], path: str | 
     return fig
 
 
+def _interval_bars(ax, points, ci, xkey, scale, colour) -> None:
+    """95% intervals of ``points`` [(x, y, label)] as error bars: x from ``ci[label][xkey]`` (x ``scale``),
+    y from ``ci[label]["clipscore"]``; points without an interval get none."""
+    for x, y, label in points:
+        c = ci.get(label, {})
+        xerr = [[x - scale * c[xkey][0]], [scale * c[xkey][1] - x]] if xkey in c else None
+        yerr = [[y - c["clipscore"][0]], [c["clipscore"][1] - y]] if "clipscore" in c else None
+        if xerr or yerr:
+            ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt="none", ecolor=colour, elinewidth=0.7, alpha=0.6)
+
+
 def plot_guidance_tradeoff(results: Mapping, path: str | None = None,
                            metrics: Sequence[str] = ("bleu4", "meteor", "cider")) -> Figure:
-    """MC-Diffusion's guidance figure: per reference metric (x, %), CLIPScore (y) at each guidance
-    strength, one line per rule ("CFG", "MCS (as printed)", "MCS (mirrored)"), each starting from
-    the unguided model (strength 0, a star) with its points labelled by strength. Strength is the
-    distance from the rule's unguided scale (:mod:`mdc.guidance`), so equal labels mean the same
-    for every rule. Without CLIPScore (none computed) the y axis is the strength. ``results``: the
-    ``results`` of a ``kind="guidance"`` results file (:mod:`mdc.eval.guidance_sweeps`); runs recorded
-    with a scale only (earlier files) are placed at that scale's strength."""
+    """MC-Diffusion's guidance figure as trade-off frontiers: per reference metric (x, %), CLIPScore (y)
+    over each rule's own strengths, one line per rule ("CFG", "MCS (as printed)", "MCS (mirrored)"),
+    each starting from the unguided model (strength 0, a star), points labelled by strength. One
+    strength scales different log-ratios per rule, so read the rules at equal x, not at equal labels.
+    Where the runs carry them: 95% bootstrap intervals over images as error bars
+    (:func:`mdc.eval.guidance_sweeps.run_intervals`), and a last panel of CLIPScore against how far
+    the captions moved from the unguided ones (mean word edit distance, %). Without CLIPScore the y
+    axis is the strength. ``results``: the ``results`` of a ``kind="guidance"`` results file; runs
+    recorded with a scale only (earlier files) are placed at that scale's strength."""
     runs = results["runs"]
     clip = any(r.get("clipscore") is not None for r in runs)
+    ci = run_intervals(results) if clip else {}
+    panels = list(metrics) + (["word_edit"] if clip and any(r.get("word_edit") is not None for r in runs) else [])
 
     def strength(r):
         return r["strength"] if r.get("strength") is not None else strength_of(r["guidance"], r["scale"])
 
-    fig = PaperFigure(figsize=(3.8 * len(metrics), 3.3))
-    for i, metric in enumerate(metrics):
-        ax = fig.add_subplot(1, len(metrics), i + 1)
+    fig = PaperFigure(figsize=(3.8 * len(panels), 3.3))
+    for i, metric in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
         shown = [r for r in runs if r.get(metric) is not None and (r.get("clipscore") is not None or not clip)]
-        base = [(100 * r[metric], r["clipscore"] if clip else 0.0, 0.0) for r in shown if r["guidance"] == "none"][:1]
+        base = [(100 * r[metric], r["clipscore"] if clip else 0.0, 0.0, r["label"]) for r in shown
+                if r["guidance"] == "none"][:1]
         for (guidance, name), colour in zip(RULES.items(), ("C0", "C1", "C2")):
-            pts = sorted(((100 * r[metric], r["clipscore"] if clip else strength(r), strength(r)) for r in shown
-                          if r["guidance"] == guidance), key=lambda p: p[2])
+            pts = sorted(((100 * r[metric], r["clipscore"] if clip else strength(r), strength(r), r["label"])
+                          for r in shown if r["guidance"] == guidance), key=lambda p: p[2])
             if pts:
                 line = base + [p for p in pts if p[2] != 0 or not base]
                 ax.plot([p[0] for p in line], [p[1] for p in line], "o-", color=colour, label=name)
-                for x, y, s in pts:
+                _interval_bars(ax, [(x, y, label) for x, y, _, label in pts], ci, metric, 100, colour)
+                for x, y, s, _ in pts:
                     ax.annotate(f"{s:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7, color=colour)
         if clip and base:
             ax.plot([base[0][0]], [base[0][1]], "*", color="k", markersize=10, label="unguided")
-        name = {"bleu4": "BLEU-4", "meteor": "METEOR", "cider": "CIDEr"}.get(metric, metric)
-        ax.set(xlabel=f"{name} (%)", ylabel="CLIPScore" if clip else "guidance strength (no CLIPScore)")
+            _interval_bars(ax, [(base[0][0], base[0][1], base[0][3])], ci, metric, 100, "k")
+        name = {"bleu4": "BLEU-4 (%)", "meteor": "METEOR (%)", "cider": "CIDEr (%)",
+                "word_edit": "distance from the unguided captions (word edits, %)"}.get(metric, metric)
+        ax.set(xlabel=name, ylabel="CLIPScore" if clip else "guidance strength (no CLIPScore)")
         ax.legend(frameon=False, fontsize=8, title="labels: guidance strength", title_fontsize=7)
     fig.tight_layout()
     _save(fig, path)

@@ -1,4 +1,6 @@
 """Linear probe: CLIP_benchmark's protocol on cached features; separable tasks, sklearn agreement, cache keys."""
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -84,3 +86,89 @@ def test_agrees_with_clip_benchmark_on_cuda(tmp_path):
     ours = linear_probe(extract_features(model, train, device="cuda"), extract_features(model, test, device="cuda"),
                         cfg, "cuda")
     assert abs(ours["top1"] - float(theirs["lp_acc1"])) < 0.05, (ours["top1"], theirs["lp_acc1"])
+
+
+@pytest.fixture(scope="module")
+def probe_roots(tmp_path_factory):
+    """Two synthetic probe tasks, 16 training and 8 test images each at 32 px."""
+    from mdc.eval.probe import synthetic_roots
+    from mdc.world.evalsets import write_evalsets
+
+    out = str(tmp_path_factory.mktemp("evalsets"))
+    write_evalsets(out, seed=1, image_size=32, n_probe_train=16, n_probe_test=8, n_items=2, n_caption_train=0)
+    return synthetic_roots(out, ("shape", "count"))
+
+
+def _count_extractions(monkeypatch) -> list:
+    calls, real = [], probe.extract_features
+    monkeypatch.setattr(probe, "extract_features", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    return calls
+
+
+def test_random_init_features_are_shared_between_runs_and_change_nothing(tmp_path, monkeypatch, probe_roots):
+    """The floor with a shared cache is bitwise the floor without one; a second run (another model of the
+    same architecture) extracts nothing."""
+    from mdc import image_transform
+    from mdc.eval.probe import probe_random_init
+
+    model, cfg = small_model("arc"), ProbeConfig(epochs=2)
+    kw = dict(transform=image_transform(model), cfg=cfg, seed=3, transform_key="eval32")
+    calls = _count_extractions(monkeypatch)
+    alone = probe_random_init(model, probe_roots, cache_dir=str(tmp_path / "run0"), **kw)
+    assert len(calls) == 4  # 2 tasks x (train, test)
+    first = probe_random_init(model, probe_roots, shared_cache=str(tmp_path / "shared"), cache_dir=str(tmp_path / "run1"),
+                              **kw)
+    assert len(calls) == 8
+    second = probe_random_init(small_model("arc"), probe_roots, shared_cache=str(tmp_path / "shared"),
+                               cache_dir=str(tmp_path / "run2"), **kw)
+    assert len(calls) == 8  # read from the shared folder
+    assert alone == first == second  # every number and per-item outcome, exactly
+    assert not (tmp_path / "run1").exists() and not (tmp_path / "run2").exists()
+    other_seed = probe_random_init(model, probe_roots, shared_cache=str(tmp_path / "shared"), **{**kw, "seed": 4})
+    assert len(calls) == 12 and other_seed != alone  # another initialisation: other features
+
+
+def test_a_bad_shared_file_is_recomputed_not_trusted(tmp_path, monkeypatch, caplog, probe_roots):
+    from safetensors.torch import load_file, save_file
+
+    from mdc import image_transform
+    from mdc.eval.probe import probe_random_init
+
+    model, shared = small_model(), tmp_path / "shared"
+    kw = dict(transform=image_transform(model), cfg=ProbeConfig(epochs=1), shared_cache=str(shared))
+    good = probe_random_init(model, probe_roots, **kw)
+    files = sorted(shared.rglob("*.safetensors"))
+    assert len(files) == 4
+    files[0].write_bytes(files[0].read_bytes()[:100])  # half written
+    data = load_file(str(files[1]))
+    save_file({"features": data["features"] + 1, "labels": data["labels"]}, str(files[1]),
+              metadata={"key": files[1].stem, "sha256": "0" * 64})  # tampered
+    calls = _count_extractions(monkeypatch)
+    assert probe_random_init(model, probe_roots, **kw) == good
+    assert len(calls) == 2
+    warnings = [r.getMessage() for r in caplog.records if "recomputing" in r.getMessage()]
+    assert len(warnings) == 2 and any("unreadable" in w for w in warnings) and any("digest" in w for w in warnings)
+    assert probe_random_init(model, probe_roots, **kw) == good and len(calls) == 2  # rewritten intact
+
+
+def test_feature_key_names_what_determines_the_features(tmp_path, probe_roots):
+    from mdc import image_transform
+    from mdc.eval.probe import content_id, feature_key, random_init_like
+
+    model = small_model()
+    root, t = probe_roots["wds/shape"], image_transform(model)
+    where = dict(name="wds/shape", root=root, split="train", transform=t, batch_size=256, device="cpu")
+    key = lambda m, **k: feature_key(m, **{**where, **k})  # noqa: E731
+    base = key(random_init_like(model, 0))
+    assert base == key(random_init_like(small_model(), 0))  # same config and seed: same weights
+    assert base != key(random_init_like(model, 1))
+    assert base != key(random_init_like(small_model(text_layers=1), 0))  # another architecture
+    assert base != key(random_init_like(model, 0), split="test")
+    assert base != key(random_init_like(model, 0), transform=image_transform(64))
+    assert base != key(random_init_like(model, 0), batch_size=64)
+    assert base != key(random_init_like(model, 0), root=probe_roots["wds/count"])
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    assert content_id(str(copy)) == content_id(root)  # content, not place
+    (copy / "train" / "nshards.txt").write_text("2\n")
+    assert content_id(str(copy)) != content_id(root)

@@ -1,14 +1,16 @@
 """MC-Diffusion guidance: condition dropout / masking in training (Alg. 1), CFG and MCS in sampling and scoring."""
 import json
 
+import numpy as np
 import pytest
 import torch
 
 import mdc
-from conftest import CAPTIONS, SMALL, small_model
+from conftest import CAPTIONS, WORLD_SMALL, small_model
 from mdc.diffusion import banned_ids, caption_log_probs
 from mdc.condition import partial_mask, training_condition
 from mdc.diffusion import masked_row
+from mdc.eval.guidance_sweeps import bleu4
 from mdc.guidance import Guide, encoder, scale_label, scale_of, strength_label, strength_of
 from mdc.noise import mdc_sample
 
@@ -343,7 +345,7 @@ def test_tradeoff_figure_and_table(tmp_path, clip):
         x, y = line.get_data()
         assert len(x) == 4 and x[0] == 20.0 and y[0] == (0.8 if clip else 0.0)
     table = runs_markdown(_results(clip)).splitlines()
-    assert table[2].startswith("| none | 20.0 |") and table[2].endswith(("| 0.800 | - |", "| - | - |"))
+    assert table[2].startswith("| none | 20.0 |") and table[2].endswith(("| 0.800 | - | - |", "| - | - | - |"))
 
 
 def test_sweep_settings_and_missing_clip():
@@ -370,3 +372,84 @@ def test_results_record_strength_and_scale():
     runs = guidance_results(settings, metrics, None, None, "no CLIP", dataset={}, length=5)["runs"]
     assert [(r["label"], r["strength"], r["scale"]) for r in runs] == [
         ("none", None, None), ("cfg@s=2", 2.0, 3.0), ("mcs@s=2", 2.0, 2.0), ("mcs_mirror@s=2", 2.0, 3.0)]
+
+
+@pytest.fixture(scope="module")
+def sweep_items(tmp_path_factory):
+    """Six synthetic test images (32 px) with five references each, as the guidance notebook loads them."""
+    from mdc.eval import captioning as cap
+    from mdc.world.evalsets import caption_source
+
+    out = str(tmp_path_factory.mktemp("sweep"))
+    source, fmt, root = caption_source("", "karpathy", "", out, 0, image_size=32, n_test=6)
+    return cap.load_caption_items(source, fmt, root, "test")
+
+
+def test_caption_sweep_shares_encodings_and_changes_no_caption(sweep_items):
+    """The sweep's captions are, token for token, those of mdc.generate run on each setting alone
+    (encoding every image again per setting, as the sweep did)."""
+    from mdc.data.formats import load_image
+    from mdc.eval.guidance_sweeps import caption_sweep, sweep_settings
+
+    torch.manual_seed(0)
+    model = small_model(cond_drop_prob=0.1, cond_mask_prob=0.5, **WORLD_SMALL).eval()
+    settings = sweep_settings([1.0, 3.0])
+    got = caption_sweep(model, sweep_items, settings, length=5, batch_size=4, seed=2)
+    transform = mdc.image_transform(model)
+    for start in range(0, len(sweep_items), 4):
+        batch = sweep_items[start:start + 4]
+        images = torch.stack([transform(load_image(it)) for it in batch])
+        for g, s in settings:
+            alone = mdc.generate(model, images, 5, guidance=g, guidance_strength=s, guidance_seed=2 + start)
+            assert [got[strength_label(g, s)][it["image_id"]] for it in batch] == alone, (g, s)
+    assert len({tuple(c.values()) for c in got.values()}) > 1  # guidance changed some captions
+
+
+def test_clipscore_sweep_embeds_once_and_scores_as_before(tmp_path, sweep_items):
+    from mdc.data.formats import load_image
+    from mdc.eval.clipscore import clip_scores, load_clip
+    from mdc.eval.guidance_sweeps import clipscore_sweep
+
+    small_model("clip", **WORLD_SMALL).save(tmp_path / "clip")
+    captions = {"none": {it["image_id"]: it["references"][0] for it in sweep_items},
+                "cfg@s=1": {it["image_id"]: it["references"][1] for it in sweep_items}}
+    scores, info, why = clipscore_sweep(str(tmp_path / "clip"), sweep_items, captions)
+    clip, images = load_clip(str(tmp_path / "clip")), [load_image(it) for it in sweep_items]
+    for label, caps in captions.items():  # each label scored alone, its images embedded again
+        alone = clip_scores(clip, images, [caps[it["image_id"]] for it in sweep_items],
+                            [it["references"] for it in sweep_items])
+        assert scores[label]["clipscore"] == float(alone["clipscore"].mean())
+        assert scores[label]["refclipscore"] == float(alone["refclipscore"].mean())
+        assert scores[label]["per_image"] == alone["clipscore"].tolist()
+    assert why is None and info["kind"] == "mdc" and len(info["checkpoint_id"]) == 16
+
+
+def test_per_image_outcomes_give_the_corpus_metrics_and_intervals(sweep_items):
+    """Mean per-image CIDEr is pycocoevalcap's CIDEr; summed BLEU counts give its corpus BLEU-4; the
+    bootstrap intervals hold the point estimates; distances from the unguided captions."""
+    from mdc.eval.captioning import evaluate_captions
+    from mdc.eval.guidance_sweeps import guidance_results, reference_outcomes, run_intervals
+
+    ids = [it["image_id"] for it in sweep_items]
+    refs = {it["image_id"]: it["references"] for it in sweep_items}
+    captions = {"none": {i: refs[i][0] for i in ids}, "cfg@s=2": {i: refs[i][1] for i in ids}}
+    captions["cfg@s=2"][ids[0]] = captions["none"][ids[0]]  # one caption unchanged
+    metrics = evaluate_captions(captions, refs, ["bleu", "cider"])
+    outcomes = reference_outcomes(captions, refs, ids)
+    for label in captions:
+        assert np.mean(outcomes[label]["cider"]) == pytest.approx(metrics[label]["cider"], abs=1e-12)
+        assert bleu4(np.array(outcomes[label]["bleu"])) == pytest.approx(metrics[label]["bleu4"], abs=1e-12)
+    clip = {label: {"clipscore": 0.7, "refclipscore": 0.6, "per_image": [0.6, 0.8, 0.7, 0.65, 0.75, 0.7]}
+            for label in captions}
+    res = guidance_results([(None, None), ("cfg", 2.0)], metrics, clip, {}, None, dataset={}, length=5,
+                           captions=captions, outcomes=outcomes, image_ids=ids)
+    none, cfg = res["runs"]
+    assert none["changed"] == none["word_edit"] == 0.0 and cfg["changed"] == pytest.approx(5 / 6)
+    assert 0 < cfg["word_edit"] <= 5 / 6
+    ci = run_intervals(res, resamples=200)
+    for run in res["runs"]:
+        for key in ("clipscore", "cider", "bleu4"):
+            lo, hi = ci[run["label"]][key]
+            assert lo <= run[key] + 1e-4 and run[key] <= hi + 1e-4
+    assert ci["none"]["delta_clipscore"] == [0.0, 0.0]
+    assert run_intervals({"runs": [{"label": "none"}]}) == {}  # older files: no per-image outcomes

@@ -33,7 +33,14 @@ def test_guidance_notebook_smoke(tmp_path, run_notebook):
     for r in results["runs"]:
         assert r["bleu4"] is not None and r["cider"] is not None and r["meteor"] is None
         assert 0 <= r["clipscore"] <= 2.5 and 0 <= r["refclipscore"] <= 2.5
-    assert results["clip"] == {"checkpoint": str(tmp_path / "clip"), "kind": "mdc", "prefix": ""}
+    assert {k: v for k, v in results["clip"].items() if k != "checkpoint_id"} == {
+        "checkpoint": str(tmp_path / "clip"), "kind": "mdc", "prefix": ""}
+    none = results["runs"][0]
+    assert none["changed"] == none["word_edit"] == 0.0
+    for r in results["runs"]:  # per-image outcomes: what the intervals resample
+        assert sorted(r["per_image"]) == ["bleu", "cider", "clipscore"]
+        assert len(r["per_image"]["clipscore"].split()) == 3 and len(r["per_image"]["bleu"].split()) == 18
+        assert abs(sum(map(float, r["per_image"]["clipscore"].split())) / 3 - r["clipscore"]) < 1e-4
     assert results["unavailable"] == {"meteor": "not requested"}
     predictions = json.loads(open(results["files"]["predictions"]).read())
     assert list(predictions) == labels
@@ -41,9 +48,14 @@ def test_guidance_notebook_smoke(tmp_path, run_notebook):
     assert os.path.isfile(results["files"]["figure"]) and os.path.isfile(out / "guidance_tradeoff.pdf")
     table = results["compositionality"]["table2"]
     variants = ("none", "cfg@s=2", "mcs@s=2", "mcs_mirror@s=2")
-    assert set(table) == {f"{v}{k}{s}" for v in variants for k in ("", "_blind", "_debiased")  # and without the image
-                          for s in ("", "_lengthnorm")}
+    assert set(table) == {f"{v}{k}{s}" for v in variants for k in ("", "_blind")  # and without the image (the
+                          for s in ("", "_lengthnorm")}  # heuristic scorer has no debiased variant)
     assert all(0 <= a <= 1 for row in table.values() for a in row.values() if a is not None)
+    from reproduce import report  # the table and figure from the results alone
+
+    files = report.guidance([{"notebook": "guidance", "artifacts": ["guidance"], "record": record}], "", str(out / "fig"))
+    rows = (out / "fig" / "guidance_tradeoff.md").read_text()
+    assert len(files) == 5 and "CLIPScore - unguided" in rows and "[" in rows
 
 
 def test_notebook_refuses_a_model_trained_without_guidance(tmp_path, run_notebook):

@@ -13,10 +13,13 @@ def test_linear_probe_notebook_smoke(tmp_path, run_notebook):
     small_model("arc").save(tmp_path / "ckpt")
     out = tmp_path / "probe"
     run_notebook("linear_probe", checkpoint=str(tmp_path / "ckpt"), synthetic_tasks=["shape", "count"],
-                 n_probe_train=40, n_probe_test=16, epochs=2, output_dir=str(out))
+                 n_probe_train=40, n_probe_test=16, epochs=2, output_dir=str(out),
+                 random_init_cache=str(tmp_path / "shared"))
     rec = read_results(out / "results.json", kind="linear_probe")
     res = rec["results"]
     assert set(res["datasets"]) == {"wds/shape", "wds/count"} == set(res["random_init"]["datasets"])
     assert res["datasets"]["wds/shape"]["n_train"] == 40 and res["datasets"]["wds/count"]["classes"] == 4
     assert 0.0 <= res["average"] <= 1.0 and rec["model"]["objective"] == "arc" and rec["checkpoint_id"]
-    assert os.listdir(out / "features")  # the cache
+    assert len(os.listdir(out / "features")) == 1  # the trained encoder's cache
+    assert len(list((tmp_path / "shared").rglob("*.safetensors"))) == 4  # the random init's, shared by runs
+    assert "random_init_cache" not in rec["parameters"]  # it changes no number

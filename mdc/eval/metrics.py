@@ -94,7 +94,7 @@ def _close(scorer) -> None:
             scorer.lock.release()
 
 
-def _ptb_tokenize(captions: Mapping) -> dict:
+def ptb_tokenize(captions: Mapping) -> dict:
     """pycocoevalcap's PTB tokenizer (Java) on ``{key: [captions]}``, checked to keep every caption."""
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
@@ -131,8 +131,8 @@ def evaluate_captions(captions_by_model: Mapping[str, Mapping], references: Mapp
         return out
     ids = sorted({i for p in captions_by_model.values() for i in p}, key=str)
     try:
-        gts = _ptb_tokenize({i: list(references[i]) for i in ids})
-        res = _ptb_tokenize({(name, i): [c] for name, p in captions_by_model.items() for i, c in p.items()})
+        gts = ptb_tokenize({i: list(references[i]) for i in ids})
+        res = ptb_tokenize({(name, i): [c] for name, p in captions_by_model.items() for i, c in p.items()})
     except Exception as exn:  # Java missing, ...: nothing can be scored on pycocoevalcap's scale
         reason = f"PTB tokenizer failed ({type(exn).__name__}: {exn})"
         logger.warning("caption metrics unavailable: %s", reason)

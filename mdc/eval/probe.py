@@ -16,7 +16,11 @@ with spans 8, 4, 2, 1), retrain on train+val with the best one. It runs on CPU o
 
 Every probe of a trained encoder comes with the same probe of the same architecture at its
 random initialisation (:func:`random_init_like`): the floor every method must beat (on the
-synthetic world colour and background are decodable from random features).
+synthetic world colour and background are decodable from random features). Those features are
+the same for every run with the same architecture, initialisation seed and evaluation set, so
+:func:`probe_random_init` can share them between runs through one folder: each file is named by
+:func:`feature_key`, a digest of everything that determines it, written atomically and verified
+on read (a bad file is recomputed, with a warning).
 
 Results of :func:`probe_datasets`::
 
@@ -34,6 +38,8 @@ encoder plus ``"random_init"``: the same dict for the random-initialised one.
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -47,6 +53,7 @@ from torch import nn
 from mdc.data.formats import build_probe_dataset
 from mdc.factory import build
 
+logger = logging.getLogger(__name__)
 
 @dataclass
 class ProbeConfig:
@@ -83,25 +90,99 @@ def extract_features(model, dataset: Iterable, batch_size: int = 256, device="cp
     return torch.cat(feats), torch.cat(labels)
 
 
+def _digest(feats: torch.Tensor, labels: torch.Tensor) -> str:
+    return hashlib.sha256(feats.numpy().tobytes() + labels.numpy().tobytes()).hexdigest()
+
+
+def _read(path: str, key: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The cached (features, labels) at ``path`` if it holds ``key``'s features intact; None (with a
+    one-line warning) for a file that is unreadable, of another key, or whose digest does not match."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, "pt") as f:
+            meta, feats, labels = f.metadata() or {}, f.get_tensor("features"), f.get_tensor("labels")
+        why = ("holds another key" if meta.get("key") != key else
+               "bad shapes" if feats.ndim != 2 or labels.shape != (len(feats),) else
+               "digest mismatch" if meta.get("sha256") != _digest(feats, labels) else None)
+    except Exception as exn:  # truncated, not safetensors, missing tensors
+        why = f"unreadable ({type(exn).__name__})"
+    if why:
+        logger.warning("feature cache %s: %s; recomputing", path, why)
+        return None
+    return feats, labels
+
+
+def _write(path: str, key: str, feats: torch.Tensor, labels: torch.Tensor) -> None:
+    """Write atomically (temp file + os.replace): a reader never sees a half-written file."""
+    from safetensors.torch import save_file
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    feats = feats.contiguous()
+    save_file({"features": feats, "labels": labels}, tmp, metadata={"key": key, "sha256": _digest(feats, labels)})
+    os.replace(tmp, path)
+
+
 def cached_features(model, dataset_fn: Callable[[], Iterable], key: str, cache_dir: str | None,
                     batch_size: int = 256, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`extract_features` of ``dataset_fn()``, stored as ``cache_dir/<fingerprint>/<key>.safetensors``.
 
-    ``key`` names the dataset, split and transform (e.g. ``"wds-object__train__eval64"``).
+    ``key`` names the dataset, split and transform (e.g. ``"wds-object__train__eval64"``), or is a
+    :func:`feature_key`. Files are written atomically and verified on read.
     """
-    from safetensors.torch import load_file, save_file
-
     path = os.path.join(cache_dir, fingerprint(model), f"{key}.safetensors") if cache_dir else None
-    if path and os.path.isfile(path):
-        data = load_file(path)
-        return data["features"], data["labels"]
+    cached = _read(path, key) if path and os.path.isfile(path) else None
+    if cached is not None:
+        return cached
     feats, labels = extract_features(model, dataset_fn(), batch_size, device)
     if path:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        save_file({"features": feats.contiguous(), "labels": labels}, tmp)
-        os.replace(tmp, path)
+        _write(path, key, feats, labels)
     return feats, labels
+
+
+_CONTENT_BYTES = 1 << 30  # evaluation sets up to this size are hashed by content; larger ones by name, size, mtime
+_CONTENT_IDS: dict[tuple, str] = {}
+
+
+def content_id(root: str) -> str:
+    """sha256 of the files under ``root`` (relative names, sizes and contents; for sets over 1 GiB,
+    names, sizes and modification times instead of contents): which evaluation set, not where."""
+    files = sorted(os.path.join(d, f) for d, _, names in os.walk(root) for f in names)
+    listing = tuple((os.path.relpath(f, root), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files)
+    memo = (os.path.abspath(root), listing)
+    if memo not in _CONTENT_IDS:
+        by_content = sum(size for _, size, _ in listing) <= _CONTENT_BYTES
+        h = hashlib.sha256()
+        for f, (name, size, mtime) in zip(files, listing):
+            h.update(f"{name}\0{size}\0".encode())
+            if by_content:
+                with open(f, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(block)
+            else:
+                h.update(str(mtime).encode())
+        _CONTENT_IDS[memo] = h.hexdigest()
+    return _CONTENT_IDS[memo]
+
+
+def transform_id(transform) -> str:
+    """A description of an image transform: its class and settings (random state left out)."""
+    state = {k: (v.tolist() if torch.is_tensor(v) else v) for k, v in vars(transform).items()
+             if not isinstance(v, np.random.Generator)} if hasattr(transform, "__dict__") else repr(transform)
+    name = f"{type(transform).__module__}.{type(transform).__qualname__}"
+    return f"{name}:{json.dumps(state, sort_keys=True, default=repr)}"
+
+
+def feature_key(model, name: str, root: str, split: str, transform, batch_size: int, device, init_seed=None) -> str:
+    """sha256 (32 hex digits) of what determines ``model``'s features of a dataset split: its config
+    and weights (:func:`fingerprint`; ``init_seed`` recorded too), the dataset (name, split,
+    :func:`content_id`), the transform (:func:`transform_id`), the extraction batch size, the device
+    type and the torch version (both can change the last bits)."""
+    payload = dict(config=asdict(model.config), weights=fingerprint(model), init_seed=init_seed, dataset=name,
+                   split=split, content=content_id(root), transform=transform_id(transform), batch_size=batch_size,
+                   device=torch.device(device).type, torch=torch.__version__)
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=repr).encode()).hexdigest()[:32]
 
 
 # ----------------------------------------------------------------------------- classifier
@@ -217,17 +298,36 @@ def dataset_fns(roots: Mapping[str, str], transform) -> dict[str, tuple[Callable
 
 def probe_datasets(model, datasets: Mapping[str, tuple[Callable[[], Iterable], Callable[[], Iterable]]],
                    cfg: ProbeConfig = ProbeConfig(), cache_dir: str | None = None, transform_key: str = "",
-                   batch_size: int = 256, device="cpu") -> dict:
+                   batch_size: int = 256, device="cpu", keys: Mapping[str, tuple[str, str]] | None = None) -> dict:
     """Probe ``model`` on every dataset: ``{name: (train_dataset_fn, test_dataset_fn)}``.
 
-    Each function returns an iterable of ``(image tensor, label)``. Returns the documented
-    ``results`` dict (per-dataset numbers and the average top-1).
+    Each function returns an iterable of ``(image tensor, label)``. Features are cached under
+    ``cache_dir`` by name, split and ``transform_key``, or by ``keys[name]`` = (train key, test key)
+    if given. Returns the documented ``results`` dict (per-dataset numbers and the average top-1).
     """
     out = {}
     for name, (train_fn, test_fn) in datasets.items():
         key = name.replace("/", "-")
-        train = cached_features(model, train_fn, f"{key}__train__{transform_key}", cache_dir, batch_size, device)
-        test = cached_features(model, test_fn, f"{key}__test__{transform_key}", cache_dir, batch_size, device)
+        default = (f"{key}__train__{transform_key}", f"{key}__test__{transform_key}")
+        train_key, test_key = keys[name] if keys else default
+        train = cached_features(model, train_fn, train_key, cache_dir, batch_size, device)
+        test = cached_features(model, test_fn, test_key, cache_dir, batch_size, device)
         out[name] = linear_probe(train, test, cfg, device)
     return {"datasets": out, "average": float(np.mean([r["top1"] for r in out.values()])) if out else None,
             "protocol": asdict(cfg)}
+
+
+def probe_random_init(model, roots: Mapping[str, str], transform, cfg: ProbeConfig = ProbeConfig(), *, seed: int = 0,
+                      shared_cache: str = "", cache_dir: str | None = None, transform_key: str = "",
+                      batch_size: int = 256, device="cpu") -> dict:
+    """:func:`probe_datasets` of ``model``'s architecture at its random initialisation ``seed``
+    (:func:`random_init_like`) on the datasets ``roots`` (as :func:`dataset_fns`). With ``shared_cache``
+    (a folder shared by probe runs), its features live there under :func:`feature_key`, so runs with
+    the same architecture, seed, evaluation set and transform extract them once; else in ``cache_dir``."""
+    floor = random_init_like(model, seed).to(device)
+    datasets = dataset_fns(roots, transform)
+    if not shared_cache:
+        return probe_datasets(floor, datasets, cfg, cache_dir, transform_key, batch_size, device)
+    keys = {name: tuple(feature_key(floor, name, root, split, transform, batch_size, device, seed)
+                        for split in ("train", "test")) for name, root in roots.items()}
+    return probe_datasets(floor, datasets, cfg, shared_cache, batch_size=batch_size, device=device, keys=keys)
