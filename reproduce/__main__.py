@@ -27,7 +27,7 @@ import sys
 
 from mdc.cli import ArgumentParser, report
 from mdc.errors import ConfigError, RunError, must
-from reproduce import cost, ledger, registry, runner
+from reproduce import cluster, cost, ledger, registry, runner
 
 
 def check(args: argparse.Namespace) -> None:
@@ -100,7 +100,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     if args.from_records:
         return _from_records(runs, records, figures, args)
     if args.slurm:
-        path = runner.slurm_scripts(runs, out, args.slurm, args.profile, gpus=args.gpus_per_node or 8,
+        path = cluster.slurm_scripts(runs, out, args.slurm, args.profile, gpus=args.gpus_per_node or 8,
                                     nodes=args.nodes)
         print(f"wrote {len(runs)} job scripts; submit them with: bash {path}")
         return 0
@@ -109,7 +109,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     outcome = runner.run_all(runs, out, jobs=args.jobs, dry_run=args.dry_run, torchrun=torchrun,
                              only={args.run} if args.run else None,  # --run: its dependencies ran as earlier jobs
                              records=records, time_budget_s=budget, profile=args.profile,
-                             keep_checkpoints=args.keep_checkpoints or bool(args.only))  # --only: a partial graph
+                             keep_checkpoints=args.keep_checkpoints or bool(args.only),  # --only: a partial graph
+                             flops=_flops if args.profile != "paper" else None)
     failed = {n: o for n, o in outcome.items() if o["status"] not in ("ok", "skipped", "left")}
     if failed:
         print(f"\n{len(failed)} run(s) did not complete:", file=sys.stderr)
@@ -129,6 +130,11 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"\nall {len(outcome)} runs complete; tables and figures in {figures}; records in {records}; "
               f"per-run times in {os.path.join(out, 'runs.csv')}")
     return 0
+
+
+def _flops(run) -> float | None:
+    """A synthetic-world run's FLOPs for --dry-run: counted for pretraining runs (reproduce/cost.py)."""
+    return cost.synthetic_pretrain_flops(run) if run.notebook == "pretrain" else None
 
 
 def _from_records(runs: list, records: str, figures: str, args: argparse.Namespace) -> int:

@@ -48,11 +48,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from mdc.factory import create_model
+from mdc.factory import create_model, get_tokenizer
 from mdc.optim import preset_values
 from mdc.tokenizer import Tokenizer
+from mdc.world.graphs import sample_scene
+from mdc.world.streams import STREAM_CAPTION, STREAM_SCENE, stream_rng
+from mdc.world.text import caption
 from reproduce.paper import PER_GPU_BATCH, data_vars
-from reproduce.runner import Run, torchrun_command
+from reproduce.cluster import torchrun_command
+from reproduce.graph import Run
 
 H100_BF16 = 989e12  # FLOP/s, H100 SXM dense bf16 tensor cores (benchmarks/gpu.py: PEAK_BF16)
 MFU = 0.35  # the utilisation assumed unless --mfu is given
@@ -358,6 +362,25 @@ def _pretrain(run: Run, cost: Cost) -> None:
     cost.gpus = run.gpus or 1
     cost.notes.insert(0, f"{steps:,} steps x {global_batch} = {steps * global_batch / 1e6:.0f}M samples"
                       + (f"; {tokens} caption tokens, head at {positions}" if captioner else ""))
+
+
+@functools.lru_cache(maxsize=None)
+def synthetic_caption_tokens(style: str, model: str, n: int = 512) -> float:
+    """Mean caption tokens of ``n`` captions of the synthetic world in ``style``, under ``model``'s tokenizer."""
+    tok = get_tokenizer(model)
+    captions = [caption(sample_scene(stream_rng(0, STREAM_SCENE, i)), style, stream_rng(0, STREAM_CAPTION, i))
+                for i in range(n)]
+    return float((tok(captions) != tok.pad_id).sum(1).float().mean()) - 2  # less [SOT] and [EOT]
+
+
+def synthetic_pretrain_flops(run: Run) -> float:
+    """FLOPs of a pretraining run on the synthetic world (smoke, mini): steps x batch x one sample's forward
+    and backward at its caption style's mean length (matmuls, convolutions, attention; not the optimizer)."""
+    p = run.params
+    tokens = synthetic_caption_tokens(run.labels.get("style", "alt"), p["model"])
+    flops, _ = training_pass(p["model"], p["objective"], round(tokens) + 2).at(
+        OBJECTIVES[p["objective"]].train_positions(round(tokens), p))
+    return flops * p["steps"] * p["batch_size"]
 
 
 def _checkpoint_model(runs: dict[str, Run], path: str) -> tuple[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from reproduce.runner import Run
+from reproduce.graph import Run
 
 BACKBONES = ("vit-b-32", "vit-b-16", "vit-l-14")
 DATA = {"alt": ("MDC_CC12M", "CC12M"), "descriptive": ("MDC_RECAP10M", "Recap-DataComp-10M")}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from reproduce import claims, ledger, report
-from reproduce.runner import Run
+from reproduce.graph import Run
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,8 @@ def build(profile: str, seeds: int = 1) -> list[Run]:
             tag = r.name.split("/", 1)[1]
             runs.append(Run(f"probe/{tag}", "linear_probe",
                             dict(checkpoint=f"{{run:{r.name}}}", evalsets_dir=evalsets, seed=seed,
-                                 output_dir=f"{{run:probe/{tag}}}", **p["probe"]),
+                                 output_dir=f"{{run:probe/{tag}}}", random_init_cache="{run:cache/random-init}",
+                                 **p["probe"]),
                             deps=(r.name, "data/evalsets"), artifacts=r.artifacts + ("claims",), labels=r.labels,
                             timeout_s=p["timeout_s"]))
         for objective in ("clip", "arc", "mdc"):
@@ -233,11 +234,11 @@ def build(profile: str, seeds: int = 1) -> list[Run]:
                         timeout_s=p["timeout_s"]))
         runs.append(Run(f"guidance/alt-s{seed}", "guidance",
                         dict(checkpoint=f"{{run:pretrain/mdc-guided-alt-s{seed}}}",
-                             clip_checkpoint=f"{{run:pretrain/clip-alt-s{seed}}}",
+                             clip_checkpoint=f"{{run:pretrain/clip-descriptive-s{seed}}}",  # the best-trained CLIP
                              captions_json=os.path.join(evalsets, "captions", "dataset_scenes.json"),
                              image_root=os.path.join(evalsets, "captions"), seed=seed,
                              output_dir=f"{{run:guidance/alt-s{seed}}}", **p["guidance"]),
-                        deps=(f"pretrain/mdc-guided-alt-s{seed}", f"pretrain/clip-alt-s{seed}", "data/evalsets"),
+                        deps=(f"pretrain/mdc-guided-alt-s{seed}", f"pretrain/clip-descriptive-s{seed}", "data/evalsets"),
                         artifacts=("guidance",), labels=dict(style="alt", seed=seed), timeout_s=p["timeout_s"]))
     return runs
 

@@ -410,8 +410,12 @@ def fig6(runs: list[dict], paper_dir: str, out: str, k: int = 3) -> list[str]:
 
 def guidance(runs: list[dict], paper_dir: str, out: str) -> list[str]:
     """MC-Diffusion's figure and table: reference metrics and CLIPScore per guidance rule and strength (seed 0's
-    run). Strength is the distance from the rule's unguided scale, the same x for CFG, MCS as printed and
-    mirrored MCS; each row also gives the scale it ran at (records with a scale only: its strength)."""
+    run), with 95% bootstrap intervals over images and how far each run's captions moved from the unguided
+    ones. One strength scales different log-ratios per rule (CFG: against the null condition; MCS: against a
+    condition with ~10% of its tokens masked), so rules compare along their frontiers (the figure), at equal
+    reference metric or distance moved, not at equal strength. Each row also gives the scale it ran at
+    (records with a scale only: its strength; records without per-image outcomes: no intervals)."""
+    from mdc.eval.guidance_sweeps import run_intervals
     from mdc.guidance import RULES, strength_of
     from mdc.plots import plot_guidance_tradeoff
 
@@ -421,14 +425,41 @@ def guidance(runs: list[dict], paper_dir: str, out: str) -> list[str]:
     res = run["record"]["results"]
     base = os.path.join(out, "guidance_tradeoff")
     plot_guidance_tradeoff(res, base)
+    ci = run_intervals(res, seed=run["record"].get("parameters", {}).get("seed", 0))
+
     def strength(r):
         return r["strength"] if r.get("strength") is not None else strength_of(r["guidance"], r["scale"])
+
+    def with_ci(r, key, scale, digits):
+        value, lo_hi = r.get(key), ci.get(r["label"], {}).get(key)
+        if value is None:
+            return "-"
+        text = f"{scale * value:.{digits}f}"
+        return text if lo_hi is None else f"{text} [{scale * lo_hi[0]:.{digits}f}, {scale * lo_hi[1]:.{digits}f}]"
+
+    none = next((x for x in res["runs"] if x["guidance"] == "none"), {})
+
+    def delta(r):  # the paired difference from the unguided run, with its interval
+        d = ci.get(r["label"], {}).get("delta_clipscore")
+        if r["scale"] is None or r.get("clipscore") is None or none.get("clipscore") is None:
+            return "-"
+        text = f"{r['clipscore'] - none['clipscore']:+.3f}"
+        return text if d is None else f"{text} [{d[0]:+.3f}, {d[1]:+.3f}]"
 
     rows = [{"guidance": {**RULES, "none": "unguided"}.get(r["guidance"], r["guidance"]),
              "strength": "0" if r["scale"] is None else f"{strength(r):g}",
              "scale": "-" if r["scale"] is None else f"{r['scale']:g}",
-             **{m: cell([r.get(m)]) for m in ("bleu4", "meteor", "cider")},
-             "CLIPScore": "-" if r.get("clipscore") is None else f"{r['clipscore']:.3f}"} for r in res["runs"]]
+             "changed": "-" if r.get("changed") is None else f"{100 * r['changed']:.0f}",
+             "word edits": "-" if r.get("word_edit") is None else f"{100 * r['word_edit']:.1f}",
+             "bleu4": with_ci(r, "bleu4", 100, 1), "meteor": cell([r.get("meteor")]),
+             "cider": with_ci(r, "cider", 100, 1), "CLIPScore": with_ci(r, "clipscore", 1, 3),
+             "CLIPScore - unguided": delta(r)} for r in res["runs"]]
+    notes = {"changed": "% of images whose caption differs from the unguided one",
+             "word edits": "mean word-level edit distance to the unguided caption, % of the longer caption",
+             "[lo, hi]": "95% percentile bootstrap over images (1,000 resamples, the same images for every run, "
+                         "so differences are paired); BLEU-4 recomputed from the resampled images' counts, CIDEr "
+                         "as the mean of per-image CIDEr with the whole set's IDF"}
     return [base + ".png", base + ".pdf"] + write_table(
         rows, os.path.join(out, "guidance_tradeoff"),
-        "MC-Diffusion guidance: reference metrics (x100) and CLIPScore per rule and guidance strength")
+        "MC-Diffusion guidance: reference metrics (x100) and CLIPScore per rule and guidance strength; compare "
+        "rules at equal reference metric or distance moved (the frontier figure), not at equal strength", notes)

@@ -9,16 +9,11 @@ Layout under ``<out>/<profile>/``::
     <run name>/<notebook>.ipynb   the executed notebook (kept, outputs included)
     <run name>/results.json       what the notebook wrote (mdc.eval.results)
     <run name>/done.json          {"key": ...} once the run succeeded
-    index.json                    every run: notebook, parameters, labels, artifacts, results path
     runs.csv                      name, notebook, status, seconds, peak memory (MB), key
 
-A run's *key* hashes its notebook's code cells, its parameters and the keys of the runs it depends
-on, so changing a parameter reruns that run and everything downstream of it, and nothing else; a
-notebook saved from Jupyter with outputs, metadata or a markdown note keeps its runs.
-Parameters that only steer bookkeeping (checkpoint cadence, resumption: the trainer's
-``RESUME_FREE`` but for the run's folder) stay out of the key. A failed run is reported and the
-runs that do not depend on it still execute; the runner ends with a non-zero exit status if
-anything failed.
+A run is done when its key (:mod:`reproduce.graph`: notebook code, parameters, dependencies) is
+recorded. A failed run is reported and the runs that do not depend on it still execute; the runner
+ends with a non-zero exit status if anything failed. Clusters: :mod:`reproduce.cluster`.
 
 One folder, one run: an execution records its key in ``<run name>/run.json`` before its notebook
 starts. A run that executes again with the same key continues in its folder (a pretraining run
@@ -47,113 +42,23 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import hashlib
 import io
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-
-import nbformat
 
 from mdc.checkpoint import atomic_write_text
 from mdc.lock import FolderLock
-from mdc.train.config import RESUME_FREE
-from reproduce import ledger
+from reproduce import graph, ledger
+from reproduce.cluster import torchrun_command
+from reproduce.graph import ROOT, Run, code_digest, keys, order, resolve, run_dir
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOTEBOOKS = os.path.join(ROOT, "notebooks")
 RUNNER_LOCK = ".reproduce.lock"
-# parameters that change no result, so not a run's key: the trainer's RESUME_FREE but the run's own folder
-BOOKKEEPING = tuple(name for name in RESUME_FREE if name != "output_dir")
-
-
-@dataclass(frozen=True)
-class Run:
-    """One notebook execution of the reproduction."""
-
-    name: str  # unique within a profile, also its folder: "pretrain/mdc-alt-s0"
-    notebook: str  # notebooks/<notebook>.ipynb
-    params: dict  # papermill parameters; "{run:<name>}" in a string is replaced by that run's folder
-    deps: tuple[str, ...] = ()  # runs that must succeed first
-    artifacts: tuple[str, ...] = ()  # the paper artifacts it feeds
-    labels: dict = field(default_factory=dict)  # what the figures need to place it (method, style, seed, ...)
-    timeout_s: int = 3600
-    gpus: int = 0  # > 1: a pretraining run that may execute under torchrun (see torchrun_command)
-
-
-def run_dir(out: str, run: Run) -> str:
-    return os.path.join(out, run.name)
-
-
-def resolve(value, out: str):
-    """Replace ``{run:<name>}`` in strings (recursively) with ``<out>/<name>``."""
-    if isinstance(value, str):
-        while "{run:" in value:
-            start = value.index("{run:")
-            end = value.index("}", start)
-            value = value[:start] + os.path.join(out, value[start + 5 : end]) + value[end + 1 :]
-        return value
-    if isinstance(value, dict):
-        return {k: resolve(v, out) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [resolve(v, out) for v in value]
-    return value
-
-
-def code_digest(path: str) -> str:
-    """sha256 of a notebook's code cells: saving it with outputs, counts, metadata or prose keeps it."""
-    nb = nbformat.read(path, as_version=4)
-    code = [c.source for c in nb.cells if c.cell_type == "code"]
-    return hashlib.sha256(json.dumps(code).encode()).hexdigest()
-
-
-def keys(runs: list[Run]) -> dict[str, str]:
-    """Content key of every run: its notebook's code, parameters and the keys of its dependencies."""
-    by_name, out = {r.name: r for r in runs}, {}
-    code = {nb: code_digest(os.path.join(NOTEBOOKS, f"{nb}.ipynb")) for nb in {r.notebook for r in runs}}
-
-    def key(name: str) -> str:
-        if name not in out:
-            r = by_name[name]
-            nb = code[r.notebook]
-            params = {k: v for k, v in r.params.items() if k not in BOOKKEEPING}
-            payload = json.dumps([r.notebook, nb, params, [key(d) for d in r.deps]], sort_keys=True)
-            out[name] = hashlib.sha256(payload.encode()).hexdigest()[:16]
-        return out[name]
-
-    for r in runs:
-        key(r.name)
-    return out
-
-
-def order(runs: list[Run]) -> list[Run]:
-    """Topological order (dependencies first); errors on unknown or circular dependencies."""
-    by_name = {r.name: r for r in runs}
-    done, seen, out = set(), set(), []
-
-    def visit(r: Run):
-        if r.name in done:
-            return
-        if r.name in seen:
-            raise ValueError(f"circular dependency at run {r.name!r}")
-        seen.add(r.name)
-        for d in r.deps:
-            if d not in by_name:
-                raise ValueError(f"run {r.name!r} depends on unknown run {d!r}")
-            visit(by_name[d])
-        done.add(r.name)
-        out.append(r)
-
-    for r in runs:
-        visit(r)
-    return out
 
 
 def is_done(out: str, run: Run, key: str) -> bool:
@@ -217,7 +122,7 @@ def execute(out: str, run: Run, key: str, torchrun: tuple[int, int] | None = Non
         cmd = [sys.executable, "-m", "reproduce.execute", "--command", torchrun_command(run, out, *torchrun),
                "--results", os.path.join(folder, "results.json"), params_file]
     else:
-        cmd = [sys.executable, "-m", "reproduce.execute", os.path.join(NOTEBOOKS, f"{run.notebook}.ipynb"),
+        cmd = [sys.executable, "-m", "reproduce.execute", os.path.join(graph.NOTEBOOKS, f"{run.notebook}.ipynb"),
                os.path.join(folder, f"{run.notebook}.ipynb"), params_file]
     log = open(os.path.join(folder, "log.txt"), "w")
     start = time.perf_counter()
@@ -252,34 +157,26 @@ def execute(out: str, run: Run, key: str, torchrun: tuple[int, int] | None = Non
             "peak_mb": rusage.ru_maxrss / 1024, "error": error}
 
 
-def write_index(out: str, runs: list[Run]) -> str:
-    index = {r.name: {"notebook": r.notebook, "params": resolve(r.params, out), "labels": r.labels,
-                      "artifacts": list(r.artifacts), "results": os.path.join(run_dir(out, r), "results.json")}
-             for r in runs}
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "index.json")
-    atomic_write_text(path, json.dumps(index, indent=1))
-    return path
-
-
 READS_RECORDS_ONLY = ("figures",)  # notebooks that need their dependencies' records, not their folders
 
 
 def run_all(runs: list[Run], out: str, jobs: int = 1, dry_run: bool = False, log=print,
             torchrun: tuple[int, int] | None = None, only: set[str] | None = None, records: str | None = None,
-            time_budget_s: float | None = None, keep_checkpoints: bool = True, profile: str = "") -> dict[str, dict]:
+            time_budget_s: float | None = None, keep_checkpoints: bool = True, profile: str = "",
+            flops=None) -> dict[str, dict]:
     """Execute ``runs`` (dependencies first, ``jobs`` at a time); returns {name: outcome}.
 
     ``only``: execute just these runs of the graph (a cluster job each), taking the others as done.
     The runner holds ``out``'s lock meanwhile (with ``only``: those runs' folders'); another holder
     makes it raise :class:`mdc.lock.FolderInUseError` before anything runs. ``dry_run`` takes no
-    lock and writes nothing. ``records``, ``time_budget_s``, ``keep_checkpoints``: the ledger, the
-    time box and the checkpoints' removal (module docstring); ``profile`` picks the default estimates.
+    lock and writes nothing (``flops(run)``: FLOPs it prints beside a run, or None). ``records``,
+    ``time_budget_s``, ``keep_checkpoints``: the ledger, the time box and the checkpoints' removal (module
+    docstring); ``profile`` picks the default estimates.
     """
     runs = order(runs)
     key = keys(runs)
     if dry_run:
-        _plan(runs, key, out, records, profile, log)
+        _plan(runs, key, out, records, profile, log, flops)
         return {}
     if only is not None:
         unknown = set(only) - {r.name for r in runs}
@@ -294,18 +191,23 @@ def run_all(runs: list[Run], out: str, jobs: int = 1, dry_run: bool = False, log
         return _run_all(runs, book, jobs, torchrun, only, time_budget_s, profile)
 
 
-def _plan(runs, key, out, records, profile, log) -> None:
-    """--dry-run: each run's state and estimated minutes, and the minutes left in all."""
-    left = 0.0
+def _plan(runs, key, out, records, profile, log, flops=None) -> None:
+    """--dry-run: each run's state, estimated minutes (and FLOPs, ``flops(run)`` where it counts them), and
+    the run-hours left, by kind (pretraining, evaluation)."""
+    left = {"pretraining": 0.0, "evaluation": 0.0}
     for r in runs:
         done = is_done(out, r, key[r.name]) or ledger.done(records, r.name, key[r.name])
         minutes = ledger.estimate_seconds(r, records, profile) / 60
-        left += 0 if done else minutes
+        kind = "pretraining" if r.notebook == "pretrain" else "evaluation"
+        left[kind] += 0 if done else minutes / 60
+        count = flops(r) if flops else None
         aside = "; its folder holds a run with other parameters, to be moved aside" if superseded_key(
             run_dir(out, r), key[r.name]) else ""
         needs = ", ".join(r.deps[:4]) + (f", ... ({len(r.deps)} runs)" if len(r.deps) > 4 else "") or "nothing"
-        log(f"{'done' if done else 'would run':9s} {r.name}  ({r.notebook}; ~{minutes:.0f} min; needs {needs}{aside})")
-    log(f"about {left / 60:.1f} run-hours left")
+        log(f"{'done' if done else 'would run':9s} {r.name}  ({r.notebook}; ~{minutes:.0f} min"
+            f"{f'; {count / 1e12:.1f} TFLOP' if count else ''}; needs {needs}{aside})")
+    log(f"about {sum(left.values()):.1f} run-hours left: {left['pretraining']:.1f} pretraining, "
+        f"{left['evaluation']:.1f} evaluation")
 
 
 class _Book:
@@ -313,7 +215,7 @@ class _Book:
 
     def __init__(self, runs, key, out, records, keep_checkpoints, log):
         self.runs, self.key, self.out, self.records, self.keep, self.log = runs, key, out, records, keep_checkpoints, log
-        self.digest = {nb: code_digest(os.path.join(NOTEBOOKS, f"{nb}.ipynb")) for nb in {r.notebook for r in runs}}
+        self.digest = {nb: code_digest(os.path.join(graph.NOTEBOOKS, f"{nb}.ipynb")) for nb in {r.notebook for r in runs}}
         self.in_folder = {r.name for r in runs if is_done(out, r, key[r.name])}
         self.recorded = {r.name for r in runs if ledger.done(records, r.name, key[r.name])}
         self.needed = self._needed()
@@ -359,7 +261,6 @@ def read_results_file(path: str) -> dict:
 
 def _run_all(runs, book: _Book, jobs, torchrun, only, budget_s, profile) -> dict[str, dict]:
     out, key, log = book.out, book.key, book.log
-    write_index(out, runs)
     start = time.perf_counter()
     outcome: dict[str, dict] = {}
     if only is not None:
@@ -458,66 +359,3 @@ def _write_csv(out: str, runs: list[Run], outcome: dict, key: dict) -> None:
     atomic_write_text(path, f.getvalue())
 
 
-# ----------------------------------------------------------------------------- clusters
-def torchrun_command(run: Run, out: str, gpus: int, nodes: int = 1) -> str:
-    """The pretraining run as ``torchrun ... -m mdc.train`` flags (paper scale: real shards given)."""
-    p = resolve(run.params, out)
-    flags = {"train-data": p["train_data"], "output-dir": p.get("output_dir") or run_dir(out, run),
-             "objective": p["objective"], "model": p.get("model"), "preset": p.get("preset"),
-             "steps": p.get("steps"), "epochs": p.get("epochs"), "batch-size": p.get("batch_size"),
-             "lr": p.get("lr"), "weight-decay": p.get("weight_decay"), "warmup-steps": p.get("warmup_steps"),
-             "seed": p.get("seed"), "workers": p.get("workers"), "save-every": p.get("save_every"),
-             "samples-per-epoch": p.get("samples_per_epoch"), "mask-ratio": p.get("mask_ratio"),
-             "global-batch": p.get("global_batch"), "keep-last": p.get("keep_last")}
-    parts = ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={gpus}"]
-    parts += ["--rdzv_backend=c10d", "--rdzv_endpoint=$MASTER_ADDR:29500", f"--rdzv_id={run.name.replace('/', '-')}"] \
-        if nodes > 1 else ["--standalone"]
-    parts += ["-m", "mdc.train", "--resume"]
-    for flag, value in flags.items():
-        if value not in (None, ""):
-            parts += [f"--{flag}", str(value)]
-    if p.get("t_interval") and p.get("mask_ratio") is None:
-        parts += ["--t-interval", *map(str, p["t_interval"])]
-    if p.get("time_weighting") is False:
-        parts.append("--no-time-weighting")
-    return " ".join(shlex.quote(x) if not x.startswith("--rdzv_endpoint") else x for x in parts)
-
-
-def slurm_scripts(runs: list[Run], out: str, folder: str, profile: str, gpus: int = 8, nodes: int = 1,
-                  account: str = "", partition: str = "") -> str:
-    """One sbatch script per run plus ``submit.sh``, which submits them in dependency order with
-    ``--dependency=afterok:<the jobs of its dependencies>``. Returns the path of submit.sh."""
-    runs = order(runs)
-    os.makedirs(folder, exist_ok=True)
-    lines = ["#!/usr/bin/env bash", "# Submit every run of the reproduction; each job starts after its dependencies.",
-             "set -euo pipefail", f'cd "{ROOT}"']
-    ids = {}
-    for i, r in enumerate(runs):
-        var = f"job{i}"
-        ids[r.name] = var
-        script = os.path.join(folder, f"{i:03d}-{r.name.replace('/', '-')}.sbatch")
-        head = ["#!/usr/bin/env bash", f"#SBATCH --job-name=mdc-{r.name.replace('/', '-')}",
-                f"#SBATCH --time={max(1, r.timeout_s // 60)}", f"#SBATCH --output={os.path.join(folder, 'logs', '%x-%j.out')}"]
-        if r.gpus:
-            head += [f"#SBATCH --nodes={nodes}", f"#SBATCH --gres=gpu:{gpus}", "#SBATCH --ntasks-per-node=1",
-                     f"#SBATCH --cpus-per-task={8 * gpus}"]
-        else:
-            head += ["#SBATCH --gres=gpu:1", "#SBATCH --cpus-per-task=8"]
-        head += [f"#SBATCH --account={account}"] if account else []
-        head += [f"#SBATCH --partition={partition}"] if partition else []
-        body = ['export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-                f"python -m reproduce --profile {profile} --out {shlex.quote(os.path.dirname(out))} "
-                f"--run {shlex.quote(r.name)}" + (f" --gpus-per-node {gpus} --nodes {nodes}" if r.gpus else "")]
-        if r.gpus and nodes > 1:
-            body[-1] = "srun " + body[-1]
-        with open(script, "w") as f:
-            f.write("\n".join(head + body) + "\n")
-        dep = ":".join(f"${ids[d]}" for d in r.deps)
-        lines.append(f"{var}=$(sbatch --parsable{' --dependency=afterok:' + dep if dep else ''} {shlex.quote(script)})")
-    lines.append('echo "submitted ' + str(len(runs)) + ' jobs"')
-    os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
-    path = os.path.join(folder, "submit.sh")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    os.chmod(path, 0o755)
-    return path

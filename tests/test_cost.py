@@ -9,7 +9,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import mdc
 from mdc.factory import model_config
-from reproduce import cost, paper, registry, runner
+from reproduce import cluster, cost, paper, registry
 from reproduce.__main__ import main
 from conftest import SMALL
 
@@ -82,7 +82,7 @@ def test_every_placeholder_of_the_paper_profile_is_a_listed_data_variable(monkey
         needed = set(re.findall(r"<set (\w+)>", json.dumps(run.params)))
         assert needed <= set(paper.data_vars(run)) <= set(registry.PAPER_ENV), run.name
     lb = next(r for r in registry.build("paper") if "cliplb" in r.name)
-    assert "--global-batch 2048" in runner.torchrun_command(lb, "out", 8)  # CLIP-LB: twice the batch
+    assert "--global-batch 2048" in cluster.torchrun_command(lb, "out", 8)  # CLIP-LB: twice the batch
 
 
 def test_paper_dry_run_prints_the_costed_plan(tmp_path, monkeypatch, capsys):

@@ -41,8 +41,8 @@ import mdc.world.scenes
 import reproduce.__main__
 from mdc import checkpoint
 from mdc.lock import FolderLock
-from reproduce import runner
-from reproduce.runner import Run
+from reproduce import graph, runner
+from reproduce.graph import Run
 from conftest import SUBPROCESS_ENV, TRAIN_MODEL, alive, latest_weights, same_weights
 
 pytestmark = pytest.mark.faults
@@ -389,9 +389,9 @@ json.dump({"schema": "mdc.results/1", "kind": "toy", "results": {"value": value}
 
 RUNNER = textwrap.dedent('''
     import json, sys
-    from reproduce import runner
-    from reproduce.runner import Run
-    runner.NOTEBOOKS, out, value = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    from reproduce import graph, runner
+    from reproduce.graph import Run
+    graph.NOTEBOOKS, out, value = sys.argv[1], sys.argv[2], int(sys.argv[3])
     runs = [Run(name, "slow", {"output_dir": "{run:%s}" % name, "value": value, "sleep": 1.5},
                 deps=(("a",) if name == "b" else ())) for name in ("a", "b")]
     outcome = runner.run_all(runs, out, log=lambda *a: None)
@@ -431,11 +431,11 @@ def test_sigkill_of_the_runner_mid_notebook(notebooks, tmp_path, monkeypatch):
     re-run each time: every notebook dies with its runner, the re-run completes, and no run whose results
     are half-written or belong to other parameters is counted as done."""
     out, kills, waits = tmp_path / "out", 0, []
-    monkeypatch.setattr(runner, "NOTEBOOKS", notebooks)
+    monkeypatch.setattr(graph, "NOTEBOOKS", notebooks)
     for value, kill in ((1, True), (1, True), (1, False), (2, True), (2, True), (1, False)):
         runs = [Run(n, "slow", {"output_dir": "{run:%s}" % n, "value": value, "sleep": 1.5},
                     deps=(("a",) if n == "b" else ())) for n in ("a", "b")]
-        key = runner.keys(runs)
+        key = graph.keys(runs)
         proc = _runner(notebooks, out, value)
         if not kill:  # the re-run: it completes, with the results of these parameters
             assert proc.wait(300) == 0, proc.communicate()[1][-3000:]

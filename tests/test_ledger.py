@@ -9,8 +9,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from reproduce import ledger, runner
-from reproduce.runner import Run
+from reproduce import graph, ledger, runner
+from reproduce.graph import Run
 
 TOY = '''
 import json, os, time
@@ -33,7 +33,7 @@ def toy(tmp_path, monkeypatch):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     (tmp_path / "notebooks").mkdir()
     nbformat.write(nb, tmp_path / "notebooks" / "toy.ipynb")
-    monkeypatch.setattr(runner, "NOTEBOOKS", str(tmp_path / "notebooks"))
+    monkeypatch.setattr(graph, "NOTEBOOKS", str(tmp_path / "notebooks"))
     return str(tmp_path / "out"), str(tmp_path / "records")
 
 
@@ -56,8 +56,8 @@ def test_every_finished_run_leaves_a_record_that_names_its_code_and_no_machine_p
     found = ledger.read_all(records)
     assert sorted(found) == ["eval/b", "eval/c", "pre/a"]
     b = found["eval/b"]
-    assert b["key"] == runner.keys(_runs())["eval/b"] and b["seed"] == 0 and b["params"]["output_dir"] == "{run:eval/b}"
-    assert b["code"]["notebook"] == runner.code_digest(os.path.join(runner.NOTEBOOKS, "toy.ipynb"))
+    assert b["key"] == graph.keys(_runs())["eval/b"] and b["seed"] == 0 and b["params"]["output_dir"] == "{run:eval/b}"
+    assert b["code"]["notebook"] == graph.code_digest(os.path.join(graph.NOTEBOOKS, "toy.ipynb"))
     assert b["code"]["package"] == ledger.package_digest() and b["device"]
     assert b["seconds"] > 0 and b["cpu_seconds"] > 0 and b["peak_mb"] > 0
     assert b["results"]["results"] == {"value": 2, "correct": [1, 0, 1]}

@@ -8,9 +8,9 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from reproduce import registry, runner
+from reproduce import cluster, graph, registry, runner
 from reproduce.__main__ import main
-from reproduce.runner import Run
+from reproduce.graph import Run
 
 TOY = '''
 import json, os, time
@@ -38,7 +38,7 @@ def toy(tmp_path, monkeypatch):
     folder = tmp_path / "notebooks"
     folder.mkdir()
     nbformat.write(nb, folder / "toy.ipynb")
-    monkeypatch.setattr(runner, "NOTEBOOKS", str(folder))
+    monkeypatch.setattr(graph, "NOTEBOOKS", str(folder))
     return tmp_path / "out"
 
 
@@ -60,7 +60,7 @@ def test_completed_runs_are_skipped_and_a_change_reruns_its_dependents(toy):
     assert {o["status"] for o in first.values()} == {"ok"}
     again = runner.run_all(_runs(), str(out), log=lambda *a: None)
     assert {o["status"] for o in again.values()} == {"skipped"}
-    key = runner.keys(_runs())
+    key = graph.keys(_runs())
     changed = runner.run_all(_runs(b=5), str(out), log=lambda *a: None)  # b changed: b and c rerun, a and d do not
     assert [changed[n]["status"] for n in "abcd"] == ["skipped", "ok", "ok", "skipped"]
     assert [_calls(out, n) for n in "abcd"] == [1, 1, 1, 1]  # b and c ran afresh in their folders...
@@ -69,8 +69,8 @@ def test_completed_runs_are_skipped_and_a_change_reruns_its_dependents(toy):
     rows = {r["name"]: r for r in csv.DictReader(open(out / "runs.csv"))}
     assert rows["a"]["status"] == "skipped" and float(rows["a"]["seconds"]) > 0  # measured figures kept
     assert float(rows["b"]["peak_mb"]) > 10  # the notebook kernel's memory is counted
-    index = json.load(open(out / "index.json"))
-    assert index["b"]["params"]["output_dir"] == str(out / "b") and (out / "b" / "toy.ipynb").is_file()
+    params = json.load(open(out / "b" / "parameters.json"))
+    assert params["output_dir"] == str(out / "b") and (out / "b" / "toy.ipynb").is_file()
 
 
 def test_a_cluster_job_keeps_its_lock_when_it_sets_an_old_run_aside(toy, monkeypatch):
@@ -86,7 +86,7 @@ def test_a_cluster_job_keeps_its_lock_when_it_sets_an_old_run_aside(toy, monkeyp
     monkeypatch.setattr(runner, "execute", spy)
     assert runner.run_all(_runs(b=5), str(out), log=lambda *a: None, only={"b"})["b"]["status"] == "ok"
     assert held == [True] and _calls(out, "b") == 1
-    old = out / f"b.superseded-{runner.keys(_runs())['b']}"
+    old = out / f"b.superseded-{graph.keys(_runs())['b']}"
     assert _calls(out, old.name) == 1 and not (old / runner.RUNNER_LOCK).exists()
 
 
@@ -105,25 +105,25 @@ def test_bookkeeping_parameters_leave_the_key_alone():
     """Checkpoint cadence and resumption do not change what a pretraining run trains (RESUME_FREE)."""
     def run(**extra):
         return [Run("p", "pretrain", {"output_dir": "{run:p}", "steps": 8, **extra})]
-    assert runner.keys(run(save_every=2, keep_last=1)) == runner.keys(run(save_every=8, resume=False))
-    assert runner.keys(run(steps=9)) != runner.keys(run())
+    assert graph.keys(run(save_every=2, keep_last=1)) == graph.keys(run(save_every=8, resume=False))
+    assert graph.keys(run(steps=9)) != graph.keys(run())
 
 
 def test_a_notebook_saved_with_outputs_keeps_its_runs(toy):
     """Opening a notebook in Jupyter, running it and saving it (outputs, counts, metadata, a markdown note)
     does not change what its runs compute; a change to its code does."""
-    before = runner.keys(_runs())
-    path = os.path.join(runner.NOTEBOOKS, "toy.ipynb")
+    before = graph.keys(_runs())
+    path = os.path.join(graph.NOTEBOOKS, "toy.ipynb")
     nb = nbformat.read(path, as_version=4)
     nb.cells[1].execution_count = 7
     nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="done\n")]
     nb.cells.insert(1, nbformat.v4.new_markdown_cell("A note written while exploring."))
     nb.metadata["language_info"] = {"name": "python", "version": "3.11.9"}
     nbformat.write(nb, path)
-    assert runner.keys(_runs()) == before
+    assert graph.keys(_runs()) == before
     nb.cells[2].source += "\nprint('one more line')"
     nbformat.write(nb, path)
-    assert runner.keys(_runs())["a"] != before["a"]
+    assert graph.keys(_runs())["a"] != before["a"]
 
 
 def test_a_ready_evaluation_goes_before_the_next_pretraining_run(toy):
@@ -159,20 +159,20 @@ def test_registry_lists_every_artifact_and_every_run_is_wired(capsys):
     assert set(registry.ARTIFACTS) == paper | {"guidance", "claims"}
     for profile in ("smoke", "paper"):
         runs = registry.with_figures(registry.build(profile, seeds=2), "figs", profile, "records")
-        runner.order(runs)  # every dependency exists, no cycle
+        graph.order(runs)  # every dependency exists, no cycle
         fed = {a for r in runs if r.notebook != "figures" for a in r.artifacts}
         synthetic_only = {"guidance", "claims"} if profile == "paper" else set()
         assert fed | {"tables6-8"} == set(registry.ARTIFACTS) - synthetic_only, profile
-        assert all(os.path.isfile(os.path.join(runner.NOTEBOOKS, f"{r.notebook}.ipynb")) for r in runs)
+        assert all(os.path.isfile(os.path.join(graph.NOTEBOOKS, f"{r.notebook}.ipynb")) for r in runs)
     only = registry.select(registry.with_figures(registry.build("smoke"), "figs", "smoke", "records"), ["table2"])
     assert {r.notebook for r in only} == {"data", "pretrain", "compositionality", "figures"}
 
 
 def test_slurm_scripts_chain_dependencies(tmp_path):
     runs = registry.build("paper", seeds=1)
-    submit = runner.slurm_scripts(runs, str(tmp_path / "runs" / "paper"), str(tmp_path / "slurm"), "paper", gpus=8)
+    submit = cluster.slurm_scripts(runs, str(tmp_path / "runs" / "paper"), str(tmp_path / "slurm"), "paper", gpus=8)
     text = open(submit).read()
-    names = [r.name for r in runner.order(runs)]
+    names = [r.name for r in graph.order(runs)]
     probe = names.index("probe/vit-b-32-mdc-alt-s0")
     pre = names.index("pretrain/vit-b-32-mdc-alt-s0")
     assert f"job{probe}=$(sbatch --parsable --dependency=afterok:$job{pre} " in text
@@ -180,6 +180,6 @@ def test_slurm_scripts_chain_dependencies(tmp_path):
     body = open(tmp_path / "slurm" / script).read()
     assert "#SBATCH --gres=gpu:8" in body and "--run pretrain/vit-b-32-mdc-alt-s0" in body
     run = next(r for r in runs if r.name == "pretrain/vit-b-32-mdc-alt-s0")
-    cmd = runner.torchrun_command(run, str(tmp_path), gpus=8, nodes=2)
+    cmd = cluster.torchrun_command(run, str(tmp_path), gpus=8, nodes=2)
     assert cmd.startswith("torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d")
     assert "-m mdc.train --resume" in cmd and "--preset vit-b-32" in cmd and "--objective mdc" in cmd

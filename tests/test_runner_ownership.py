@@ -14,9 +14,9 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from mdc.lock import FolderInUseError, FolderLock
-from reproduce import runner
+from reproduce import graph, runner
 from reproduce.__main__ import main
-from reproduce.runner import Run
+from reproduce.graph import Run
 
 ENV = {k: v for k, v in os.environ.items() if k != "MDC_DEBUG"} | {"OMP_NUM_THREADS": "1"}
 
@@ -36,9 +36,9 @@ json.dump({"schema": "mdc.results/1", "kind": "toy", "results": {"value": value}
 
 RUNNER = textwrap.dedent('''
     import json, sys
-    from reproduce import runner
-    from reproduce.runner import Run
-    runner.NOTEBOOKS, out, value, sleep = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    from reproduce import graph, runner
+    from reproduce.graph import Run
+    graph.NOTEBOOKS, out, value, sleep = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     outcome = runner.run_all([Run("a", "slow", {"output_dir": "{run:a}", "value": value, "sleep": sleep})], out,
                              log=lambda *a: None)
     print(json.dumps(outcome["a"]["status"]))
@@ -53,7 +53,7 @@ def notebooks(tmp_path, monkeypatch):
     folder = tmp_path / "notebooks"
     folder.mkdir()
     nbformat.write(nb, folder / "slow.ipynb")
-    monkeypatch.setattr(runner, "NOTEBOOKS", str(folder))
+    monkeypatch.setattr(graph, "NOTEBOOKS", str(folder))
     return str(folder)
 
 
