@@ -36,8 +36,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SECONDS = {
     "smoke": {"data": 20, "pretrain": 20, "linear_probe": 15, "compositionality": 20, "captioning": 30,
               "guidance": 40, "figures": 30},
-    "mini": {"data": 90, "pretrain": 1300, "linear_probe": 180, "compositionality": 60, "captioning": 240,
-             "guidance": 1560, "figures": 120},
+    "mini": {"data": 90, "pretrain": 1300, "linear_probe": 75, "compositionality": 60, "captioning": 240,
+             "guidance": 1440, "figures": 120},
 }
 MINI_IMAGES = 2240 * 64  # a mini pretraining run's images, which DEFAULT_SECONDS["mini"]["pretrain"] is for
 
