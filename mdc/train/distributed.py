@@ -81,7 +81,7 @@ def gather(obj, world: int) -> list:
     if world == 1:
         return [obj]
     out = [None] * world
-    dist.allgather_object(out, obj)
+    dist.all_gather_object(out, obj)
     return out
 
 
