@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 import mdc
 from mdc import checkpoint
 from mdc.tokenizer import compact_vocab
+from mdc.world.evalsets import write_evalsets
 from mdc.world.scenes import vocabulary, write_shards
 
 CAPTIONS = [
@@ -86,6 +87,14 @@ def small_model(objective="mdc", **kw):
 @pytest.fixture
 def images():
     return torch.randn(len(CAPTIONS), 3, 32, 32)
+
+
+@pytest.fixture(scope="session")
+def evalsets(tmp_path_factory) -> str:
+    """The synthetic evaluation sets at 32 px, 6 items per compositionality file (probe and captioning sets tiny)."""
+    out = tmp_path_factory.mktemp("evalsets")
+    write_evalsets(str(out), seed=0, image_size=32, n_probe_train=1, n_probe_test=1, n_items=6, n_caption_train=1)
+    return str(out)
 
 
 @pytest.fixture(scope="session")

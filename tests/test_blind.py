@@ -12,14 +12,6 @@ from conftest import small_model
 from mdc.data.transforms import image_transform
 from mdc.distribution import encode_null
 from mdc.eval.suites import reference_images
-from mdc.world.evalsets import write_evalsets
-
-
-@pytest.fixture(scope="module")
-def evalsets(tmp_path_factory):
-    out = tmp_path_factory.mktemp("evalsets")
-    write_evalsets(str(out), seed=0, image_size=32, n_probe_train=1, n_probe_test=1, n_items=6, n_caption_train=1)
-    return str(out)
 
 
 def _score(model, suite, methods, **kw):

@@ -10,7 +10,6 @@ from PIL import Image
 import mdc.eval.compositionality as C
 from mdc.eval import accuracy
 from conftest import small_model
-from mdc.world.evalsets import write_evalsets
 from mdc.data.transforms import image_transform
 
 
@@ -178,13 +177,6 @@ def test_items_are_cropped_to_their_box(tmp_path):
     items = [{"image_path": str(tmp_path / "a.png"), "bbox": (20, 0, 20, 20)}, {"image_path": str(tmp_path / "a.png")}]
     crops = C._Images(items, lambda im: torch.from_numpy(np.array(im)))
     assert crops[0].shape == (20, 20, 3) and crops[0].min() == 255 and crops[1].shape == (20, 40, 3)
-
-
-@pytest.fixture(scope="module")
-def evalsets(tmp_path_factory):
-    out = tmp_path_factory.mktemp("evalsets")
-    write_evalsets(str(out), seed=0, image_size=32, n_probe_train=1, n_probe_test=1, n_items=6, n_caption_train=1)
-    return str(out)
 
 
 def test_load_suites_and_clear_errors(evalsets, tmp_path):
