@@ -13,12 +13,12 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
+from conftest import SUBPROCESS_ENV, alive
 from mdc.lock import FolderInUseError, FolderLock
 from reproduce import graph, runner
 from reproduce.__main__ import main
 from reproduce.graph import Run
 
-ENV = {k: v for k, v in os.environ.items() if k != "MDC_DEBUG"} | {"OMP_NUM_THREADS": "1"}
 
 SLOW = '''
 import json, os, time
@@ -63,15 +63,7 @@ def _run(value, sleep=0.0):
 
 def _spawn(notebooks, out, value, sleep):
     return subprocess.Popen([sys.executable, "-c", RUNNER, notebooks, str(out), str(value), str(sleep)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=SUBPROCESS_ENV)
 
 
 def test_a_runner_on_a_folder_in_use_is_refused(notebooks, tmp_path):
@@ -108,9 +100,9 @@ def test_a_killed_runner_takes_its_notebook_down_and_nothing_half_written_counts
     os.kill(proc.pid, signal.SIGKILL)  # the runner only, as a lost terminal or an OOM kill would
     proc.wait()
     deadline = time.time() + 15
-    while _alive(kernel) and time.time() < deadline:
+    while alive(kernel) and time.time() < deadline:
         time.sleep(0.2)
-    assert not _alive(kernel), "the notebook outlived its runner and would keep writing into the run folder"
+    assert not alive(kernel), "the notebook outlived its runner and would keep writing into the run folder"
     # back to the first parameters: results.json is half-written by the killed attempt, so the run is not done
     again = runner.run_all(_run(1), str(out), log=lambda *a: None)
     assert again["a"]["status"] == "ok"

@@ -65,7 +65,7 @@ def study(checkpoint: str, evalsets: str, items: int, samples: tuple[int, int], 
             rows.append({"suite": name, "variant": v, "items": len(part.items), "agree": agree})
     n, agree = sum(r["items"] for r in rows if r["variant"] == "elbo"), sum(
         r["agree"] for r in rows if r["variant"] == "elbo")
-    return {"checkpoint": os.path.relpath(checkpoint), "samples": list(samples), "items_per_suite": items,
+    return {"checkpoint": os.path.basename(os.path.normpath(checkpoint)), "samples": list(samples), "items_per_suite": items,
             "seed": seed, "rows": rows, "elbo_agree": agree, "elbo_items": n, "seconds": time.perf_counter() - started}
 
 
