@@ -11,9 +11,7 @@ from typing import Callable
 import torch
 
 import mdc
-from mdc.world.scenes import sample_scene
-from mdc.world.streams import STREAM_CAPTION, STREAM_SCENE, stream_rng
-from mdc.world.text import caption
+from mdc.world.scenes import scene_captions
 
 from benchmarks.peers import build_coca
 
@@ -95,12 +93,6 @@ def median(values: list[float]) -> float:
 def speedup(times: dict[str, list[float]], fast: str, slow: str) -> float:
     """How many times faster ``fast`` is than ``slow``: the median over rounds of the paired time ratio."""
     return statistics.median(s / f for f, s in zip(times[fast], times[slow]))
-
-
-def scene_captions(n: int, style: str = "alt", seed: int = 0) -> list[str]:
-    """``n`` captions of the synthetic scene world."""
-    return [caption(sample_scene(stream_rng(seed, STREAM_SCENE, i)), style, stream_rng(seed, STREAM_CAPTION, i))
-            for i in range(n)]
 
 
 def batch(model, n: int, device=torch.device("cpu"), seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

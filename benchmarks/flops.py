@@ -30,8 +30,9 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 import mdc
 from mdc import optim
 from mdc.train import LossModule, accumulate
+from mdc.world.scenes import scene_captions
 
-from benchmarks.common import Context, Section, interleaved, median, scene_captions
+from benchmarks.common import Context, Section, interleaved, median
 
 PRESET = json.loads((Path(__file__).parents[1] / "reproduce" / "presets" / "mini.json").read_text())
 MODELS, OBJECTIVES, STYLES = ("tiny", "mini"), ("mdc", "arc", "clip"), ("alt", "descriptive")

@@ -30,8 +30,9 @@ from torch.utils.flop_counter import FlopCounterMode
 import mdc
 from mdc import optim
 from mdc.train import LossModule, accumulate
+from mdc.world.scenes import scene_captions
 
-from benchmarks.common import Context, Section, batch, interleaved, median, scene_captions, small, speedup
+from benchmarks.common import Context, Section, batch, interleaved, median, small, speedup
 
 #: Dense bf16 tensor-core peak in FLOP/s, by a substring of torch.cuda.get_device_name (first match wins).
 PEAK_BF16 = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("GH200", 989e12),

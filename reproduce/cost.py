@@ -51,9 +51,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from mdc.factory import create_model, get_tokenizer
 from mdc.optim import preset_values
 from mdc.tokenizer import Tokenizer
-from mdc.world.graphs import sample_scene
-from mdc.world.streams import STREAM_CAPTION, STREAM_SCENE, stream_rng
-from mdc.world.text import caption
+from mdc.world.scenes import scene_captions
 from reproduce.paper import PER_GPU_BATCH, data_vars
 from reproduce.cluster import torchrun_command
 from reproduce.graph import Run
@@ -368,9 +366,7 @@ def _pretrain(run: Run, cost: Cost) -> None:
 def synthetic_caption_tokens(style: str, model: str, n: int = 512) -> float:
     """Mean caption tokens of ``n`` captions of the synthetic world in ``style``, under ``model``'s tokenizer."""
     tok = get_tokenizer(model)
-    captions = [caption(sample_scene(stream_rng(0, STREAM_SCENE, i)), style, stream_rng(0, STREAM_CAPTION, i))
-                for i in range(n)]
-    return float((tok(captions) != tok.pad_id).sum(1).float().mean()) - 2  # less [SOT] and [EOT]
+    return float((tok(scene_captions(n, style)) != tok.pad_id).sum(1).float().mean()) - 2  # less [SOT] and [EOT]
 
 
 def synthetic_pretrain_flops(run: Run) -> float:

@@ -53,6 +53,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from mdc.checkpoint import atomic_write_text
+from mdc.eval.results import read_results
 from mdc.lock import FolderLock
 from reproduce import graph, ledger
 from reproduce.cluster import torchrun_command
@@ -235,7 +236,7 @@ class _Book:
         """Write ``r``'s record from its folder's results.json (a run just done, or done before the ledger)."""
         if not self.records or r.notebook in READS_RECORDS_ONLY:  # the figures are built from records, not one
             return
-        results = read_results_file(os.path.join(run_dir(self.out, r), "results.json"))
+        results = read_results(os.path.join(run_dir(self.out, r), "results.json"))
         ledger.write(self.records, r, self.key[r.name], results, self.out, self.digest[r.notebook], outcome)
         self.recorded.add(r.name)
 
@@ -252,11 +253,6 @@ class _Book:
                 shutil.rmtree(folder)
                 self.in_folder.discard(r.name)
                 self.log(f"{r.name}: every run that reads its checkpoints is recorded; checkpoints removed")
-
-
-def read_results_file(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
 
 
 def _run_all(runs, book: _Book, jobs, torchrun, only, budget_s, profile) -> dict[str, dict]:

@@ -50,6 +50,12 @@ IMAGE_FORMATS = ("png", "npy")
 SHARDS_LOCK = ".shards.lock"  # held in the output folder while shards are written (mdc.lock)
 
 
+def scene_captions(n: int, style: str = "alt", seed: int = 0) -> list[str]:
+    """The captions of the first ``n`` scenes of the world of ``seed`` in ``style``, as its shards hold them."""
+    return [caption(sample_scene(stream_rng(seed, STREAM_SCENE, i)), style, stream_rng(seed, STREAM_CAPTION, i))
+            for i in range(n)]
+
+
 def _samples(start: int, stop: int, style: str, seed: int, image_size: int, image_format: str = "png"):
     for i in range(start, stop):
         scene = sample_scene(stream_rng(seed, STREAM_SCENE, i))
