@@ -8,6 +8,8 @@
   n_s = 1 + floor(N (s + u) / S) tokens (stratified over the mask counts by one offset u;
   ``stratified=False`` draws every n_s i.i.d. instead, the plain Monte-Carlo estimate), a
   uniformly random n_s-subset, and the estimate is N * mean_s (1/n_s) sum_masked log p.
+  Candidates of an item can be scored sequentially (``max_samples``): copies are added, doubling,
+  while the item's decision is within a few standard errors (:func:`elbo_sequential`).
   ``t_interval=(w_l, w_u)`` keeps only the counts with n/N in [w_l, w_u] (the ratios a model
   trained on t ~ U[w_l, w_u] has seen); (0, 1) is Eq. 8 itself.
 - "heuristic" (MDC): start fully masked; N times, reveal the most confident masked position
@@ -126,6 +128,39 @@ def _count_bounds(t_interval, N: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return lo, torch.maximum(torch.floor(t_interval[1] * N.double() + 1e-9).long(), lo)
 
 
+def elbo_copies(model, context, rows, tokens, num_samples, seed=0, max_rows=256, keys=None,
+                t_interval=((0.0, 1.0),), stratified=True) -> torch.Tensor:
+    """The terms [R, J, S] of the Monte-Carlo estimate of Eq. 8 (:func:`elbo_score` is their mean over S):
+    copy s of caption r, for interval j, is span * (1/n_s) sum_masked log p if its count n_s lies in
+    the interval, else 0. ``t_interval``: a list of J (w_l, w_u)."""
+    tok, dist = model.tokenizer, as_distribution(model, context)
+    R, L = tokens.shape
+    S, dev = num_samples, tokens.device
+    maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] positions 1..N
+    N = maskable.sum(1).cpu()  # [R] caption lengths
+    bounds = [_count_bounds(t, N) for t in t_interval]  # J x ([R], [R])
+    lo = torch.stack([b[0] for b in bounds]).min(0).values  # [R] the hull of the intervals' counts
+    hi = torch.stack([b[1] for b in bounds]).max(0).values
+    span = hi - lo + 1  # [R]
+    v, noise = elbo_noise(range(R) if keys is None else keys, seed, S, model.config.context_length, stratified)
+    n = lo[:, None] + (v * span[:, None]).floor().long()  # [R, S] uniform over lo..hi
+    inside = torch.stack([(n >= a[:, None]) & (n <= b[:, None]) for a, b in bounds], 1)  # [R, J, S]
+    # noise column j drives caption token j, so captions of one key share positions where they can
+    noise = torch.cat([torch.ones(R, S, 1), noise[:, :, : L - 1]], dim=2)  # [R, S, L]; column 0 is SOT
+    n, noise = n.view(R * S), noise.view(R * S, L)
+    caption_of = torch.arange(R).repeat_interleave(S)  # masked copy -> caption
+    per_copy = torch.zeros(R * S, device=dev)
+    for chunk in _chunks(R, S, max_rows):
+        b = caption_of[chunk].to(dev)
+        c = corrupt(tokens[b], maskable[b], tok.mask_id, n=n[chunk].to(dev), noise=noise[chunk].to(dev))
+        logp = dist.select(rows[b]).log_probs(c.noisy, where=c.masked)  # [M, V]
+        ll = torch.zeros(len(b), L, device=dev)
+        ll[c.masked] = logp.gather(-1, tokens[b][c.masked][:, None]).squeeze(-1)
+        per_copy[chunk] = ll.sum(1) * c.weight  # (1/n) sum over the masked tokens
+    # (number of counts) x the copy's term, where its count lies in the interval: [R, J, S]
+    return span.to(dev)[:, None, None] * torch.where(inside.to(dev), per_copy.view(R, 1, S), 0.0)
+
+
 def elbo_score(model, context, rows, tokens, num_samples=1024, seed=0, max_rows=256, keys=None,
                t_interval=(0.0, 1.0), stratified=True):
     """Monte-Carlo estimate [R] of the Eq. 8 lower bound; `max_rows` bounds each forward pass.
@@ -138,34 +173,63 @@ def elbo_score(model, context, rows, tokens, num_samples=1024, seed=0, max_rows=
     so E = sum over the interval's counts of E_{C_n}[...]); the first interval that is the hull gives
     exactly the numbers of a call with that interval alone, and a narrower one uses the ~S x its
     share of the hull copies that fall in it (still stratified over its counts)."""
-    tok, dist = model.tokenizer, as_distribution(model, context)
-    R, L = tokens.shape
-    S, dev = num_samples, tokens.device
-    maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] positions 1..N
-    N = maskable.sum(1).cpu()  # [R] caption lengths
-    intervals = _intervals(t_interval)
-    bounds = [_count_bounds(t, N) for t in intervals]  # J x ([R], [R])
-    lo = torch.stack([b[0] for b in bounds]).min(0).values  # [R] the hull of the intervals' counts
-    hi = torch.stack([b[1] for b in bounds]).max(0).values
-    span = hi - lo + 1  # [R]
-    v, noise = elbo_noise(range(R) if keys is None else keys, seed, S, model.config.context_length, stratified)
-    n = lo[:, None] + (v * span[:, None]).floor().long()  # [R, S] uniform over lo..hi
-    inside = torch.stack([(n >= a[:, None]) & (n <= b[:, None]) for a, b in bounds], -1)  # [R, S, J]
-    # noise column j drives caption token j, so captions of one key share positions where they can
-    noise = torch.cat([torch.ones(R, S, 1), noise[:, :, : L - 1]], dim=2)  # [R, S, L]; column 0 is SOT
-    n, noise, inside = n.view(R * S), noise.view(R * S, L), inside.view(R * S, -1).to(dev)
-    caption_of = torch.arange(R).repeat_interleave(S)  # masked copy -> caption
-    total = torch.zeros(R, len(intervals), device=dev)
-    for chunk in _chunks(R, S, max_rows):
-        b = caption_of[chunk].to(dev)
-        c = corrupt(tokens[b], maskable[b], tok.mask_id, n=n[chunk].to(dev), noise=noise[chunk].to(dev))
-        logp = dist.select(rows[b]).log_probs(c.noisy, where=c.masked)  # [M, V]
-        ll = torch.zeros(len(b), L, device=dev)
-        ll[c.masked] = logp.gather(-1, tokens[b][c.masked][:, None]).squeeze(-1)
-        per_copy = ll.sum(1) * c.weight  # (1/n) sum over the masked tokens
-        total.index_add_(0, b, torch.where(inside[chunk], per_copy[:, None], 0.0))
-    out = span.to(dev)[:, None] * total / S  # (number of counts) x mean over the copies: [R, J]
+    out = elbo_copies(model, context, rows, tokens, num_samples, seed, max_rows, keys, _intervals(t_interval),
+                      stratified).sum(-1) / num_samples  # [R, J]
     return out if isinstance(t_interval[0], (tuple, list)) else out[:, 0]
+
+
+def _unsure(m1: torch.Tensor, m2: torch.Tensor, n: torch.Tensor, tolerance: float) -> torch.Tensor:
+    """[A] items whose best candidate leads some other candidate, in some interval, by less than
+    ``tolerance`` standard errors of the mean per-copy difference. From the running sums of the
+    terms m1 [A, K, J] and of their products m2 [A, K, K, J] over n [A] copies (float64)."""
+    A, K, J = m1.shape
+    n = n.double()[:, None, None]
+    mean, second = m1 / n, m2 / n[..., None]  # [A, K, J], [A, K, K, J]
+    best = mean.argmax(1, keepdim=True)  # [A, 1, J]
+    lead = mean.gather(1, best) - mean  # [A, K, J]
+    with_best = second.gather(1, best[:, :, None].expand(A, 1, K, J))[:, 0]  # E[x_best x_k]: [A, K, J]
+    square = second.diagonal(dim1=1, dim2=2).transpose(1, 2)  # E[x_k^2]: [A, K, J]
+    var = (square.gather(1, best) - 2 * with_best + square - lead**2).clamp(min=0) * n / (n - 1).clamp(min=1)
+    return (lead < tolerance * (var / n).sqrt()).flatten(1).any(1)  # the best against itself: 0 < 0
+
+
+def elbo_sequential(model, context, rows, tokens, group, num_samples, max_samples, tolerance=3.0, seed=0,
+                    max_rows=256, keys=None, t_interval=(0.0, 1.0), stratified=True):
+    """The ELBO of items of ``group`` consecutive captions (an item's candidates), with masked copies
+    added where the item's decision is not yet clear: (scores [R] or [R, J], copies per item [R / group]).
+
+    Round 0 is :func:`elbo_score` with ``num_samples`` copies and the captions' keys, so an item that is
+    sure at once scores exactly as the fixed estimate. While an item is unsure (:func:`_unsure`: its
+    best candidate's lead over another is under ``tolerance`` standard errors of the paired per-copy
+    difference, in any interval) and has fewer than ``max_samples`` copies, round r >= 1 draws as many
+    copies again (keys (key, r)), doubling its count. The score is the mean over all its copies. The
+    standard error treats the copies as independent, which overstates it for stratified copies: the
+    rule errs towards more copies. What it targets is the decision; a score's copy count depends on it."""
+    intervals = _intervals(t_interval)
+    R, K, J = len(tokens), group, len(intervals)
+    B, keys = R // K, list(range(R) if keys is None else keys)
+    m1 = torch.zeros(B, K, J, dtype=torch.float64)
+    m2 = torch.zeros(B, K, K, J, dtype=torch.float64)
+    copies = torch.zeros(B, dtype=torch.long)
+    out = torch.zeros(B, K, J)
+    active, size, r = torch.arange(B), num_samples, 0
+    while len(active):
+        sel = (active[:, None] * K + torch.arange(K)).flatten()  # the active items' captions
+        round_keys = [keys[i] if r == 0 else (keys[i], r) for i in sel.tolist()]
+        x = elbo_copies(model, context, rows[sel.to(rows.device)], tokens[sel.to(tokens.device)], size, seed,
+                        max_rows, round_keys, intervals, stratified).cpu().view(len(active), K, J, size)
+        if r == 0:  # elbo_score's numbers, to the bit
+            out = x.sum(-1) / size  # [B, K, J]
+        x = x.double()
+        m1[active] += x.sum(-1)
+        m2[active] += torch.einsum("akjs,aljs->aklj", x, x)
+        copies[active] += size
+        active = active[(copies[active] < max_samples) & _unsure(m1[active], m2[active], copies[active], tolerance)]
+        size, r = min(num_samples * 2 ** r, max_samples - num_samples * 2 ** r), r + 1
+    more = copies > num_samples
+    out[more] = (m1[more] / copies[more, None, None]).float()
+    out = out.view(R, J).to(tokens.device)
+    return (out if isinstance(t_interval[0], (tuple, list)) else out[:, 0]), copies
 
 
 # ------------------------------------------------------------------------------------ the scorer table
@@ -194,8 +258,12 @@ def _heuristic(model, dist, rows, tokens, **_):
     return heuristic_score(model, dist, rows, tokens)
 
 
-def _elbo(model, dist, rows, tokens, *, num_samples, seed, max_rows, keys, t_interval, stratified):
-    return elbo_score(model, dist, rows, tokens, num_samples, seed, max_rows, keys, t_interval, stratified)
+def _elbo(model, dist, rows, tokens, *, num_samples, seed, max_rows, keys, t_interval, stratified, max_samples=None,
+          tolerance=3.0, group=1):
+    if max_samples is None or max_samples == num_samples:
+        return elbo_score(model, dist, rows, tokens, num_samples, seed, max_rows, keys, t_interval, stratified)
+    return elbo_sequential(model, dist, rows, tokens, group, num_samples, max_samples, tolerance, seed, max_rows, keys,
+                           t_interval, stratified)[0]
 
 
 SCORERS = {
@@ -249,11 +317,15 @@ def _image_keys(rows: torch.Tensor, keys, n_images: int) -> list:
 
 
 def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0, max_rows=256,
-           t_interval=(0.0, 1.0), stratified=True, precision="fp32", encode=None):
-    """Scores [R] of captions[r] against images[rows[r]]: checks, tokenises, encodes every image once."""
+           t_interval=(0.0, 1.0), stratified=True, precision="fp32", encode=None, **sequential):
+    """Scores [R] of captions[r] against images[rows[r]]: checks, tokenises, encodes every image once.
+    ``sequential``: the ELBO's max_samples, tolerance and group (:func:`score_candidates`)."""
     method, scorer = resolve(model, method)
     if num_samples < 1:
         raise ValueError(f"num_samples must be >= 1; got {num_samples}")
+    if sequential.get("max_samples") is not None and (method != "elbo" or sequential["max_samples"] < num_samples):
+        raise ValueError(f"max_samples applies to the 'elbo' scorer and is at least num_samples ({num_samples}); "
+                         f"got {sequential['max_samples']} for method {method!r}")
     if keys is not None and len(keys) != len(captions):
         raise ValueError(f"got {len(keys)} keys for {len(captions)} captions")
     if not all(0.0 <= a <= b <= 1.0 for a, b in _intervals(t_interval)):
@@ -268,7 +340,7 @@ def _score(model, images, rows, captions, method, keys, num_samples=1024, seed=0
         if scorer.caption_distribution:
             source = (encode or distribution.encode)(model, images, _image_keys(rows, keys, len(images)))
         return scorer.fn(model, source, rows, tokens, num_samples=num_samples, seed=seed, max_rows=max_rows,
-                         keys=keys, t_interval=t_interval, stratified=stratified)
+                         keys=keys, t_interval=t_interval, stratified=stratified, **sequential)
 
 
 @torch.no_grad()
@@ -297,13 +369,18 @@ def score(model, images, captions: Sequence[str], method: str | None = None, *, 
 
 @torch.no_grad()
 def score_candidates(model, images, candidates: Sequence[Sequence[str]], method: str | None = None, *,
-                     paired: bool = True, item_keys: Sequence[Hashable] | None = None, **kw) -> torch.Tensor:
+                     paired: bool = True, item_keys: Sequence[Hashable] | None = None, max_samples: int | None = None,
+                     tolerance: float = 3.0, **kw) -> torch.Tensor:
     """Scores [B, K] of K candidate captions per image (the true and false captions of an item).
 
     ``paired``: all candidates of an item share one noise key (common random numbers for the
     ELBO); else every candidate has its own. ``item_keys`` [B] (default: the item's index in
     this call) fix an item's noise whatever else is in the call. Each image is encoded once.
     ``kw``: num_samples, seed, max_rows, t_interval, stratified, precision, encode as in :func:`score`.
+
+    ELBO, sequentially: with ``max_samples`` > ``num_samples``, an item whose best candidate leads another
+    by less than ``tolerance`` standard errors gets more masked copies, doubling its count up to
+    ``max_samples`` (:func:`elbo_sequential`); an item that is clear at ``num_samples`` scores as without.
     """
     if len(candidates) != len(images):
         raise ValueError(f"got {len(images)} images but {len(candidates)} candidate lists")
@@ -314,5 +391,6 @@ def score_candidates(model, images, candidates: Sequence[Sequence[str]], method:
     keys = [key if paired else (key, k) for key in item_keys for k in range(K)]
     rows = torch.arange(len(images), device=images.device).repeat_interleave(K)
     flat = [c for cands in candidates for c in cands]
-    out = _score(model, images, rows, flat, method, keys, **kw)  # [B*K] or, for several ELBO t_intervals, [B*K, J]
+    out = _score(model, images, rows, flat, method, keys, max_samples=max_samples, tolerance=tolerance, group=K,
+                 **kw)  # [B*K] or, for several ELBO t_intervals, [B*K, J]
     return out.view(len(images), K, *out.shape[1:])

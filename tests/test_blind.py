@@ -115,3 +115,12 @@ def test_a_suite_left_without_items_scores_its_blind_variants_as_empty():
                            C.method_variants(small_model("arc"), "auto"))
     assert {v: a.shape for v, a in out.scores.items()} == {v: (0, 0) for v in ("exact", "exact_blind", "exact_debiased")}
     assert out.suite.clusters == []
+
+
+def test_the_image_free_elbo_keeps_the_first_budget():
+    """Sequential copies are for the decisions with the image; an image-free score is a log-mean-exp over K
+    images, whose error the K images dominate, so it stays at ``num_samples`` per image."""
+    scoring = C.method_variants(small_model(), ["elbo"], num_samples=8, max_samples=64)
+    assert scoring["elbo"]["max_samples"] == 64 and scoring["elbo_trained_t"]["max_samples"] == 64
+    assert "max_samples" not in scoring["elbo_blind"] and "max_samples" not in scoring["elbo_trained_t_blind"]
+    assert scoring["elbo_blind"]["num_samples"] == 8

@@ -401,3 +401,64 @@ def test_exact_never_materialises_all_log_probs(images):
         ll = logp.gather(-1, tok[:, 1:, None]).squeeze(-1)
         ref = ll.masked_fill(~valid_mask(tok, model.tokenizer.eot_id)[:, 1:], 0.0).sum(1)
     torch.testing.assert_close(whole, ref, rtol=0, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- sequential ELBO
+def _rounds_by_hand(model, images, cands, S0, S_max):
+    """The sequential estimate when every item is unsure: round 0 is the fixed estimate (item keys), round
+    r >= 1 draws as many copies again (keys (item, r)); the score is the mean over all copies."""
+    tok = model.tokenizer
+    flat = [c for cs in cands for c in cs]
+    tokens = trim_padding(tok(flat), tok.eot_id)
+    K = len(cands[0])
+    rows = torch.arange(len(images)).repeat_interleave(K)
+    ctx = model.context(images)
+    total, n, r = 0.0, 0, 0
+    while n < S_max:
+        size = S0 if r == 0 else min(n, S_max - n)
+        keys = [i if r == 0 else (i, r) for i in range(len(images)) for _ in range(K)]
+        total = total + size * elbo_score(model, ctx, rows, tokens, size, keys=keys)
+        n, r = n + size, r + 1
+    return (total / n).view(len(images), K)
+
+
+def test_sequential_elbo_adds_rounds_only_where_the_decision_is_unsure(images):
+    from mdc.scoring import score_candidates
+
+    model = small_model().eval()
+    cands = [[c, CAPTIONS[(i + 1) % 4]] for i, c in enumerate(CAPTIONS)]
+    fixed = score_candidates(model, images, cands, method="elbo", num_samples=8)
+    never = score_candidates(model, images, cands, method="elbo", num_samples=8, max_samples=64, tolerance=0.0)
+    assert torch.equal(never, fixed)  # a lead of >= 0 standard errors: every item is sure after round 0
+    always = score_candidates(model, images, cands, method="elbo", num_samples=8, max_samples=64, tolerance=1e9)
+    with torch.no_grad():
+        torch.testing.assert_close(always, _rounds_by_hand(model, images, cands, 8, 64).float())
+
+
+def test_sequential_elbo_counts_copies_and_settles_ties_and_clear_leads(images):
+    model = small_model().eval()
+    tok = model.tokenizer
+    cands = [["a red circle", "a red circle"],  # identical: every copy's difference is 0, nothing to resolve
+             ["a red circle", "a large purple circle right of a blue star above a green square"]]
+    tokens = trim_padding(tok([c for cs in cands for c in cs]), tok.eot_id)
+    rows = keys = torch.tensor([0, 0, 1, 1])  # one noise key per item: paired candidates
+    with torch.no_grad():
+        ctx = model.context(images[:2])
+        scores, copies = scoring.elbo_sequential(model, ctx, rows, tokens, group=2, num_samples=8,
+                                                 max_samples=64, tolerance=1e9, keys=keys.tolist())
+        assert copies.tolist() == [8, 64] and scores.shape == (4,)
+        assert scores[0] == scores[1]
+        _, copies = scoring.elbo_sequential(model, ctx, rows, tokens, group=2, num_samples=8, max_samples=64,
+                                            tolerance=3.0, keys=keys.tolist())
+        assert copies[1] == 8  # 6 tokens of difference: a lead of far more than 3 standard errors
+
+
+def test_sequential_elbo_options_are_checked(images):
+    from mdc.scoring import score_candidates
+
+    model = small_model().eval()
+    cands = [[c, c] for c in CAPTIONS]
+    with pytest.raises(ValueError, match="max_samples"):
+        score_candidates(model, images, cands, method="elbo", num_samples=8, max_samples=4)
+    with pytest.raises(ValueError, match="max_samples"):
+        score_candidates(small_model("arc").eval(), images, cands, num_samples=8, max_samples=64)

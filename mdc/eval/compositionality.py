@@ -21,7 +21,7 @@ text alone decides the suite (ARO's order tasks; SugarCrepe was filtered against
 Results schema (the ``results`` part of a ``kind="compositionality"`` results file)::
 
     {
-      "settings": {"methods": [...], "variants": [...], "num_samples": int, "paired": bool,
+      "settings": {"methods": [...], "variants": [...], "num_samples": int, "max_samples": int | None, "paired": bool,
                    "stratified": bool, "seed": int, "t_interval_trained": [w_l, w_u], "blind_images": K,
                    "resamples": int, "level": 0.95, "attribute_min_count": 25, "debias_alpha": float},
       "columns": {                  # Table 2 columns that were evaluated, keys from COLUMNS:
@@ -146,11 +146,13 @@ class _Images(torch.utils.data.Dataset):
 
 
 def method_variants(model, methods, *, num_samples=1024, seed=0, elbo_trained_t=True, stratified=True,
-                    max_rows=256, blind=True) -> dict[str, dict]:
+                    max_rows=256, blind=True, max_samples=None) -> dict[str, dict]:
     """The score variants of ``methods`` (:func:`variants`) as :func:`mdc.score_candidates` keywords:
     ``{variant: {"method": ..., ...}}``; the ELBO's keyed noise and intervals as in :func:`score_suite`.
     ``blind``: each likelihood variant's image-free baseline too (:func:`with_blind`)."""
     elbo = dict(method="elbo", num_samples=num_samples, seed=seed, max_rows=max_rows, stratified=stratified)
+    if max_samples is not None:
+        elbo["max_samples"] = max_samples
     intervals = {"elbo": (0.0, 1.0), "elbo_trained_t": trained_t_interval(model.config)}
     scoring = {v: dict(elbo, t_interval=intervals[v]) if v in intervals else dict(method=v)
                for v in variants(resolve_methods(model.config.objective, methods), elbo_trained_t)}
@@ -161,26 +163,31 @@ def with_blind(model, scoring: dict[str, dict]) -> dict[str, dict]:
     """``scoring`` with ``<variant>_blind`` after each likelihood variant, the same scorer without the
     image, with the raw score's noise keys: keyword ``image`` = "null" (the learned null condition: plain
     MDC scorers of a model trained with one) or "marginal" (the log-mean-exp over reference images of
-    the suite, :func:`mdc.eval.suites.reference_images`: every other scorer). Cosine has none."""
+    the suite, :func:`mdc.eval.suites.reference_images`: every other scorer). Cosine has none. The ELBO's
+    sequential copies (``max_samples``) are for the decisions with the image only: an image-free score
+    over K images is limited by K, not by the copies, and keeps ``num_samples`` per image."""
     null = getattr(model, "cond_null", None) is not None
     out = {}
     for v, kw in scoring.items():
         out[v] = kw
         if kw["method"] != "cosine":
             plain_mdc = kw["method"] in ("elbo", "heuristic") and kw.get("guidance") is None
-            out[f"{v}_blind"] = dict(kw, image="null" if null and plain_mdc else "marginal")
+            blind = {k: x for k, x in kw.items() if k != "max_samples"}
+            out[f"{v}_blind"] = dict(blind, image="null" if null and plain_mdc else "marginal")
     return out
 
 
 def score_suite(model, transform, suite: Suite, methods: Sequence[str], *, num_samples=1024, paired=True, seed=0,
                 batch_size=32, device="cpu", elbo_trained_t=True, stratified=True, max_rows=256,
-                workers=0, blind=True, debias_alpha=1.0, blind_images=8) -> SuiteScores:
+                workers=0, blind=True, debias_alpha=1.0, blind_images=8, max_samples=None) -> SuiteScores:
     """Score every candidate of every item with each method's variants (:func:`method_variants`),
     with their image-free and debiased scores unless ``blind=False``. ELBO noise is keyed by the
     item's id (:meth:`Suite.keys`) and shared by its candidates when ``paired`` (common random
-    numbers); ``max_rows`` bounds the masked copies in one forward pass."""
+    numbers); ``max_rows`` bounds the masked copies in one forward pass. ``max_samples``: ELBO copies
+    are added, doubling, up to it where an item's decision with the image is within 3 standard errors
+    (:func:`mdc.scoring.elbo_sequential`; image-free scores keep ``num_samples``); None: ``num_samples``."""
     scoring = method_variants(model, methods, num_samples=num_samples, seed=seed, elbo_trained_t=elbo_trained_t,
-                              stratified=stratified, max_rows=max_rows, blind=blind)
+                              stratified=stratified, max_rows=max_rows, blind=blind, max_samples=max_samples)
     return score_variants(model, transform, suite, scoring, paired=paired, batch_size=batch_size, device=device,
                           workers=workers, debias_alpha=debias_alpha, blind_images=blind_images, seed=seed)
 
