@@ -24,8 +24,9 @@ The ledger (:mod:`reproduce.ledger`): with ``records=DIR`` every run that succee
 record into DIR, and a run whose record carries its current key counts as done even where no run
 folder exists; it executes again only when a run that will execute needs its output (a checkpoint,
 data), and the log says so. With ``time_budget_s`` the runner starts no run that its estimate (its
-last record, or the profile's default) says would not finish in time, lets the running ones finish
-and returns with the rest ``left``. Once every run that reads a pretraining run's checkpoints has a
+last record, or the profile's default) with its longest reader's after it says would not finish in
+time, lets the running ones finish and returns with the rest ``left``; of the runs ready at once, a
+seed's go before the next seed's, and the head of the longest such chain first. Once every run that reads a pretraining run's checkpoints has a
 record, its checkpoints are removed (``keep_checkpoints`` keeps them) and its folder no longer counts
 as done: the record stands for it.
 
@@ -280,6 +281,14 @@ def _run_all(runs, book: _Book, jobs, torchrun, only, budget_s, profile) -> dict
                        and all(d == r.name or status(d) in ("ok", "skipped") for d in x.deps)]
         return max([depth[r.name], *ready_after])
 
+    estimate = {r.name: ledger.estimate_seconds(r, book.records, profile) for r in runs}
+
+    def chain(r: Run) -> float:
+        """``r``'s estimate and its longest reader's still to run: the time before its output has served."""
+        follow = [estimate[x.name] for x in readers[r.name] if x.notebook not in READS_RECORDS_ONLY
+                  and x.name in book.needed and status(x.name) is None]
+        return estimate[r.name] + max(follow, default=0.0)
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         running = {}
         while pending or running:
@@ -300,14 +309,17 @@ def _run_all(runs, book: _Book, jobs, torchrun, only, budget_s, profile) -> dict
                 pending.remove(r)
             # then depth first: the runs that make the deepest runs ready, deeper ones first, so a seed's
             # evaluations (and the data only they read) follow its pretraining run instead of waiting behind
-            # every other pretraining run (results sooner, few checkpoints waiting for their evaluations)
+            # every other pretraining run (results sooner, few checkpoints waiting for their evaluations);
+            # then a seed's runs before the next seed's, and the longest chain first, so the longest evaluation
+            # starts early in a time box. Under a budget a run starts only if its longest reader can follow
+            # it: a checkpoint left unread is trained again by the next part
             ready = [r for r in pending if all(status(d) in ("ok", "skipped") for d in r.deps)]
-            for r in sorted(ready, key=lambda r: (-reach(r), -depth[r.name])):
+            for r in sorted(ready, key=lambda r: (-reach(r), r.labels.get("seed", -1), -chain(r), -depth[r.name])):
                 if len(running) >= max(1, jobs):
                     break
                 pending.remove(r)
                 elapsed = time.perf_counter() - start
-                if budget_s is not None and elapsed + ledger.estimate_seconds(r, book.records, profile) > budget_s:
+                if budget_s is not None and elapsed + chain(r) > budget_s:
                     outcome[r.name] = _quiet("left")
                     continue
                 moved = set_aside(out, r, key[r.name])

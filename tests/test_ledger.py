@@ -158,3 +158,47 @@ def test_depth_first_a_pretraining_run_s_evaluations_come_before_the_next_pretra
     runner.run_all(runs, out, log=lines.append)
     started = [line.split()[-1] for line in lines if " running " in line]
     assert started == ["data/alt", "pre/a", "data/eval", "probe/a", "pre/b", "probe/b"]
+
+
+def _estimates(monkeypatch, seconds):
+    monkeypatch.setattr(ledger, "estimate_seconds", lambda run, records, profile: seconds.get(run.name, 0.0))
+
+
+def test_the_run_at_the_head_of_the_longest_chain_starts_first(toy, monkeypatch):
+    """Of two ready pretraining runs, the one whose reader takes longest goes first, whatever the order the
+    registry lists them in: a session's long evaluation (MDC's Table 2) starts early enough to finish."""
+    out, _ = toy
+    runs = [Run("data/alt", "toy", {"output_dir": "{run:data/alt}"}),
+            Run("pre/short", "toy", {"output_dir": "{run:pre/short}"}, deps=("data/alt",)),
+            Run("pre/long", "toy", {"output_dir": "{run:pre/long}"}, deps=("data/alt",)),
+            Run("eval/short", "toy", {"output_dir": "{run:eval/short}"}, deps=("pre/short",)),
+            Run("eval/long", "toy", {"output_dir": "{run:eval/long}"}, deps=("pre/long",))]
+    _estimates(monkeypatch, {"pre/short": 10, "pre/long": 10, "eval/short": 1, "eval/long": 100})
+    lines = []
+    runner.run_all(runs, out, log=lines.append)
+    started = [line.split()[-1] for line in lines if " running " in line]
+    assert started == ["data/alt", "pre/long", "eval/long", "pre/short", "eval/short"]
+
+
+def test_a_time_budget_starts_no_run_whose_readers_could_not_follow_it(toy, monkeypatch):
+    """A checkpoint that its reader cannot use before the budget ends would be trained again by the next
+    part: such a run is left, and a run whose readers fit still starts."""
+    out, records = toy
+    runs = [Run("pre/long", "toy", {"output_dir": "{run:pre/long}"}),
+            Run("eval/long", "toy", {"output_dir": "{run:eval/long}"}, deps=("pre/long",)),
+            Run("pre/short", "toy", {"output_dir": "{run:pre/short}"}),
+            Run("eval/short", "toy", {"output_dir": "{run:eval/short}"}, deps=("pre/short",))]
+    _estimates(monkeypatch, {"pre/long": 1, "eval/long": 1000, "pre/short": 1, "eval/short": 1})
+    outcome = runner.run_all(runs, out, log=lambda *a: None, records=records, time_budget_s=60)
+    assert {n: o["status"] for n, o in outcome.items()} == {
+        "pre/long": "left", "eval/long": "left", "pre/short": "ok", "eval/short": "ok"}
+
+
+def test_a_seed_s_runs_start_before_the_next_seed_s(toy, monkeypatch):
+    out, _ = toy
+    runs = [Run("pre/long-s1", "toy", {"output_dir": "{run:pre/long-s1}"}, labels={"seed": 1}),
+            Run("pre/short-s0", "toy", {"output_dir": "{run:pre/short-s0}"}, labels={"seed": 0})]
+    _estimates(monkeypatch, {"pre/long-s1": 100, "pre/short-s0": 1})
+    lines = []
+    runner.run_all(runs, out, log=lines.append)
+    assert [line.split()[-1] for line in lines if " running " in line] == ["pre/short-s0", "pre/long-s1"]
