@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import time
 
 from mdc.checkpoint import atomic_write_text
@@ -40,6 +41,8 @@ DEFAULT_SECONDS = {
              "guidance": 1440, "figures": 120},
 }
 SEQUENTIAL_COST = 4.1  # seconds of the ELBO at 32 copies doubled up to 256 where unsure, over 32 for all
+# a part of mini's Table 2 (reproduce.registry.TABLE2_PARTS): its share of the candidates scored
+TABLE2_SHARE = {"order": 7500 / 12686, "pairs": 5186 / 12686}
 MINI_IMAGES = 2240 * 64  # a mini pretraining run's images, which DEFAULT_SECONDS["mini"]["pretrain"] is for
 
 
@@ -54,6 +57,7 @@ def _default_seconds(run, profile: str) -> float:
         # reproduce/studies/elbo_budget.py), K without
         with_image = SEQUENTIAL_COST if run.params.get("max_samples") else 1.0
         seconds = 1080.0 * (with_image + run.params.get("blind_images", 0))
+        seconds *= TABLE2_SHARE.get(run.labels.get("part"), 1.0)
     return seconds
 
 
@@ -139,10 +143,19 @@ def write(records: str, run, key: str, results: dict, out: str, notebook_digest:
 
 
 def estimate_seconds(run, records: str | None, profile: str) -> float:
-    """How long ``run`` should take: its latest record's wall time (any key), else the profile's default."""
-    record = read(records, run.name) if records else None
-    if record is not None and record.get("seconds"):
-        return float(record["seconds"])
+    """How long ``run`` should take: its latest record's wall time (any key), else the longest of the same
+    run's records for other seeds (``...-s<N>``), else the profile's default."""
+    if records:
+        record = read(records, run.name)
+        if record is not None and record.get("seconds"):
+            return float(record["seconds"])
+        stem = re.sub(r"-s\d+$", "", run.name)
+        others = [read(records, os.path.relpath(p, records)[: -len(".json")]) for p in
+                  glob.glob(path(records, glob.escape(stem) + "-s*"))]
+        seconds = [r["seconds"] for r in others if r and r.get("seconds") and re.fullmatch(
+            re.escape(stem) + r"-s\d+", r.get("run", ""))]
+        if seconds and stem != run.name:
+            return float(max(seconds))
     return _default_seconds(run, profile)
 
 

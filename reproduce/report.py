@@ -16,6 +16,7 @@ files it wrote. :data:`reproduce.registry.ARTIFACTS` names the builder of every 
 from __future__ import annotations
 
 import csv
+import json
 import os
 from collections import defaultdict
 from typing import Callable, Iterable, Mapping, Sequence
@@ -207,6 +208,30 @@ def _table2_cell(results: list[dict], column: str, variant: str, baseline: str |
     return f"{a:.1f} [{lo:.1f}, {hi:.1f}]" + ("↑" if lo > 100 * results[0]["columns"][column]["chance"] else "")
 
 
+def _table2_models(runs: list[dict]) -> list[dict]:
+    """Table 2's results, one per model: the runs of one model's parts (the same labels but for ``part``:
+    reproduce.registry.TABLE2_PARTS, disjoint suites) joined into one."""
+    models: dict[str, list[dict]] = {}
+    for r in runs:
+        if r["notebook"] == "compositionality" and "table2" in r["artifacts"]:
+            model = json.dumps({k: v for k, v in r["labels"].items() if k != "part"}, sort_keys=True)
+            models.setdefault(model, []).append(r)
+    joined = []
+    for parts in models.values():
+        results = {**parts[0]["record"]["results"], "columns": {}, "sugarcrepe_subsets": {}, "table2": {}}
+        for r in parts:
+            part = r["record"]["results"]
+            twice = set(results["columns"]) & set(part.get("columns", {}))
+            if twice:
+                raise ValueError(f"{r['name']}: Table 2 column(s) {sorted(twice)} scored by another part as well")
+            results["columns"] |= part.get("columns", {})
+            results["sugarcrepe_subsets"] |= part.get("sugarcrepe_subsets", {})
+            for variant, cells in part["table2"].items():
+                results["table2"].setdefault(variant, {}).update(cells)
+        joined.append(results)
+    return joined
+
+
 def table2(runs: list[dict], paper_dir: str, out: str) -> list[str]:
     """Table 2: compositionality per scorer (CLIP cosine, ARC exact, MDC Monte Carlo and heuristic), each cell
     the accuracy with its 95% interval; where scored, each likelihood scorer without the image, what the image
@@ -215,15 +240,13 @@ def table2(runs: list[dict], paper_dir: str, out: str) -> list[str]:
 
     paper = {p["method"]: p for p in paper_table(paper_dir, "table2_compositionality")}
     by_variant, far = defaultdict(list), defaultdict(set)  # far: blind cells at least 10 points from chance
-    for r in runs:
-        if r["notebook"] == "compositionality" and "table2" in r["artifacts"]:
-            results = r["record"]["results"]
-            for variant in results["table2"]:
-                if variant.endswith(("_blind_lengthnorm", "_debiased_lengthnorm")):
-                    continue  # per token, only the raw scores
-                by_variant[variant].append(results)
-                far[variant] |= {c for c, e in results.get("columns", {}).items()
-                                 if e["scores"].get(variant, {}).get("far_from_chance")}
+    for results in _table2_models(runs):
+        for variant in results["table2"]:
+            if variant.endswith(("_blind_lengthnorm", "_debiased_lengthnorm")):
+                continue  # per token, only the raw scores
+            by_variant[variant].append(results)
+            far[variant] |= {c for c, e in results.get("columns", {}).items()
+                             if e["scores"].get(variant, {}).get("far_from_chance")}
     by_variant |= {f"{v}_adds": by_variant[v] for v in list(by_variant) if f"{v}_blind" in by_variant}
     order = ["cosine", "exact", "elbo", "heuristic", "elbo_trained_t"]
     kinds = ("", "_lengthnorm", "_blind", "_adds", "_debiased")

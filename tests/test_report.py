@@ -190,3 +190,33 @@ def test_table1_shows_each_seeds_pretraining_loss_so_a_run_that_did_not_train_is
     ends = [np.linspace(first, last, 40) for first, last in ((4.3, 3.0), (4.2, 3.9))]
     assert rows["CLIP"][column] == ", ".join(f"{v[:10].mean():.2f} → {v[-10:].mean():.2f}" for v in ends)
     assert rows["CLIP random init"][column] == "-"
+
+
+def test_table2_joins_a_model_s_parts_into_the_table_of_one_run_over_all_suites(tmp_path):
+    """mini scores Table 2 in parts (reproduce.registry.TABLE2_PARTS: the order task apart from the pair tasks);
+    the report joins the parts of one model into the same table as one run over every suite."""
+    import mdc.eval.compositionality as C
+
+    n, rng = 30, np.random.default_rng(0)
+    suites = {f"sugarcrepe/{f}": C.Suite(f"sugarcrepe/{f}", "synthetic", [{"id": i} for i in range(n)], [["a", "b"]] * n,
+                                         [""] * n, [f], n, clusters=[f"{i // 2}.jpg" for i in range(n)])
+              for f in ("add_att", "add_obj", "swap_att")}
+    scored = {name: C.SuiteScores(s, {"exact": np.where(rng.random(n)[:, None] < 0.8, [[0.0, -1.0]], [[-1.0, 0.0]])},
+                                  np.full((n, 2), 3), methods={"exact": "exact"}) for name, s in suites.items()}
+
+    def build(parts, folder):
+        index = {}
+        for part, names in parts.items():
+            path = tmp_path / folder / part / "results.json"
+            write_results(str(path), "compositionality", C.summarise({k: scored[k] for k in names}, resamples=50))
+            labels = {"method": "ARC", "seed": 0, **({"part": part} if len(parts) > 1 else {})}
+            index[f"compositionality/arc-{part}-s0"] = {"notebook": "compositionality", "labels": labels,
+                                                       "artifacts": ["table2"], "results": str(path)}
+        records = write_records(tmp_path / folder / "records", index)
+        registry.build_artifacts(records, str(tmp_path / folder / "figures"), PAPER_DIR, ["table2"])
+        table = (tmp_path / folder / "figures" / "table2_compositionality.md").read_text()
+        return table.rsplit("\n\nFrom ", 1)[0]  # the provenance line counts the records
+
+    whole = build({"all": list(scored)}, "whole")
+    assert build({"pairs": ["sugarcrepe/add_att", "sugarcrepe/add_obj"], "swap": ["sugarcrepe/swap_att"]}, "parts") == whole
+    assert "| ARC | 1 |" in whole and whole.count("[") >= 2
