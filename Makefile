@@ -55,7 +55,7 @@ lab: $(STAMP)
 smoke: $(STAMP)
 	$(PY) -m reproduce --profile smoke
 
-# JOBS runs at a time, one thread each (mini: about 5.5 hours per seed on 2 cores at JOBS=2).
+# JOBS runs at a time, one thread each (mini: about 5 hours per seed on 2 cores at JOBS=2).
 JOBS ?= 2
 reproduce: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m reproduce --profile mini --jobs $(JOBS)

@@ -219,3 +219,12 @@ def test_the_kept_reference_weights_are_those_their_records_name():
         record = ledger.read(os.path.join(ledger.ROOT, "reproduce", "records", "mini"), name)
         assert record is not None and record["results"]["checkpoint_id"] == checkpoint_id(folder), name
         assert mdc.load(folder).config.objective == record["params"]["objective"]
+
+
+def test_without_its_own_record_a_run_is_estimated_from_the_same_run_of_another_seed(toy):
+    out, records = toy
+    runs = [Run("eval/b-s0", "toy", {"output_dir": "{run:eval/b-s0}", "sleep": 0.3}, labels={"seed": 0})]
+    runner.run_all(runs, out, log=lambda *a: None, records=records)
+    seed1, other = Run("eval/b-s1", "toy", {}, labels={"seed": 1}), Run("eval/bb-s1", "toy", {}, labels={"seed": 1})
+    assert ledger.estimate_seconds(seed1, records, "mini") == ledger.read(records, "eval/b-s0")["seconds"] >= 0.3
+    assert ledger.estimate_seconds(other, records, "mini") == 0  # another run's record is not its own
