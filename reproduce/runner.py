@@ -25,9 +25,9 @@ record into DIR, and a run whose record carries its current key counts as done e
 folder exists; it executes again only when a run that will execute needs its output (a checkpoint,
 data), and the log says so. With ``time_budget_s`` the runner starts no run that its estimate (its
 last record, or the profile's default) with its longest reader's after it says would not finish in
-time, lets the running ones finish and returns with the rest ``left``; of the runs ready at once, a
-seed's go before the next seed's, and the head of the longest such chain first. Once every run that reads a pretraining run's checkpoints has a
-record, its checkpoints are removed (``keep_checkpoints`` keeps them) and its folder no longer counts
+time, lets the running ones finish and returns with the rest ``left``; of the runs ready at once, the
+deeper ones go first, then a seed's before the next seed's, then the head of the longest such chain.
+Once every run that reads a pretraining run's checkpoints has a record, its checkpoints are removed (``keep_checkpoints`` keeps them) and its folder no longer counts
 as done: the record stands for it.
 
 One owner: a runner holds ``<out>/<profile>/.reproduce.lock`` (:mod:`mdc.lock`) while it runs
@@ -310,11 +310,12 @@ def _run_all(runs, book: _Book, jobs, torchrun, only, budget_s, profile) -> dict
             # then depth first: the runs that make the deepest runs ready, deeper ones first, so a seed's
             # evaluations (and the data only they read) follow its pretraining run instead of waiting behind
             # every other pretraining run (results sooner, few checkpoints waiting for their evaluations);
-            # then a seed's runs before the next seed's, and the longest chain first, so the longest evaluation
-            # starts early in a time box. Under a budget a run starts only if its longest reader can follow
-            # it: a checkpoint left unread is trained again by the next part
+            # then deeper runs first (evaluations of the checkpoints that are here), a seed's runs before the
+            # next seed's, and the longest chain first, so the longest evaluation starts early in a time box.
+            # Under a budget a run starts only if its longest reader can follow it: a checkpoint left unread is
+            # trained again by the next part
             ready = [r for r in pending if all(status(d) in ("ok", "skipped") for d in r.deps)]
-            for r in sorted(ready, key=lambda r: (-reach(r), r.labels.get("seed", -1), -chain(r), -depth[r.name])):
+            for r in sorted(ready, key=lambda r: (-reach(r), -depth[r.name], r.labels.get("seed", -1), -chain(r))):
                 if len(running) >= max(1, jobs):
                     break
                 pending.remove(r)

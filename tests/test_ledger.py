@@ -228,3 +228,18 @@ def test_without_its_own_record_a_run_is_estimated_from_the_same_run_of_another_
     seed1, other = Run("eval/b-s1", "toy", {}, labels={"seed": 1}), Run("eval/bb-s1", "toy", {}, labels={"seed": 1})
     assert ledger.estimate_seconds(seed1, records, "mini") == ledger.read(records, "eval/b-s0")["seconds"] >= 0.3
     assert ledger.estimate_seconds(other, records, "mini") == 0  # another run's record is not its own
+
+
+def test_a_finished_checkpoint_s_readers_go_before_a_longer_pretraining_run(toy, monkeypatch):
+    """The chain orders runs of one depth only: a short evaluation of a checkpoint that is here goes before a
+    pretraining run with a longer chain, or a time box ends with checkpoints whose evaluations never ran."""
+    out, _ = toy
+    runs = [Run("pre/a", "toy", {"output_dir": "{run:pre/a}"}),
+            Run("probe/a", "toy", {"output_dir": "{run:probe/a}"}, deps=("pre/a",)),
+            Run("pre/b", "toy", {"output_dir": "{run:pre/b}"}),
+            Run("eval/b", "toy", {"output_dir": "{run:eval/b}"}, deps=("pre/b",))]
+    _estimates(monkeypatch, {"pre/a": 1, "probe/a": 1, "pre/b": 100, "eval/b": 100})
+    runner.run_all(runs, out, log=lambda *a: None, only={"pre/a"})
+    lines = []
+    runner.run_all(runs, out, log=lines.append)
+    assert [line.split()[-1] for line in lines if " running " in line] == ["probe/a", "pre/b", "eval/b"]
