@@ -147,10 +147,10 @@ def estimate_seconds(run, records: str | None, profile: str) -> float:
             return float(record["seconds"])
         stem = re.sub(r"-s\d+$", "", run.name)
         others = [read(records, os.path.relpath(p, records)[: -len(".json")]) for p in
-                  glob.glob(path(records, glob.escape(stem) + "-s*"))]
+                  glob.glob(path(records, glob.escape(stem) + "-s*"))] if stem != run.name else []
         seconds = [r["seconds"] for r in others if r and r.get("seconds") and re.fullmatch(
             re.escape(stem) + r"-s\d+", r.get("run", ""))]
-        if seconds and stem != run.name:
+        if seconds:
             return float(max(seconds))
     return _default_seconds(run, profile)
 

@@ -27,8 +27,8 @@ data), and the log says so. With ``time_budget_s`` the runner starts no run that
 last record, or the profile's default) with its longest reader's after it says would not finish in
 time, lets the running ones finish and returns with the rest ``left``; of the runs ready at once, the
 deeper ones go first, then a seed's before the next seed's, then the head of the longest such chain.
-Once every run that reads a pretraining run's checkpoints has a record, its checkpoints are removed (``keep_checkpoints`` keeps them) and its folder no longer counts
-as done: the record stands for it.
+Once every run that reads a pretraining run's checkpoints has a record, its checkpoints are removed
+(``keep_checkpoints`` keeps them) and its folder no longer counts as done: the record stands for it.
 
 One owner: a runner holds ``<out>/<profile>/.reproduce.lock`` (:mod:`mdc.lock`) while it runs
 (``only=`` a run, as a SLURM job does: that run's folder instead), so a second runner on the
@@ -310,8 +310,8 @@ def _run_all(runs, book: _Book, jobs, torchrun, only, budget_s, profile) -> dict
             # then depth first: the runs that make the deepest runs ready, deeper ones first, so a seed's
             # evaluations (and the data only they read) follow its pretraining run instead of waiting behind
             # every other pretraining run (results sooner, few checkpoints waiting for their evaluations);
-            # then deeper runs first (evaluations of the checkpoints that are here), a seed's runs before the
-            # next seed's, and the longest chain first, so the longest evaluation starts early in a time box.
+            # then a seed's runs before the next seed's, and the longest chain first, so the longest evaluation
+            # starts early in a time box.
             # Under a budget a run starts only if its longest reader can follow it: a checkpoint left unread is
             # trained again by the next part
             ready = [r for r in pending if all(status(d) in ("ok", "skipped") for d in r.deps)]
