@@ -37,8 +37,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SECONDS = {
     "smoke": {"data": 20, "pretrain": 20, "linear_probe": 15, "compositionality": 20, "captioning": 30,
               "guidance": 40, "figures": 30},
-    "mini": {"data": 90, "pretrain": 1300, "linear_probe": 75, "compositionality": 60, "captioning": 240,
-             "guidance": 1440, "figures": 120},
+    "mini": {"data": 90, "pretrain": 1300, "linear_probe": 150, "compositionality": 60, "captioning": 240,
+             "guidance": 4150, "figures": 120},
 }
 # MDC's Table 2 on mini by part (reproduce.registry.TABLE2_PARTS), measured on the reference run's seed 0 (ELBO
 # of 32 copies doubled up to 256 where a decision is close, log p(t) over K = 4 images)
@@ -138,20 +138,29 @@ def write(records: str, run, key: str, results: dict, out: str, notebook_digest:
     return target
 
 
+def run_seconds(record: dict) -> float:
+    """A recorded run's length: its wall time, or for a pretraining run that resumed from a checkpoint (whose
+    wall time is its last attempt's) the whole run's, its images over its throughput, if that is longer."""
+    seconds = float(record.get("seconds") or 0.0)
+    r = (record.get("results") or {}).get("results") or {}
+    if record.get("notebook") == "pretrain" and r.get("images_per_s") and r.get("steps") and r.get("global_batch"):
+        seconds = max(seconds, r["steps"] * r["global_batch"] / r["images_per_s"])
+    return seconds
+
+
 def estimate_seconds(run, records: str | None, profile: str) -> float:
-    """How long ``run`` should take: its latest record's wall time (any key), else the longest of the same
-    run's records for other seeds (``...-s<N>``), else the profile's default."""
+    """How long ``run`` should take: its latest record's length (any key, :func:`run_seconds`), else the
+    longest of the same run's records for other seeds (``...-s<N>``), else the profile's default."""
     if records:
         record = read(records, run.name)
-        if record is not None and record.get("seconds"):
-            return float(record["seconds"])
+        if record is not None and run_seconds(record):
+            return run_seconds(record)
         stem = re.sub(r"-s\d+$", "", run.name)
         others = [read(records, os.path.relpath(p, records)[: -len(".json")]) for p in
                   glob.glob(path(records, glob.escape(stem) + "-s*"))] if stem != run.name else []
-        seconds = [r["seconds"] for r in others if r and r.get("seconds") and re.fullmatch(
-            re.escape(stem) + r"-s\d+", r.get("run", ""))]
-        if seconds:
-            return float(max(seconds))
+        seconds = [run_seconds(r) for r in others if r and re.fullmatch(re.escape(stem) + r"-s\d+", r.get("run", ""))]
+        if any(seconds):
+            return max(seconds)
     return _default_seconds(run, profile)
 
 

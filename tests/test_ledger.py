@@ -243,3 +243,21 @@ def test_a_finished_checkpoint_s_readers_go_before_a_longer_pretraining_run(toy,
     lines = []
     runner.run_all(runs, out, log=lines.append)
     assert [line.split()[-1] for line in lines if " running " in line] == ["probe/a", "pre/b", "eval/b"]
+
+
+def test_a_resumed_pretraining_run_is_estimated_at_its_whole_length(tmp_path):
+    """A run that resumed from a checkpoint records the wall time of its last attempt only (part 2 of the
+    reference run started pretrain/arc-alt-s1 on seed 0's 571 s, half its 1,099 s, and overran its time box);
+    a pretraining record's images over its throughput is the whole run's length."""
+    record = {"schema": ledger.SCHEMA, "run": "pretrain/a-s0", "notebook": "pretrain", "seconds": 571.0,
+              "results": {"results": {"steps": 2240, "global_batch": 64, "images_per_s": 130.5}}}
+    os.makedirs(tmp_path / "pretrain")
+    with open(tmp_path / "pretrain" / "a-s0.json", "w") as f:
+        json.dump(record, f)
+    whole = 2240 * 64 / 130.5
+    for name in ("pretrain/a-s0", "pretrain/a-s1"):  # its own record, and another seed's
+        assert ledger.estimate_seconds(Run(name, "pretrain", {}), str(tmp_path), "mini") == pytest.approx(whole)
+    record["seconds"] = 2 * whole  # a whole run's wall time, loading and saving included, is kept
+    with open(tmp_path / "pretrain" / "a-s0.json", "w") as f:
+        json.dump(record, f)
+    assert ledger.estimate_seconds(Run("pretrain/a-s1", "pretrain", {}), str(tmp_path), "mini") == 2 * whole
