@@ -153,8 +153,8 @@ def estimate_seconds(run, records: str | None, profile: str) -> float:
     longest of the same run's records for other seeds (``...-s<N>``), else the profile's default."""
     if records:
         record = read(records, run.name)
-        if record is not None and run_seconds(record):
-            return run_seconds(record)
+        if record is not None and (seconds := run_seconds(record)):
+            return seconds
         stem = re.sub(r"-s\d+$", "", run.name)
         others = [read(records, os.path.relpath(p, records)[: -len(".json")]) for p in
                   glob.glob(path(records, glob.escape(stem) + "-s*"))] if stem != run.name else []
