@@ -252,12 +252,14 @@ def test_a_resumed_pretraining_run_is_estimated_at_its_whole_length(tmp_path):
     record = {"schema": ledger.SCHEMA, "run": "pretrain/a-s0", "notebook": "pretrain", "seconds": 571.0,
               "results": {"results": {"steps": 2240, "global_batch": 64, "images_per_s": 130.5}}}
     os.makedirs(tmp_path / "pretrain")
-    with open(tmp_path / "pretrain" / "a-s0.json", "w") as f:
-        json.dump(record, f)
+
+    def keep(record):
+        with open(tmp_path / "pretrain" / "a-s0.json", "w") as f:
+            json.dump(record, f)
+
+    keep(record)
     whole = 2240 * 64 / 130.5
     for name in ("pretrain/a-s0", "pretrain/a-s1"):  # its own record, and another seed's
         assert ledger.estimate_seconds(Run(name, "pretrain", {}), str(tmp_path), "mini") == pytest.approx(whole)
-    record["seconds"] = 2 * whole  # a whole run's wall time, loading and saving included, is kept
-    with open(tmp_path / "pretrain" / "a-s0.json", "w") as f:
-        json.dump(record, f)
+    keep({**record, "seconds": 2 * whole})  # a whole run's wall time, loading and saving included, is kept
     assert ledger.estimate_seconds(Run("pretrain/a-s1", "pretrain", {}), str(tmp_path), "mini") == 2 * whole
