@@ -5,7 +5,7 @@ Profiles:
 - ``smoke``: every artifact wired end to end with a handful of steps on tiny data (CI).
 - ``mini``: the synthetic scene world with the model config ``mini`` and the recipe
   ``reproduce/presets/mini.json`` (``--preset reproduce/presets/mini.json``) fixed by the
-  learnability study (``reproduce/studies/learnability.md``); about 9.3 run-hours per seed, 5 hours
+  learnability study (``reproduce/studies/learnability.md``); 8.4 to 9.3 run-hours per seed, 5 hours
   on 2 CPU cores at two runs at a time (``--dry-run`` estimates them).
 - ``paper``: the paper's backbones, data and hyperparameters on GPU nodes. Data paths come from
   environment variables (see :data:`PAPER_ENV`); pretraining runs execute under torchrun when
