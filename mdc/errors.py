@@ -4,6 +4,7 @@
 working): its message names the option and the value, ``batch_size must be >= 1, got 0``, and
 ``names`` lists the options the message mentions. :class:`RunError` is a run that stopped for a
 reason the user must act on (its folder is in use, a peer process died, the loss diverged).
+:class:`WeightsError` is a weights file that is missing or corrupt, named in the message.
 How the command lines print them is :mod:`mdc.cli`.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
-__all__ = ["ConfigError", "RunError", "must"]
+__all__ = ["ConfigError", "RunError", "WeightsError", "must"]
 
 
 class ConfigError(ValueError):
@@ -38,3 +39,8 @@ def must(name: str, value, need: str) -> ConfigError:
 
 class RunError(RuntimeError):
     """A run stopped for a reason the user must act on; the message says what and what to do."""
+
+
+class WeightsError(OSError):
+    """A weights file (a checkpoint's or a shipped model's) is missing or does not hold what it should;
+    the message names the file."""

@@ -1,4 +1,5 @@
-"""Registry of named architectures (open_clip style): list_models, create_model, load.
+"""Registry of named architectures (open_clip style): list_models, create_model, load, and the
+trained weights shipped with the package (list_pretrained; ``create_model(..., pretrained=tag)``).
 
 The factory is where the extensions are wired in, as open_clip's factory picks a model's loss:
 :func:`build` gives a captioner the VQ-VAE tokens of :mod:`mdc.vqvae` as its visual tower and
@@ -8,6 +9,7 @@ the model carries it (``model.noise``).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import fields
 
@@ -16,6 +18,7 @@ from safetensors.torch import load_file
 from mdc.checkpoint import latest
 from mdc.d3pm import MASK_REPLACE
 from mdc.data.transforms import image_transform as _transform
+from mdc.errors import ConfigError, WeightsError
 from mdc.model import CLIP, Captioner, ModelConfig
 from mdc.noise import ABSORBING
 from mdc.tokenizer import Tokenizer
@@ -42,9 +45,34 @@ _ARCHS: dict[str, dict] = {
 # ModelConfig.noise -> the caption noise process a captioner carries (mdc/noise.py)
 NOISE = {process.name: process for process in (ABSORBING, MASK_REPLACE)}
 
+# Trained weights inside the package, mdc/pretrained/<model>-<objective>-<tag>/ (config.json, model.safetensors
+# in float16, record.json: the ledger record of the run that trained them), by (model, objective, tag) -> the
+# sha256 (16 hex) of model.safetensors. "synthetic": the `mini` reference run's seed-0 models on the synthetic
+# world's descriptive captions (python -m reproduce.pretrained writes them from the run's kept checkpoints).
+PRETRAINED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pretrained")
+_PRETRAINED = {
+    ("mini", "mdc", "synthetic"): "43d0fce5c5d45076",
+    ("mini", "arc", "synthetic"): "823206b8dc9312db",
+    ("mini", "clip", "synthetic"): "e47b48272f7b27b1",
+}
+
 
 def list_models() -> list[str]:
     return list(_ARCHS)
+
+
+def list_pretrained() -> list[tuple[str, str, str]]:
+    """``(model, objective, tag)`` of every set of trained weights the package ships, e.g.
+    ``("mini", "mdc", "synthetic")``: ``create_model(model, objective, pretrained=tag)`` loads it."""
+    return list(_PRETRAINED)
+
+
+def pretrained_folder(name: str, objective: str, tag: str) -> str:
+    """The folder of shipped weights ``tag`` of ``name`` trained with ``objective``."""
+    if (name, objective, tag) not in _PRETRAINED:
+        raise ConfigError(f"no pretrained weights {tag!r} for model {name!r} with objective {objective!r}; "
+                          f"shipped: {list_pretrained()}", "pretrained")
+    return os.path.join(PRETRAINED_DIR, f"{name}-{objective}-{tag}")
 
 
 def _resolve_vocab(vocab):
@@ -76,9 +104,16 @@ def build(cfg: ModelConfig):
                      noise=NOISE[cfg.noise])  # an ARC captioner has none and ignores it
 
 
-def create_model(name: str, objective: str = "mdc", **overrides):
-    """Build a named architecture from scratch, e.g. create_model("tiny", objective="arc", mask_ratio=None).
+def create_model(name: str, objective: str = "mdc", pretrained: str | None = None, **overrides):
+    """Build a named architecture from scratch, e.g. create_model("tiny", objective="arc", mask_ratio=None),
+    or with the trained weights ``pretrained`` (a tag of :func:`list_pretrained`), in eval mode:
+    create_model("mini", objective="mdc", pretrained="synthetic"); those fix the config (no overrides).
     ``vqvae=folder``: condition on that frozen VQ-VAE's codes, its weights copied in (mdc/vqvae.py)."""
+    if pretrained is not None:
+        if overrides:
+            raise ConfigError(f"pretrained weights fix the model's config; got overrides {sorted(overrides)} "
+                              f"with pretrained={pretrained!r}", "pretrained")
+        return _load_pretrained(name, objective, pretrained)
     model = build(model_config(name, objective, **overrides))
     if isinstance(overrides.get("vqvae"), (str, os.PathLike)):
         model.visual.load_vqvae(overrides["vqvae"])
@@ -92,9 +127,9 @@ def image_transform(model, train: bool = False):
     return _transform(model if isinstance(model, int) else model.config.image_size, train)
 
 
-def create_model_and_transforms(name: str, objective: str = "mdc", **overrides):
+def create_model_and_transforms(name: str, objective: str = "mdc", pretrained: str | None = None, **overrides):
     """(model, preprocess): the model and its evaluation transform, as open_clip pairs them."""
-    model = create_model(name, objective, **overrides)
+    model = create_model(name, objective, pretrained, **overrides)
     return model, image_transform(model)
 
 
@@ -112,8 +147,16 @@ def get_tokenizer(model: str | None = None, *, context_length: int | None = None
 
 
 def load_weights(model, path: str | os.PathLike, map_location="cpu") -> None:
-    """Load `path/model.safetensors` into `model` in place."""
-    model.load_state_dict(load_file(os.path.join(path, "model.safetensors"), device=str(map_location)))
+    """Load `path/model.safetensors` into `model` in place (16-bit files are cast to the model's dtype);
+    a file that does not parse is a WeightsError naming it."""
+    weights = os.path.join(path, "model.safetensors")
+    try:
+        state = load_file(weights, device=str(map_location))
+    except FileNotFoundError:
+        raise WeightsError(f"weights file missing: {weights}") from None
+    except Exception as e:  # safetensors' own error types: a bad header, a truncated file
+        raise WeightsError(f"weights file is corrupt: {weights} ({e})") from None
+    model.load_state_dict(state)
 
 
 def checkpoint_folder(path: str | os.PathLike) -> str:
@@ -137,3 +180,24 @@ def load(path: str | os.PathLike, map_location="cpu"):
         model = build(ModelConfig.from_json(f.read()))
     load_weights(model, path, map_location)
     return model
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes, its first 16 hex digits (a checkpoint's ``checkpoint_id``)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def _load_pretrained(name: str, objective: str, tag: str):
+    folder = pretrained_folder(name, objective, tag)
+    for file in ("config.json", "model.safetensors"):
+        if not os.path.isfile(os.path.join(folder, file)):
+            raise WeightsError(f"pretrained file missing: {os.path.join(folder, file)} (reinstall mdc)")
+    weights, expected = os.path.join(folder, "model.safetensors"), _PRETRAINED[name, objective, tag]
+    if (found := file_digest(weights)) != expected:
+        raise WeightsError(f"pretrained weights file is corrupt: {weights} (sha256 {found}..., expected "
+                           f"{expected}...; reinstall mdc)")
+    return load(folder).eval()

@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
-from matplotlib.ticker import FormatStrFormatter, NullLocator
+from matplotlib.ticker import FormatStrFormatter, NullFormatter, NullLocator
 from PIL import Image
 
 from mdc.checkpoint import read_metrics
@@ -240,7 +240,8 @@ def plot_elbo_spread(spread: Mapping, path: str | None = None) -> Figure:
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticks(sizes, [f"{s:g}" for s in sizes])
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+        low, high = ax.get_ylim()  # within one decade the minor ticks need labels; over more they crowd
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g") if high / low < 10 else NullFormatter())
         ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.legend(frameon=False, fontsize=8)
     fig.tight_layout()

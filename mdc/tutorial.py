@@ -10,12 +10,14 @@ for a laptop CPU and deterministic for a fixed thread count (:func:`setup` fixes
 - :func:`scene_data`: one- and two-object scenes of the synthetic world (fewer objects are
   learnt faster), rendered and captioned in memory, training and held-out streams disjoint;
 - :func:`train_tiny`: the training loop of Alg. 1 on such data, a few hundred steps;
-- :func:`caption_variants`: a scene's true sentence and ARO / SugarCrepe-style perturbations;
+- :func:`caption_variants`: a scene's true caption and ARO / SugarCrepe-style perturbations, written
+  by the world's own caption writer; :func:`describes`: whether a caption names what a scene holds;
 - :func:`elbo_spread`: how the Monte-Carlo ELBO estimate (Eq. 8) scatters with its sample
   count under i.i.d., stratified and paired noise.
 """
 from __future__ import annotations
 
+import copy
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ from mdc.world.render import COLOURS, SHAPES, render_array
 from mdc.world.scenes import sample_scene
 from mdc.world.streams import (STREAM_TUTORIAL_HELD_OUT as STREAM_HELD_OUT, STREAM_TUTORIAL_TRAIN as STREAM_TRAIN,
                                stream_rng)
-from mdc.world.text import BACKGROUND_WORDS, REL_PREP, caption, references, relation_of, with_article
+from mdc.world.text import BACKGROUND_WORDS, INVERSE, SIZE_WORDS, TEXTURE_ADJ, caption, references, word_tokens
 
 #: ``tiny`` overrides for the tutorials: a model of ~0.3 M parameters that trains at ~10 steps/s.
 TUTORIAL_CONFIG = dict(image_size=32, patch_size=8, vision_width=64, vision_layers=2, vision_heads=2,
@@ -108,29 +110,50 @@ def train_tiny(data: SceneData, objective: str = "mdc", steps: int = 600, batch_
     return model, losses
 
 
-def caption_variants(scene: dict) -> dict[str, str]:
-    """A two-object scene's true caption and four false ones, in a template of the reference
-    (COCO-like) style: "a pink circle to the left of a yellow crescent on a white background".
-    ``true``; ``relation swap`` (ARO VG-Relation: the two objects exchanged); ``colour swap``
-    (VG-Attribution, SugarCrepe swap-att); ``colour replaced`` (SugarCrepe replace-att: a colour
-    absent from the scene); ``shape replaced`` (replace-obj: an absent shape). Every false
-    caption has the true one's words but one (or two exchanged)."""
-    if len(scene["objects"]) != 2:
-        raise ValueError(f"caption_variants needs a two-object scene; this one has {len(scene['objects'])}")
+def has_variants(scene: dict) -> bool:
+    """Whether :func:`caption_variants` can perturb ``scene``: two objects of different colours and shapes."""
+    objects = scene["objects"]
+    return len(objects) == 2 and all(objects[0][k] != objects[1][k] for k in ("colour", "shape"))
+
+
+def caption_variants(scene: dict, style: str = "descriptive", seed: int = 0) -> dict[str, str]:
+    """A two-object scene's true caption in ``style`` and four false ones, the hard negatives of ARO and
+    SugarCrepe: ``relation swap`` (the relation reversed, VG-Relation), ``colour swap`` (the two objects'
+    colours exchanged, VG-Attribution and swap-att), ``colour replaced`` and ``shape replaced`` (a colour or
+    a shape absent from the scene, replace-att and replace-obj). Each is the world's own caption writer
+    (:func:`mdc.world.text.caption`) on an altered copy of the scene, with the same random stream
+    (``seed``) as the true caption: the same template and words but the altered ones."""
+    if not has_variants(scene):
+        raise ValueError("caption_variants needs a two-object scene whose objects differ in colour and shape; "
+                         f"this one has {[(o['colour'], o['shape']) for o in scene['objects']]}")
     a, b = scene["objects"]
-    prep = REL_PREP[relation_of(scene, 0, 1)][0]
-    bg = BACKGROUND_WORDS[scene["background"]["kind"]][0]
-    absent = next(c for c in COLOURS if c not in (a["colour"], b["colour"]))
-    other = next(s for s in SHAPES if s not in (a["shape"], b["shape"]))
 
-    def text(ca, sa, cb, sb):
-        return f"{with_article(f'{ca} {sa}')} {prep} {with_article(f'{cb} {sb}')} on a {bg} background"
+    def write(colours=(a["colour"], b["colour"]), shapes=(a["shape"], b["shape"]), reverse=False) -> str:
+        altered = copy.deepcopy(scene)
+        for obj, colour, shape in zip(altered["objects"], colours, shapes):
+            obj.update(colour=colour, shape=shape)
+        if reverse:  # every relation now holds the other way round
+            for rel in altered["relations"]:
+                rel["relation"] = INVERSE[rel["relation"]]
+        return caption(altered, style, np.random.default_rng(seed))
 
-    return {"true": text(a["colour"], a["shape"], b["colour"], b["shape"]),
-            "relation swap": text(b["colour"], b["shape"], a["colour"], a["shape"]),
-            "colour swap": text(b["colour"], a["shape"], a["colour"], b["shape"]),
-            "colour replaced": text(absent, a["shape"], b["colour"], b["shape"]),
-            "shape replaced": text(a["colour"], other, b["colour"], b["shape"])}
+    return {"true": write(), "relation swap": write(reverse=True),
+            "colour swap": write(colours=(b["colour"], a["colour"])),
+            "colour replaced": write(colours=(next(c for c in COLOURS if c not in (a["colour"], b["colour"])),
+                                              b["colour"])),
+            "shape replaced": write(shapes=(next(s for s in SHAPES if s not in (a["shape"], b["shape"])),
+                                            b["shape"]))}
+
+
+def describes(scene: dict, text: str) -> bool:
+    """Whether ``text`` names, for every object of ``scene``, its colour, shape, size and texture (in any of
+    the world's words for them), and the background: a check of words, not of which word goes with which."""
+    words = set(word_tokens(text))
+    named = [any(w in words for w in BACKGROUND_WORDS[scene["background"]["kind"]])]
+    for obj in scene["objects"]:
+        named += [obj["colour"] in words, obj["shape"] in words, any(w in words for w in SIZE_WORDS[obj["size"]]),
+                  any(w in words for w in TEXTURE_ADJ[obj["texture"]])]
+    return all(named)
 
 
 #: score_candidates options of the four estimators compared by :func:`elbo_spread`.

@@ -1,7 +1,6 @@
 """The results ledger: every finished run leaves a small record; a recorded run is done without its folder,
 executes again only when a run that executes reads its output; a time budget leaves runs for the next call;
 checkpoints go once every reader is recorded; records say which code made them and nothing of the machine."""
-import glob
 import json
 import os
 import shutil
@@ -203,22 +202,6 @@ def test_a_seed_s_runs_start_before_the_next_seed_s(toy, monkeypatch):
     lines = []
     runner.run_all(runs, out, log=lines.append)
     assert [line.split()[-1] for line in lines if " running " in line] == ["pre/short-s0", "pre/long-s1"]
-
-
-def test_the_kept_reference_weights_are_those_their_records_name():
-    """reproduce/weights/mini/ keeps the reference run's seed-0 descriptive models for the package's pretrained
-    weights: each is the checkpoint its committed record names (checkpoint_id) and loads as its config says."""
-    import mdc
-    from mdc.eval.results import checkpoint_id
-
-    kept = os.path.join(ledger.ROOT, "reproduce", "weights", "mini")
-    folders = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(kept, "**", "model.safetensors"), recursive=True))
-    assert folders, "no kept weights"
-    for folder in folders:
-        name = os.path.relpath(folder, kept).replace(os.sep, "/")
-        record = ledger.read(os.path.join(ledger.ROOT, "reproduce", "records", "mini"), name)
-        assert record is not None and record["results"]["checkpoint_id"] == checkpoint_id(folder), name
-        assert mdc.load(folder).config.objective == record["params"]["objective"]
 
 
 def test_without_its_own_record_a_run_is_estimated_from_the_same_run_of_another_seed(toy):

@@ -9,8 +9,8 @@ from PIL import Image
 import mdc
 from conftest import small_model
 from mdc.plots import plot_elbo_spread, plot_unmasking
-from mdc.tutorial import (SPREAD_MODES, TUTORIAL_CONFIG, caption_variants, elbo_spread, normalise, scene_data,
-                          steps_per_caption, train_tiny, unmasking_steps, write_example_dataset)
+from mdc.tutorial import (SPREAD_MODES, TUTORIAL_CONFIG, caption_variants, describes, elbo_spread, has_variants,
+                          normalise, scene_data, steps_per_caption, train_tiny, unmasking_steps, write_example_dataset)
 
 
 # ------------------------------------------------------------------------------ the sampler's trace
@@ -92,17 +92,30 @@ def test_train_tiny_is_deterministic_and_learns(one_thread):
 
 
 def test_caption_variants_are_the_benchmarks_hard_negatives():
-    scene = next(s for s in scene_data(20, held_out=True).scenes if len(s["objects"]) == 2)
-    v = caption_variants(scene)
-    (a, b), true = scene["objects"], v["true"]
-    assert a["colour"] in true and b["shape"] in true and true.endswith("background")
-    assert len(set(v.values())) == 5  # every negative differs from the truth and from each other
-    assert sorted(v["relation swap"].split()) == sorted(true.split())  # same words, objects exchanged
-    assert sorted(v["colour swap"].split()) == sorted(true.split())
-    assert v["colour replaced"].split()[1] not in (a["colour"], b["colour"])
-    assert v["shape replaced"].split()[2] not in (a["shape"], b["shape"])
-    with pytest.raises(ValueError, match="two-object"):
-        caption_variants(next(s for s in scene_data(20).scenes if len(s["objects"]) == 1))
+    data = scene_data(40, held_out=True)
+    scene = next(s for s in data.scenes if has_variants(s))
+    (a, b) = scene["objects"]
+    for style in ("descriptive", "reference"):
+        v = caption_variants(scene, style)
+        true = v["true"]
+        assert describes(scene, true) or style == "reference"  # a reference caption may leave out size, texture
+        assert len(set(v.values())) == 5  # every negative differs from the truth and from each other
+        assert sorted(v["colour swap"].split()) == sorted(true.split())  # same words, colours exchanged
+        for kind in ("relation swap", "colour replaced", "shape replaced"):  # one word, or a shape named twice
+            changed = [(x, y) for x, y in zip(true.split(), v[kind].split()) if x != y]
+            assert len(true.split()) == len(v[kind].split()) and 1 <= len(changed) <= 2, (kind, changed)
+        replaced = {y for x, y in zip(true.split(), v["colour replaced"].split()) if x != y}
+        assert replaced and not replaced & {a["colour"], b["colour"]}
+    with pytest.raises(ValueError, match="two-object scene whose objects differ"):
+        caption_variants(next(s for s in data.scenes if len(s["objects"]) == 1))
+
+
+def test_describes_checks_every_attribute_word_of_a_scene():
+    data = scene_data(20, held_out=True)
+    scene, text = next((s, c) for s, c in zip(data.scenes, data.captions) if len(s["objects"]) == 1)
+    assert describes(scene, text)
+    colour = scene["objects"][0]["colour"]
+    assert not describes(scene, text.replace(colour, "nocolour"))
 
 
 def test_elbo_spread_pairing_shrinks_the_noise_of_differences(images):

@@ -17,14 +17,13 @@ Numbers are plain JSON floats (accuracies as fractions in [0, 1]); NaN is writte
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 from dataclasses import asdict
 from typing import Any, Iterable, Mapping
 
-from mdc.factory import checkpoint_folder
+from mdc.factory import checkpoint_folder, file_digest
 
 SCHEMA = "mdc.results/1"
 _ID_CACHE: dict[tuple[str, float, int], str] = {}
@@ -37,11 +36,7 @@ def checkpoint_id(path: str | os.PathLike) -> str:
     st = os.stat(weights)
     key = (os.path.abspath(weights), st.st_mtime, st.st_size)
     if key not in _ID_CACHE:
-        h = hashlib.sha256()
-        with open(weights, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        _ID_CACHE[key] = h.hexdigest()[:16]
+        _ID_CACHE[key] = file_digest(weights)
     return _ID_CACHE[key]
 
 
