@@ -32,8 +32,8 @@ def _save(fig, path: str | None) -> None:
     if path:
         base = os.path.splitext(path)[0]
         os.makedirs(os.path.dirname(os.path.abspath(base)), exist_ok=True)
-        for ext in (".png", ".pdf"):
-            fig.savefig(base + ext, dpi=150, bbox_inches="tight")
+        for ext, stamp in ((".png", {}), (".pdf", {"CreationDate": None})):  # no date: same data, same bytes
+            fig.savefig(base + ext, dpi=150, bbox_inches="tight", metadata=stamp)
 
 
 def plot_captions(images: Sequence, captions_by_model: Mapping[str, Sequence[str]],
