@@ -139,8 +139,9 @@ def write(records: str, run, key: str, results: dict, out: str, notebook_digest:
 
 
 def run_seconds(record: dict) -> float:
-    """A recorded run's length: its wall time, or for a pretraining run that resumed from a checkpoint (whose
-    wall time is its last attempt's) the whole run's, its images over its throughput, if that is longer."""
+    """A recorded run's length: its wall time (over all its attempts, :func:`reproduce.runner.earlier_seconds`),
+    or for a pretraining run its images over its throughput if that is longer: the records of the reference
+    run were written before the runner added up attempts, and a resumed run's holds its last attempt only."""
     seconds = float(record.get("seconds") or 0.0)
     r = (record.get("results") or {}).get("results") or {}
     if record.get("notebook") == "pretrain" and r.get("images_per_s") and r.get("steps") and r.get("global_batch"):

@@ -106,8 +106,27 @@ def set_aside(out: str, run: Run, key: str) -> str | None:
     return target
 
 
+def earlier_seconds(folder: str, key: str) -> float:
+    """Wall seconds that unfinished attempts of the run ``key`` spent in ``folder`` before this one: those
+    the runner saw end (``earlier_s``), and one it did not (the runner itself was stopped: ``started`` is
+    still set) from its start to its log's last write. Another run's attempts (another key) count nothing."""
+    try:
+        with open(os.path.join(folder, "run.json")) as f:
+            prior = json.load(f)
+    except (OSError, ValueError):
+        return 0.0
+    if not isinstance(prior, dict) or prior.get("key") != key:
+        return 0.0
+    seconds = float(prior.get("earlier_s", 0.0))
+    if "started" in prior:
+        with contextlib.suppress(OSError):
+            seconds += max(0.0, os.path.getmtime(os.path.join(folder, "log.txt")) - float(prior["started"]))
+    return seconds
+
+
 def execute(out: str, run: Run, key: str, torchrun: tuple[int, int] | None = None) -> dict:
-    """Run one notebook in a subprocess; returns {status, seconds, peak_mb, error}.
+    """Run one notebook in a subprocess; returns {status, seconds, peak_mb, error}, ``seconds`` being the
+    run's wall time over all its attempts (:func:`earlier_seconds`), so a resumed run's record is whole.
 
     ``torchrun=(gpus_per_node, nodes)``: a pretraining run executes as ``torchrun -m mdc.train``.
     """
@@ -115,7 +134,9 @@ def execute(out: str, run: Run, key: str, torchrun: tuple[int, int] | None = Non
     os.makedirs(folder, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):  # not done until this execution succeeds
         os.remove(os.path.join(folder, "done.json"))
-    atomic_write_text(os.path.join(folder, "run.json"), json.dumps({"key": key}))
+    earlier = earlier_seconds(folder, key)
+    atomic_write_text(os.path.join(folder, "run.json"),
+                      json.dumps({"key": key, "started": time.time(), "earlier_s": earlier}))
     params = resolve(run.params, out)
     params_file = os.path.join(folder, "parameters.json")
     with open(params_file, "w") as f:
@@ -146,14 +167,16 @@ def execute(out: str, run: Run, key: str, torchrun: tuple[int, int] | None = Non
             time.sleep(0.2)
     proc.returncode = 0  # reaped by wait4 above
     log.close()
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start + earlier
     if status == "ok" and not os.path.isfile(os.path.join(folder, "results.json")):
         status = "failed"
     error = ""
-    if status != "ok":
+    if status != "ok":  # the attempt ended and counts toward the next one
+        atomic_write_text(os.path.join(folder, "run.json"), json.dumps({"key": key, "earlier_s": seconds}))
         with open(os.path.join(folder, "log.txt")) as f:
             error = f.read()[-2000:]
     else:
+        atomic_write_text(os.path.join(folder, "run.json"), json.dumps({"key": key}))
         atomic_write_text(os.path.join(folder, "done.json"), json.dumps({"key": key, "seconds": seconds}))
     return {"status": status, "seconds": seconds, "cpu_seconds": rusage.ru_utime + rusage.ru_stime,
             "peak_mb": rusage.ru_maxrss / 1024, "error": error}

@@ -246,3 +246,40 @@ def test_a_resumed_pretraining_run_is_estimated_at_its_whole_length(tmp_path):
         assert ledger.estimate_seconds(Run(name, "pretrain", {}), str(tmp_path), "mini") == pytest.approx(whole)
     keep({**record, "seconds": 2 * whole})  # a whole run's wall time, loading and saving included, is kept
     assert ledger.estimate_seconds(Run("pretrain/a-s1", "pretrain", {}), str(tmp_path), "mini") == 2 * whole
+
+
+def test_a_record_s_wall_time_adds_up_the_attempts_of_its_run(toy):
+    """An attempt stopped at its timeout and the attempt that finishes the run both count: the record says
+    how long the run took, not its last attempt (the reference run's records held the last attempt only)."""
+    import time
+
+    out, records = toy
+    run = Run("eval/slow", "toy", {"output_dir": "{run:eval/slow}", "sleep": 3.0}, timeout_s=2)
+    assert runner.run_all([run], out, log=lambda *a: None, records=records)["eval/slow"]["status"] == "timeout"
+    start = time.perf_counter()
+    run = Run("eval/slow", "toy", {"output_dir": "{run:eval/slow}", "sleep": 3.0})  # the same key
+    assert runner.run_all([run], out, log=lambda *a: None, records=records)["eval/slow"]["status"] == "ok"
+    last_call = time.perf_counter() - start
+    assert ledger.read(records, "eval/slow")["seconds"] >= last_call + 1.5  # the first attempt's 2 s
+
+
+def test_an_attempt_whose_runner_was_stopped_counts_to_its_log_s_last_line(toy):
+    """A runner killed mid-run never saw its attempt end: that attempt counts from its start to the last
+    write of its log; an attempt of another run (another key) in the folder counts nothing."""
+    import time
+
+    out, records = toy
+    run = Run("eval/b", "toy", {"output_dir": "{run:eval/b}"})
+    key = graph.keys([run])["eval/b"]
+    folder = os.path.join(out, "eval", "b")
+    os.makedirs(folder)
+    now = time.time()
+    with open(os.path.join(folder, "run.json"), "w") as f:
+        json.dump({"key": key, "started": now - 100, "earlier_s": 7.0}, f)
+    with open(os.path.join(folder, "log.txt"), "w") as f:
+        f.write("killed here\n")
+    os.utime(os.path.join(folder, "log.txt"), (now - 40, now - 40))
+    runner.run_all([run], out, log=lambda *a: None, records=records)
+    assert 67.0 <= ledger.read(records, "eval/b")["seconds"] < 67.0 + 60
+    runner.run_all([run], out, log=lambda *a: None, records=records)  # done: nothing added, nothing run
+    assert ledger.read(records, "eval/b")["seconds"] < 67.0 + 60
