@@ -4,6 +4,7 @@ checkpoints go once every reader is recorded; records say which code made them a
 import json
 import os
 import shutil
+import time
 
 import nbformat
 import pytest
@@ -251,8 +252,6 @@ def test_a_resumed_pretraining_run_is_estimated_at_its_whole_length(tmp_path):
 def test_a_record_s_wall_time_adds_up_the_attempts_of_its_run(toy):
     """An attempt stopped at its timeout and the attempt that finishes the run both count: the record says
     how long the run took, not its last attempt (the reference run's records held the last attempt only)."""
-    import time
-
     out, records = toy
     run = Run("eval/slow", "toy", {"output_dir": "{run:eval/slow}", "sleep": 3.0}, timeout_s=2)
     assert runner.run_all([run], out, log=lambda *a: None, records=records)["eval/slow"]["status"] == "timeout"
@@ -266,8 +265,6 @@ def test_a_record_s_wall_time_adds_up_the_attempts_of_its_run(toy):
 def test_an_attempt_whose_runner_was_stopped_counts_to_its_log_s_last_line(toy):
     """A runner killed mid-run never saw its attempt end: that attempt counts from its start to the last
     write of its log; an attempt of another run (another key) in the folder counts nothing."""
-    import time
-
     out, records = toy
     run = Run("eval/b", "toy", {"output_dir": "{run:eval/b}"})
     key = graph.keys([run])["eval/b"]
