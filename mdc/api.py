@@ -39,38 +39,47 @@ def generate(model, images, length: int = 15, *, guidance: str | None = None, gu
     return sampler.generate(model, images, length, **kw)
 
 
-def _scoring_encoder(model, method, guidance, guidance_scale, seed, encode, guidance_strength=None):
+def _guided(model, method, guided: tuple, seed: int | None, kw: dict) -> None:
+    """Set the scorers' keywords ``kw`` in place: ``seed`` (the ELBO's and MCS's, if given) and ``encode``,
+    one of the caller's own or the guided distribution of ``guided`` = (guidance, scale, strength), its MCS
+    masks keyed by (seed, the image's first key); None for the plain model."""
+    if seed is not None:
+        kw["seed"] = seed
+    seed = kw.get("seed", kw["elbo"].seed if kw.get("elbo") is not None else 0)
+    kw["encode"] = _scoring_encoder(model, method, guided, seed, kw.get("encode"))
+
+
+def _scoring_encoder(model, method, guided: tuple, seed: int, encode):
+    guidance, guidance_scale, guidance_strength = guided
     if guidance is not None and not scoring.resolve(model, method)[1].caption_distribution:
         raise ValueError(f"guidance applies to the MDC scorers {scoring.DISTRIBUTION_SCORERS}; got method {method!r}")
     if guidance is not None and encode is not None:
         raise ValueError("give either guidance or encode (a caption distribution of your own), not both")
-    # MCS masks keyed by (seed, the image's first key)
     return encode or encoder(model, guidance, guidance_scale, seed, guidance_strength)
 
 
 @torch.no_grad()
 def score(model, images, captions: Sequence[str], method: str | None = None, *, guidance: str | None = None,
-          guidance_scale: float | None = None, seed: int = 0, encode=None, precision: str = "fp32",
-          guidance_strength: float | None = None, **kw) -> torch.Tensor:
+          guidance_scale: float | None = None, guidance_strength: float | None = None, seed: int | None = None,
+          precision: str = "fp32", **kw) -> torch.Tensor:
     """Score each (image, caption) pair: Tensor [B]; higher = better match. Methods: "exact" (ARC),
     "elbo" and "heuristic" (MDC), "cosine" (CLIP). ``guidance`` with ``guidance_strength`` or
-    ``guidance_scale``: the MDC scorers under the guided distribution. ``encode`` (instead of
-    guidance): a caption distribution of your own, e.g. :func:`mdc.distribution.encode_null` for the
-    image-free score. Other keywords (``num_samples``, ``max_rows``, ``keys``, ``t_interval``,
-    ``stratified``) and ``precision`` (fp32 unless "bf16" is asked for) as in :func:`mdc.scoring.score`."""
-    return scoring.score(model, images, captions, method, seed=seed, precision=precision,
-                         encode=_scoring_encoder(model, method, guidance, guidance_scale, seed, encode,
-                                                 guidance_strength), **kw)
+    ``guidance_scale``: the MDC scorers under the guided distribution (MCS masks keyed by ``seed`` and the
+    image's first key). ``encode`` (instead of guidance): a caption distribution of your own, e.g.
+    :func:`mdc.distribution.encode_null` for the image-free score. Other keywords (the ELBO's options
+    ``num_samples``, ``seed``, ``t_interval``, ``stratified`` or ``elbo``; ``max_rows``, ``keys``) and
+    ``precision`` (fp32 unless "bf16" is asked for) as in :func:`mdc.scoring.score`."""
+    _guided(model, method, (guidance, guidance_scale, guidance_strength), seed, kw)
+    return scoring.score(model, images, captions, method, precision=precision, **kw)
 
 
 @torch.no_grad()
 def score_candidates(model, images, candidates: Sequence[Sequence[str]], method: str | None = None, *,
-                     guidance: str | None = None, guidance_scale: float | None = None, seed: int = 0,
-                     encode=None, precision: str = "fp32", guidance_strength: float | None = None,
+                     guidance: str | None = None, guidance_scale: float | None = None,
+                     guidance_strength: float | None = None, seed: int | None = None, precision: str = "fp32",
                      **kw) -> torch.Tensor:
     """Scores [B, K] of K candidate captions per image, as :func:`mdc.scoring.score_candidates`,
     with ``guidance`` (``guidance_strength`` or ``guidance_scale``) or ``encode`` and ``precision`` as
     in :func:`score`."""
-    return scoring.score_candidates(model, images, candidates, method, seed=seed, precision=precision,
-                                    encode=_scoring_encoder(model, method, guidance, guidance_scale, seed, encode,
-                                                            guidance_strength), **kw)
+    _guided(model, method, (guidance, guidance_scale, guidance_strength), seed, kw)
+    return scoring.score_candidates(model, images, candidates, method, precision=precision, **kw)

@@ -18,21 +18,12 @@ unchanged); MC-Diffusion's guidance (:mod:`mdc.guidance`) combines them with y:
   (:meth:`mdc.vqvae.VQImageTokens.masked_features`). A tower that masks its own tokens has a
   ``masked_features(images, token_mask)`` method; :func:`masked_features` dispatches.
 
-Training (:func:`training_condition`, drawn by the MDC and D3PM losses). Per caption one
-uniform u: u < P_cond(CFG) -> null condition; P_cond(CFG) <= u < P_cond(CFG) + P_cond(MCS)
--> partial condition (MC-Diffusion's Algorithm 1, P_cond(MCS) = ``cond_mask_select_prob``);
-otherwise the full condition. The two events are disjoint, so one checkpoint serves both
-guidance rules. Both options off: no draw at all. With MCS on, every caption goes through the
-masked path (an all-False row is exactly the full condition), so every parameter is in every
-step's graph, as DDP needs.
+Training draws them in MC-Diffusion's extension (:class:`mdc.guidance.ConditionVariants`, attached by
+the factory as ``model.condition_variants``); this module only applies a variant it is given.
 """
 from __future__ import annotations
 
-from typing import Hashable, Sequence
-
 import torch
-
-from mdc.diffusion import key_seed
 
 
 class ImageContext:
@@ -115,35 +106,8 @@ def masked_features(model, images: torch.Tensor, token_mask: torch.Tensor) -> to
     """The visual tokens [B, T, Dv] of ``images`` with the tokens ``token_mask`` [B, T] masked
     (module docstring); ValueError for a model that never learnt the mask."""
     if not has_token_mask(model):
-        raise ValueError(f"the partial condition needs a model trained with cond_mask_prob > 0; this model has "
-                         f"cond_mask_prob = {model.config.cond_mask_prob}")
+        raise ValueError("the partial condition needs a model trained with cond_mask_prob > 0; this model has "
+                         "no learned mask token")
     if hasattr(model.visual, "masked_features"):
         return model.visual.masked_features(images, token_mask)
     return masked_vit_features(model.visual, images, token_mask, model.cond_mask_token)
-
-
-def training_condition(model, batch: int, generator=None, device=None) -> dict:
-    """``model.context`` keywords for one training batch (module docstring): {} when both
-    options are off, else ``null`` [B] and/or ``token_mask`` [B, T] (bool)."""
-    cfg = model.config
-    if cfg.cond_drop_prob == 0 and cfg.cond_mask_prob == 0:
-        return {}
-    u = torch.rand(batch, generator=generator, device=device)  # [B] one draw per caption
-    out = {}
-    if cfg.cond_drop_prob > 0:
-        out["null"] = u < cfg.cond_drop_prob
-    if cfg.cond_mask_prob > 0:
-        selected = (u >= cfg.cond_drop_prob) & (u < cfg.cond_drop_prob + cfg.cond_mask_select_prob)  # [B]
-        p = torch.rand(batch, num_image_tokens(model), generator=generator, device=device)  # [B, T]
-        out["token_mask"] = selected[:, None] & (p < cfg.cond_mask_prob)
-    return out
-
-
-def partial_mask(model, batch: int, seed: int = 0, keys: Sequence[Hashable] | None = None) -> torch.Tensor:
-    """Partial-condition masks [B, T] (bool, CPU): each token with probability P_mask. From one
-    generator seeded by ``seed``, or, given ``keys`` [B], one generator per (seed, key)."""
-    T, p = num_image_tokens(model), model.config.cond_mask_prob
-    if keys is None:
-        return torch.rand(batch, T, generator=torch.Generator().manual_seed(seed)) < p
-    return torch.stack([torch.rand(T, generator=torch.Generator().manual_seed(key_seed(seed, ("mcs", k)))) < p
-                        for k in keys])

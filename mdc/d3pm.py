@@ -1,11 +1,12 @@
 """Mask-and-replace discrete diffusion on captions (D3PM; VQ-Diffusion's transition), MC-Diffusion's noise.
 
 An alternative to MDC's absorbing noise for the captioner, and an extension of the core: with
-``ModelConfig(noise="mask_replace")`` the factory (:func:`mdc.factory.build`) gives the model
-:data:`MASK_REPLACE` as its noise process (``model.noise``, the interface of :mod:`mdc.noise`), so
+``create_model(..., noise="mask_replace")`` (the "mask_replace" entry of ``ModelConfig.extensions``,
+whose fields are :class:`MaskReplace`'s) the factory (:func:`mdc.factory.build`) gives the model a
+:class:`MaskReplace` as its noise process (``model.noise``, the interface of :mod:`mdc.noise`), so
 ``model.loss`` is :func:`d3pm_loss` and ``mdc.generate`` samples with :func:`d3pm_sample`.
 
-States: the K caption tokens (the ids :func:`mdc.diffusion.caption_log_probs` keeps) and
+States: the K caption tokens (the ids :func:`mdc.distribution.caption_log_probs` keeps) and
 [MASK]; [SOT], [EOT] and padding never change. One forward step t (the paper's Q_t):
 
     q(x_t | x_{t-1} = i) = alpha_t [x_t = i] + beta_t (each of the K caption tokens) + gamma_t [x_t = MASK]
@@ -29,8 +30,8 @@ Loss (D3PM's hybrid loss, MC-Diffusion Eq. for L), per caption with t ~ U{1..T}:
 with lambda = ``aux_loss_weight`` (MC-Diffusion does not give it; 0.01). T * L_{t-1} is an
 unbiased estimate of the whole bound; like the MDC loss the batch sum is divided by the
 number of caption tokens. The decoder predicts p(x_0 | x_t, y) and stays time-independent,
-as in MDC (the share of [MASK] tokens reveals t). The condition variants of
-:mod:`mdc.condition` (``cond_drop_prob``, ``cond_mask_prob``) apply here as in MDC.
+as in MDC (the share of [MASK] tokens reveals t). Guidance's condition variants
+(:class:`mdc.guidance.ConditionVariants`: ``cond_drop_prob``, ``cond_mask_prob``) apply here as in MDC.
 
 Scoring: none of the MDC scorers applies, and ``mdc.score`` refuses them in one line. "elbo" is
 the bound of the absorbing process (Eq. 8: masks only, no replaced tokens) and "heuristic" walks
@@ -51,9 +52,9 @@ import torch
 import torch.nn.functional as F
 
 from mdc import distribution
-from mdc.condition import training_condition
-from mdc.diffusion import banned_ids, caption_log_probs, masked_row
-from mdc.noise import NoiseProcess, check_length
+from mdc.absorbing import masked_row
+from mdc.distribution import banned_ids, caption_log_probs
+from mdc.noise import NoiseProcess
 from mdc.tokenizer import caption_mask, trim_padding
 
 EPS = 1e-30  # floor of probabilities before division and log
@@ -102,8 +103,8 @@ def caption_ids(tok) -> torch.Tensor:
 
 
 def model_schedule(model) -> Schedule:
-    cfg = model.config
-    return schedule(cfg.diffusion_steps, cfg.replace_prob, len(caption_ids(model.tokenizer)))
+    process = model.noise  # a MaskReplace
+    return schedule(process.diffusion_steps, process.replace_prob, len(caption_ids(model.tokenizer)))
 
 
 def q_sample(x0: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor, sched: Schedule, ids: torch.Tensor,
@@ -144,7 +145,7 @@ def posterior(p0: torch.Tensor, xt: torch.Tensor, t: torch.Tensor, sched: Schedu
 
 def d3pm_loss(model, images, tokens, *, t=None, generator=None):
     """D3PM hybrid loss per caption token (module docstring). Optional fixed ``t`` [B] in 1..T for tests."""
-    tok, cfg = model.tokenizer, model.config
+    tok = model.tokenizer
     tokens = trim_padding(tokens, tok.eot_id)  # [B, L]
     maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [B, L] caption tokens
     B, L = tokens.shape
@@ -152,7 +153,7 @@ def d3pm_loss(model, images, tokens, *, t=None, generator=None):
     if t is None:
         t = torch.randint(1, sched.T + 1, (B,), generator=generator, device=tokens.device)  # [B]
     xt = q_sample(tokens, maskable, t, sched, ids, tok.mask_id, generator)  # [B, L]
-    cond = training_condition(model, B, generator, tokens.device)  # mdc/condition.py; {} when off
+    cond = model.training_condition(B, generator, tokens.device)  # {} unless guidance's variants are on
     hidden = model.hidden(xt, model.context(images, **cond))[maskable]  # [P, W]
     logp0 = caption_log_probs(model.head(hidden), tok)  # [P, V] log p(x_0 | x_t, y)
     x0, xt, tp = tokens[maskable], xt[maskable], t[:, None].expand(B, L)[maskable]  # [P]
@@ -161,14 +162,14 @@ def d3pm_loss(model, images, tokens, *, t=None, generator=None):
     p = posterior(logp0.exp(), xt, tp, sched, ids, tok.mask_id)
     kl = (torch.xlogy(q, q) - q * p.clamp(min=EPS).log()).sum(-1)  # [P]
     vb = torch.where(tp == 1, ce, kl)  # L_0 at t = 1
-    return (sched.T * vb + cfg.aux_loss_weight * ce).sum() / maskable.sum().clamp(min=1)
+    return (sched.T * vb + model.noise.aux_loss_weight * ce).sum() / maskable.sum().clamp(min=1)
 
 
 @torch.no_grad()
 def d3pm_sample(model, images, length: int, generator=None, encode=None) -> torch.Tensor:
     """The reverse process from x_T: tokens [B, length + 2] without [MASK] (module docstring).
     ``encode``: the caption distribution's maker, as in :func:`mdc.sampler.generate`."""
-    check_length(model, length)
+    model.check_length(length)
     tok = model.tokenizer
     sched, ids = model_schedule(model), caption_ids(tok)
     dist = (encode or distribution.encode)(model, images)  # encoded once
@@ -186,13 +187,24 @@ def d3pm_sample(model, images, length: int, generator=None, encode=None) -> torc
     return x
 
 
+@dataclass(frozen=True)
 class MaskReplace(NoiseProcess):
-    """The mask-and-replace process as a captioner's noise (module docstring): loss :func:`d3pm_loss`,
-    sampler :func:`d3pm_sample`, no scorer. Ancestral sampling draws every step at temperature 1; the
-    unmasking sampler's options (``tokens_per_step``, ``threshold``, ``trace``, another temperature)
-    have no meaning here and are refused."""
+    """The mask-and-replace process as a captioner's noise (module docstring), and its config (the
+    "mask_replace" entry of ``ModelConfig.extensions``): loss :func:`d3pm_loss`, sampler :func:`d3pm_sample`,
+    no scorer. Ancestral sampling draws every step at temperature 1; the unmasking sampler's options
+    (``tokens_per_step``, ``threshold``, ``trace``, another temperature) have no meaning here and are refused."""
+    diffusion_steps: int = 100  # T
+    replace_prob: float = 0.1  # cumulative uniform-replacement probability at T (mask: 1 - it)
+    aux_loss_weight: float = 0.01  # lambda of the auxiliary x_0 cross-entropy
     name = "mask_replace"
     scorers = ()
+
+    def __post_init__(self):
+        if not 0.0 <= self.replace_prob < 1.0:
+            raise ValueError(f"replace_prob must lie in [0, 1); got {self.replace_prob}")
+        if self.diffusion_steps < 1 or self.aux_loss_weight < 0:
+            raise ValueError(f"need diffusion_steps >= 1 and aux_loss_weight >= 0; got {self.diffusion_steps}, "
+                             f"{self.aux_loss_weight}")
 
     def loss(self, model, images, tokens, **kw):
         return d3pm_loss(model, images, tokens, **kw)  # kw: t, generator
@@ -205,7 +217,7 @@ class MaskReplace(NoiseProcess):
         return d3pm_sample(model, images, length, generator=generator, encode=encode)
 
 
-MASK_REPLACE = MaskReplace()
+MASK_REPLACE = MaskReplace()  # MC-Diffusion's settings
 
 
 def step_matrix(sched: Schedule, t: int) -> torch.Tensor:

@@ -1,8 +1,14 @@
-"""The caption distribution of a batch of encoded images: what the sampler and the scorers query.
+"""The caption distribution of a batch of encoded images: what the samplers and the scorers query.
 
-:class:`CaptionDistribution` is p(x | y), the model's distribution over caption tokens
-(:func:`mdc.diffusion.caption_log_probs`) at every position of token rows decoded against the
-images' :class:`mdc.condition.ImageContext`. Extensions subclass it: MC-Diffusion's guided
+:func:`caption_log_probs` is the model's distribution over what a caption position may hold.
+Ids that can never be a caption token there ([SOT], [MASK], [PAD] of a compact vocabulary, and
+[EOT] except where an autoregressive caption may end) are removed and the rest renormalised.
+The unmasking sampler ranks confidence (max probability) under it and every scorer adds its
+log-probabilities, so both see the same distribution. [UNK] is a caption token like any other:
+a real caption may contain one and must remain scorable.
+
+:class:`CaptionDistribution` is p(x | y), that distribution at every position of token rows
+decoded against the images' :class:`mdc.condition.ImageContext`. Extensions subclass it: MC-Diffusion's guided
 distribution (:mod:`mdc.guidance`) combines p(x | y) with p(x | a variant of y).
 
 Sampler and scorers take an ``encode`` function, ``encode(model, images [B, 3, S, S], keys [B] |
@@ -11,10 +17,25 @@ noise, where a distribution draws any); :func:`encode` (the plain model) is the 
 """
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 from mdc.condition import ImageContext
-from mdc.diffusion import caption_log_probs
+
+
+def banned_ids(tok, allow_eot: bool = False) -> list[int]:
+    """Ids a caption position never holds: [SOT], [MASK], [PAD] (compact vocabularies) and [EOT]."""
+    ids = [tok.sot_id, tok.mask_id] + ([] if allow_eot else [tok.eot_id])
+    return ids + ([tok.pad_id] if tok.vocab is not None else [])
+
+
+def caption_log_probs(logits: torch.Tensor, tok, allow_eot: bool = False) -> torch.Tensor:
+    """log p over caption tokens [..., V]: banned ids at -inf, the rest renormalised (float32)."""
+    logits = logits.float().clone()
+    logits[..., banned_ids(tok, allow_eot)] = -math.inf
+    return F.log_softmax(logits, dim=-1, dtype=torch.float32)  # fp32 under any autocast
 
 
 class CaptionDistribution:
@@ -52,10 +73,10 @@ def encode(model, images: torch.Tensor, keys=None) -> CaptionDistribution:
 
 def encode_null(model, images: torch.Tensor, keys=None) -> CaptionDistribution:
     """p(x | no image): every image's condition replaced by the learned null condition (a model
-    trained with ``cond_drop_prob`` > 0, :mod:`mdc.condition`); the image-free baseline of a score."""
+    trained with ``cond_drop_prob`` > 0, :mod:`mdc.guidance`); the image-free baseline of a score."""
     if getattr(model, "cond_null", None) is None:
-        raise ValueError(f"the null condition needs a model trained with cond_drop_prob > 0; this model has "
-                         f"cond_drop_prob = {model.config.cond_drop_prob}")
+        raise ValueError("the null condition needs a model trained with cond_drop_prob > 0; this model has "
+                         "no learned null condition")
     return CaptionDistribution(model, model.context(images, null=torch.ones(len(images), dtype=torch.bool,
                                                                              device=images.device)))
 

@@ -1,28 +1,40 @@
 """Registry of named architectures (open_clip style): list_models, create_model, load, and the
 trained weights shipped with the package (list_pretrained; ``create_model(..., pretrained=tag)``).
 
-The factory is where the extensions are wired in, as open_clip's factory picks a model's loss:
-:func:`build` gives a captioner the VQ-VAE tokens of :mod:`mdc.vqvae` as its visual tower and
-its noise process (:mod:`mdc.noise`; :data:`mdc.d3pm.MASK_REPLACE` for ``noise="mask_replace"``)
-when its config asks for them. The core never imports them; the noise is chosen here, once, and
-the model carries it (``model.noise``).
+The factory is where the extensions are wired in, as open_clip's factory picks a model's loss.
+The core config (:class:`mdc.model.ModelConfig`) holds what the core uses; each extension brings its
+own config, kept in ``ModelConfig.extensions`` under its name (as open_clip keeps CoCa's multimodal
+config beside the vision and text configs):
+
+- "guidance": :class:`mdc.guidance.ConditionVariants` (``cond_drop_prob``, ``cond_mask_prob``,
+  ``cond_mask_select_prob``), attached to the captioner with the parameters it learns;
+- "mask_replace": :class:`mdc.d3pm.MaskReplace` (``diffusion_steps``, ``replace_prob``,
+  ``aux_loss_weight``), the captioner's noise process instead of :data:`mdc.absorbing.ABSORBING`;
+- "vqvae": :class:`mdc.vqvae.VQConfig` fields, the captioner's visual tower (:class:`mdc.vqvae.VQImageTokens`).
+
+Overrides stay flat (``create_model("tiny", cond_drop_prob=0.1)``, ``noise="mask_replace"``,
+``vqvae=folder``): :func:`config_fields` files each under its owner, and reads a ``config.json`` written
+before the split (flat fields) the same way. The core never imports the extensions; the model
+carries what was chosen here (``model.noise``, ``model.condition_variants``, ``model.visual``).
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import fields
 
 from safetensors.torch import load_file
 
 from mdc.checkpoint import latest
-from mdc.d3pm import MASK_REPLACE
+from mdc.absorbing import ABSORBING
+from mdc.d3pm import MaskReplace
 from mdc.data.transforms import image_transform as _transform
 from mdc.errors import ConfigError, WeightsError
+from mdc.guidance import ConditionVariants
 from mdc.model import CLIP, Captioner, ModelConfig
-from mdc.noise import ABSORBING
 from mdc.tokenizer import Tokenizer
-from mdc.vqvae import VQImageTokens, read_config
+from mdc.vqvae import VQConfig, VQImageTokens, read_config
 from mdc.world.text import vocabulary
 
 # ViT-B: decoder 12 x 512 x 8 heads; ViT-L: 12 x 768 x 12 heads (paper Sec. 4.1).
@@ -42,8 +54,10 @@ _ARCHS: dict[str, dict] = {
     "vit-l-14": dict(image_size=224, patch_size=14, vision_width=1024, vision_layers=24, vision_heads=16,
                      text_width=768, text_layers=12, text_heads=12, embed_dim=768),
 }
-# ModelConfig.noise -> the caption noise process a captioner carries (mdc/noise.py)
-NOISE = {process.name: process for process in (ABSORBING, MASK_REPLACE)}
+# ModelConfig.extensions: an extension's name -> its config class, whose fields are the flat overrides it takes
+EXTENSIONS = {"guidance": ConditionVariants, "mask_replace": MaskReplace, "vqvae": VQConfig}
+_OWNER = {f.name: name for name, cls in EXTENSIONS.items() if name != "vqvae" for f in fields(cls)}
+NOISES = ("absorbing", "mask_replace")  # the values of the flat ``noise`` override
 
 # Trained weights inside the package, mdc/pretrained/<model>-<objective>-<tag>/ (config.json, model.safetensors
 # in float16, record.json: the ledger record of the run that trained them), by (model, objective, tag) -> the
@@ -81,27 +95,73 @@ def _resolve_vocab(vocab):
     return vocab
 
 
+def config_fields(flat: dict) -> dict:
+    """ModelConfig arguments from flat fields (overrides, or a config.json of any version): the core's as
+    they are, each extension's under ``extensions[name]``. An extension is on when a field of it differs
+    from its default or, for mask-and-replace noise, when ``noise="mask_replace"``; ValueError names a
+    field that belongs to no one, or an option of an extension that is off."""
+    args, ext = {}, {name: dict(cfg) for name, cfg in (flat.get("extensions") or {}).items()}
+    core = {f.name for f in fields(ModelConfig)} - {"extensions"}
+    for key, value in flat.items():
+        if key in core:
+            args[key] = value
+        elif key in _OWNER:
+            ext.setdefault(_OWNER[key], {})[key] = value
+        elif key == "vqvae" and value is not None:
+            ext["vqvae"] = read_config(value) if isinstance(value, (str, os.PathLike)) else dict(value)
+        elif key not in ("vqvae", "noise", "extensions"):
+            raise ValueError(f"unknown config field {key!r}")
+    noise = flat.get("noise", "mask_replace" if "mask_replace" in (flat.get("extensions") or {}) else "absorbing")
+    if noise not in NOISES:
+        raise ValueError(f"noise must be one of {NOISES}; got {noise!r}")
+    if noise == "absorbing" and MaskReplace(**ext.pop("mask_replace", {})) != MaskReplace():
+        raise ValueError("diffusion_steps, replace_prob and aux_loss_weight belong to noise='mask_replace'")
+    if noise == "mask_replace":
+        ext.setdefault("mask_replace", {})
+    if "guidance" in ext and not ConditionVariants(**ext["guidance"]).active:
+        del ext["guidance"]  # all off: plain MDC, written as such
+    return {**args, "extensions": ext}
+
+
 def model_config(name: str, objective: str = "mdc", **overrides) -> ModelConfig:
     if name not in _ARCHS:
         raise ValueError(f"unknown model {name!r}; available: {list_models()}")
-    known = {f.name for f in fields(ModelConfig)} - {"name", "objective"}
-    unknown = set(overrides) - known
+    unknown = set(overrides) - ({f.name for f in fields(ModelConfig)} | set(_OWNER) | {"noise", "vqvae"}) \
+        - {"name", "objective", "extensions"}
     if unknown:
         raise ValueError(f"unknown config override(s) {sorted(unknown)} for model {name!r}")
-    args = {**_ARCHS[name], **overrides}
+    args = config_fields({**_ARCHS[name], **overrides})
     args["vocab"] = _resolve_vocab(args.get("vocab"))
-    if isinstance(args.get("vqvae"), (str, os.PathLike)):  # a VQ-VAE folder (mdc/vqvae.py): its config and size
-        args["vqvae"] = read_config(args["vqvae"])
-        args["image_size"] = overrides.get("image_size", args["vqvae"]["image_size"])
-    return ModelConfig(name=name, objective=objective, **args)
+    if "vqvae" in args["extensions"] and "image_size" not in overrides:  # a VQ-VAE's own size (mdc/vqvae.py)
+        args["image_size"] = args["extensions"]["vqvae"]["image_size"]
+    cfg = ModelConfig(name=name, objective=objective, **args)
+    _extensions(cfg)  # each extension checks its own options
+    return cfg
+
+
+def _extensions(cfg: ModelConfig) -> tuple[ConditionVariants, MaskReplace | None, VQConfig | None]:
+    """The extensions ``cfg`` names, as their configs; ValueError for an unknown one or a conflict."""
+    unknown = set(cfg.extensions) - set(EXTENSIONS)
+    if unknown:
+        raise ValueError(f"unknown extension(s) {sorted(unknown)}; known: {sorted(EXTENSIONS)}")
+    ext = cfg.extensions
+    noise = MaskReplace(**ext["mask_replace"]) if "mask_replace" in ext else None
+    if noise is not None and cfg.mask_ratio is not None:
+        raise ValueError(f"mask_ratio = {cfg.mask_ratio} belongs to the absorbing noise; drop it for 'mask_replace'")
+    vq = VQConfig(**ext["vqvae"]) if "vqvae" in ext else None
+    return ConditionVariants(**ext.get("guidance", {})), noise, vq
 
 
 def build(cfg: ModelConfig):
     """The model of ``cfg``, with the extensions its config names wired in (module docstring)."""
     if cfg.objective == "clip":
         return CLIP(cfg)
-    return Captioner(cfg, visual=VQImageTokens(cfg) if cfg.vqvae is not None else None,
-                     noise=NOISE[cfg.noise])  # an ARC captioner has none and ignores it
+    variants, noise, vq = _extensions(cfg)
+    visual = VQImageTokens(cfg, vq, mask_code=variants.cond_mask_prob > 0) if vq is not None else None
+    model = Captioner(cfg, visual=visual, noise=noise or ABSORBING)  # an ARC captioner has none and ignores it
+    if variants.active:
+        variants.attach(model)
+    return model
 
 
 def create_model(name: str, objective: str = "mdc", pretrained: str | None = None, **overrides):
@@ -177,7 +237,7 @@ def load(path: str | os.PathLike, map_location="cpu"):
     ``path`` may also be a pretraining run folder (its newest checkpoint is loaded)."""
     path = checkpoint_folder(path)
     with open(os.path.join(path, "config.json")) as f:
-        model = build(ModelConfig.from_json(f.read()))
+        model = build(ModelConfig(**config_fields(json.load(f))))
     load_weights(model, path, map_location)
     return model
 

@@ -3,14 +3,15 @@
 An extension of the core: it imports the core and the core never imports it. The condition
 variants it needs are inputs of the core network (:mod:`mdc.condition`): the null condition
 (CFG, ``cond_drop_prob`` = P_cond) and the partial condition (y_[M], y_o) (MCS,
-``cond_mask_prob`` = P_mask), drawn in training by :func:`mdc.condition.training_condition`
-(Algorithm 1's branch "p < P_cond: mask some entries"). A masked token keeps its position, as
+``cond_mask_prob`` = P_mask). :class:`ConditionVariants` is this extension's config (the "guidance"
+entry of ``ModelConfig.extensions``): the factory attaches it to a captioner, with the parameters it
+learns, and it draws the variants in training (Algorithm 1's branch "p < P_cond: mask some entries"). A masked token keeps its position, as
 MC-Diffusion's y_i = [MASK] does: the ViT masks the patch embedding before the position embedding
 and the encoder (so no masked content leaks through the other tokens), VQ-VAE codes
 (:mod:`mdc.vqvae`, MC-Diffusion's setup) become the [MASK] code before theirs.
 
 Sampling and scoring combine log-probabilities over caption tokens (as
-:func:`mdc.diffusion.caption_log_probs`) and renormalise with a log-softmax. Three rules, each at
+:func:`mdc.distribution.caption_log_probs`) and renormalise with a log-softmax. Three rules, each at
 a guidance scale g or, the same thing measured from where the rule is the plain model, a guidance
 *strength* s = g - g_unguided >= 0 (sweeps and figures use strengths, so that one x value means the
 same distance from the plain model for every rule):
@@ -42,14 +43,84 @@ The sweeps of ``notebooks/guidance.ipynb`` live in :mod:`mdc.eval.guidance_sweep
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
 import torch
+from torch import nn
 
-from mdc.condition import has_token_mask, partial_mask, vary_condition
-from mdc.diffusion import caption_log_probs
-from mdc.distribution import CaptionDistribution
+from mdc.condition import has_token_mask, num_image_tokens, vary_condition
+from mdc.distribution import CaptionDistribution, caption_log_probs
+from mdc.seeding import key_seed
 
-__all__ = ["GUIDANCE", "RULES", "UNGUIDED", "Guide", "check_guidance", "combine", "encoder", "is_unguided",
-           "scale_label", "scale_of", "strength_label", "strength_of"]
+__all__ = ["GUIDANCE", "RULES", "UNGUIDED", "ConditionVariants", "Guide", "check_guidance", "combine", "encoder", "is_unguided",
+           "partial_mask", "scale_label", "scale_of", "strength_label", "strength_of", "variants_of"]
+
+@dataclass(frozen=True)
+class ConditionVariants:
+    """What a captioner learns for guidance (MC-Diffusion's Algorithm 1), the "guidance" entry of
+    ``ModelConfig.extensions``. Per caption one uniform u: u < P_cond(CFG) -> the null condition;
+    P_cond(CFG) <= u < P_cond(CFG) + P_cond(MCS) -> the partial condition; otherwise the full one. The
+    events are disjoint, so one checkpoint serves both rules. With MCS on, every caption goes through the
+    masked path (an all-False row is exactly the full condition), so every parameter is in every step's
+    graph, as DDP needs."""
+    cond_drop_prob: float = 0.0  # CFG's P_cond: per caption, the whole image condition -> a learned null condition
+    cond_mask_prob: float = 0.0  # MCS's P_mask: each image token of a selected caption masked, its position kept
+    cond_mask_select_prob: float = 0.1  # Alg. 1's P_cond for MCS: share of captions whose condition is masked
+
+    def __post_init__(self):
+        for name in ("cond_drop_prob", "cond_mask_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must lie in [0, 1); got {getattr(self, name)}")
+        if self.cond_mask_prob > 0 and not 0.0 < self.cond_mask_select_prob <= 1.0 - self.cond_drop_prob:
+            raise ValueError(f"cond_mask_select_prob must lie in (0, 1 - cond_drop_prob = {1 - self.cond_drop_prob}]; "
+                             f"got {self.cond_mask_select_prob}")
+
+    @property
+    def active(self) -> bool:
+        return self.cond_drop_prob > 0 or self.cond_mask_prob > 0
+
+    def attach(self, model) -> None:
+        """Give a built captioner the parameters its variants learn, after its own (so its initial weights
+        are drawn in the order they always were), and itself as ``model.condition_variants``: the null
+        condition ``cond_null`` [W]; MCS's mask, a patch embedding ``cond_mask_token`` [Dv] masked before the
+        position embedding (a tower that masks its own tokens, VQ codes' [MASK] code, needs none)."""
+        if self.cond_drop_prob > 0:
+            model.cond_null = nn.Parameter(0.02 * torch.randn(model.config.text_width))  # [W]
+        if self.cond_mask_prob > 0 and not hasattr(model.visual, "masked_features"):
+            model.cond_mask_token = nn.Parameter(0.02 * torch.randn(model.config.vision_width))  # [Dv]
+        model.condition_variants = self
+
+    def draw(self, model, batch: int, generator=None, device=None) -> dict:
+        """``model.context`` keywords for one training batch: {} when both options are off, else ``null``
+        [B] and/or ``token_mask`` [B, T] (bool)."""
+        if not self.active:
+            return {}
+        u = torch.rand(batch, generator=generator, device=device)  # [B] one draw per caption
+        out = {}
+        if self.cond_drop_prob > 0:
+            out["null"] = u < self.cond_drop_prob
+        if self.cond_mask_prob > 0:
+            selected = (u >= self.cond_drop_prob) & (u < self.cond_drop_prob + self.cond_mask_select_prob)  # [B]
+            p = torch.rand(batch, num_image_tokens(model), generator=generator, device=device)  # [B, T]
+            out["token_mask"] = selected[:, None] & (p < self.cond_mask_prob)
+        return out
+
+
+def variants_of(model) -> ConditionVariants:
+    """The condition variants a captioner was built with (none: all options off)."""
+    return getattr(model, "condition_variants", None) or ConditionVariants()
+
+
+def partial_mask(model, batch: int, seed: int = 0, keys: Sequence[Hashable] | None = None) -> torch.Tensor:
+    """Partial-condition masks [B, T] (bool, CPU): each token with probability P_mask. From one
+    generator seeded by ``seed``, or, given ``keys`` [B], one generator per (seed, key)."""
+    T, p = num_image_tokens(model), variants_of(model).cond_mask_prob
+    if keys is None:
+        return torch.rand(batch, T, generator=torch.Generator().manual_seed(seed)) < p
+    return torch.stack([torch.rand(T, generator=torch.Generator().manual_seed(key_seed(seed, ("mcs", k)))) < p
+                        for k in keys])
+
 
 GUIDANCE = ("cfg", "mcs", "mcs_mirror")
 UNGUIDED = {"cfg": 1.0, "mcs": 0.0, "mcs_mirror": 1.0}  # the scale at which each rule is the plain conditional model
@@ -96,7 +167,7 @@ def check_guidance(model, guidance: str | None, scale: float | None, strength: f
     option, learnt, what = _NEEDS[guidance]
     if not learnt(model):
         raise ValueError(f"guidance={guidance!r} needs a model trained with {option} > 0 (its learned {what}); "
-                         f"this model has {option} = {getattr(model.config, option)}. Train with e.g. "
+                         f"this model has {option} = {getattr(variants_of(model), option)}. Train with e.g. "
                          f"{option}=0.1 (MC-Diffusion's value)")
     return float(scale)
 

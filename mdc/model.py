@@ -15,7 +15,7 @@ import contextlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import safetensors.torch
 import torch
@@ -24,8 +24,10 @@ from torch import nn
 
 from mdc._compat import patch_torchvision
 from mdc.condition import ImageContext, masked_features, vary_condition
-from mdc.loss import arc_loss, clip_loss
-from mdc.noise import ABSORBING, NoiseProcess
+from mdc.absorbing import ABSORBING
+from mdc.autoregressive import arc_loss
+from mdc.contrastive import clip_loss
+from mdc.noise import NoiseProcess
 from mdc.tokenizer import Tokenizer, trim_padding, valid_mask
 from mdc.transformer import Head, TextTransformer
 
@@ -58,16 +60,9 @@ class ModelConfig:
     time_weighting: bool = True  # weight by 1/t; False = the "w/o t" (CMLM) ablation
     mask_ratio: float | None = None  # fixed ratio = image-conditioned BERT; 1.0 = parallel decoding
     t_sampling: str = "uniform"  # "uniform" | "stratified" (low-discrepancy t across the batch)
-    # MC-Diffusion (mdc/condition.py, mdc/guidance.py, mdc/d3pm.py, mdc/vqvae.py): the defaults are plain MDC,
-    # with no new weights; the factory (mdc/factory.py) wires the extensions in
-    cond_drop_prob: float = 0.0  # CFG's P_cond: per caption, the whole image condition -> a learned null condition
-    cond_mask_prob: float = 0.0  # MCS's P_mask: each image token of a selected caption masked, its position kept
-    cond_mask_select_prob: float = 0.1  # Alg. 1's P_cond for MCS: share of captions whose condition is masked
-    noise: str = "absorbing"  # caption noise: "absorbing" (MDC) | "mask_replace" (D3PM, mdc/d3pm.py); model.noise
-    diffusion_steps: int = 100  # mask_replace: T
-    replace_prob: float = 0.1  # mask_replace: cumulative uniform-replacement probability at T (mask: 1 - it)
-    aux_loss_weight: float = 0.01  # mask_replace: lambda of the auxiliary x_0 cross-entropy
-    vqvae: dict | None = None  # condition on a frozen VQ-VAE's codes (mdc.vqvae.VQConfig fields); None: the ViT
+    # extensions (MC-Diffusion's condition variants, mask-and-replace noise, VQ-VAE tokens): name -> its own
+    # config fields, read by the extension alone; mdc.factory wires them in. {} is plain MDC / ARC / CLIP
+    extensions: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -96,27 +91,9 @@ class ModelConfig:
                              f">= 2; got {self.patch_size}")
         if self.vocab is not None:
             self.vocab = tuple(int(i) for i in self.vocab)
-        self._check_mc_diffusion()
-
-    def _check_mc_diffusion(self):
-        """The MC-Diffusion options: ranges, and only for MDC captioners."""
-        for name in ("cond_drop_prob", "cond_mask_prob", "replace_prob"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must lie in [0, 1); got {getattr(self, name)}")
-        if self.cond_mask_prob > 0 and not 0.0 < self.cond_mask_select_prob <= 1.0 - self.cond_drop_prob:
-            raise ValueError(f"cond_mask_select_prob must lie in (0, 1 - cond_drop_prob = {1 - self.cond_drop_prob}]; "
-                             f"got {self.cond_mask_select_prob}")
-        if self.noise not in ("absorbing", "mask_replace"):
-            raise ValueError(f"noise must be 'absorbing' or 'mask_replace'; got {self.noise!r}")
-        if self.diffusion_steps < 1 or self.aux_loss_weight < 0:
-            raise ValueError(f"need diffusion_steps >= 1 and aux_loss_weight >= 0; got {self.diffusion_steps}, "
-                             f"{self.aux_loss_weight}")
-        used = [n for n, on in (("cond_drop_prob", self.cond_drop_prob > 0), ("cond_mask_prob", self.cond_mask_prob > 0),
-                                ("noise", self.noise != "absorbing"), ("vqvae", self.vqvae is not None)) if on]
-        if used and self.objective != "mdc":
-            raise ValueError(f"{used} apply to 'mdc' captioners only; got objective {self.objective!r}")
-        if self.noise == "mask_replace" and self.mask_ratio is not None:
-            raise ValueError(f"mask_ratio = {self.mask_ratio} belongs to the absorbing noise; drop it for 'mask_replace'")
+        if self.extensions and self.objective != "mdc":
+            raise ValueError(f"extensions {sorted(self.extensions)} apply to 'mdc' captioners only; "
+                             f"got objective {self.objective!r}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -134,21 +111,26 @@ class ModelConfig:
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
+def uses_bf16(precision: str, device: torch.device) -> bool:
+    """The precision rule, for training and evaluation alike: bf16 autocast with "bf16", or "auto" on CUDA."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
 @contextlib.contextmanager
 def evaluating(model: nn.Module, precision: str = "auto"):
     """Eval mode (the previous mode restored afterwards) under the evaluation precision:
     "auto" = bf16 autocast on CUDA and fp32 elsewhere, "fp32", or "bf16" (autocast on any
     device); an autocast the caller has entered is switched off for the model's device unless
     bf16 is asked for. Under bf16 the vocabulary head (:class:`Head`) still runs in fp32, and
-    log-probabilities are always taken in fp32 (:func:`mdc.diffusion.caption_log_probs`). The
+    log-probabilities are always taken in fp32 (:func:`mdc.distribution.caption_log_probs`). The
     scorers default to "fp32" (:func:`mdc.scoring.score`), the sampler to "auto".
     Under fp32, TF32 is off for matmuls and cuDNN convolutions (``torch.backends.cuda.matmul.allow_tf32``,
     ``torch.backends.cudnn.allow_tf32``; PyTorch enables the latter by default, which would put the
     conv stem and patch embedding in TF32), and both flags are restored afterwards."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
     device = next(model.parameters()).device
-    bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    bf16 = uses_bf16(precision, device)
     was_training = model.training
     heads = [(m, m.fp32) for m in model.modules() if isinstance(m, Head)]
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
@@ -235,6 +217,12 @@ class _Model(nn.Module):
                              f"{self.config.name!r}; got {lo if lo < 0 else hi} (tokenize with mdc.get_tokenizer"
                              f"({self.config.name!r}) or model.tokenizer)")
 
+    def check_length(self, length: int) -> None:
+        """A caption of ``length`` tokens fits the context with [SOT] and [EOT]; else a ValueError naming it."""
+        if not 1 <= length <= self.config.context_length - 2:
+            raise ValueError(f"length must lie in [1, {self.config.context_length - 2}] "
+                             f"(context {self.config.context_length} minus SOT/EOT); got {length}")
+
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """Unpooled, normalised encoder tokens [B, T, Dv] (timm convention)."""
         self.check_images(images)
@@ -259,30 +247,23 @@ class _Model(nn.Module):
 class Captioner(_Model):
     """Image-conditioned text decoder: MDC (bidirectional) or ARC (causal).
 
-    ``visual`` (default: a ViT from scratch) and ``noise`` (default: MDC's absorbing process,
-    :data:`mdc.noise.ABSORBING`) are where extensions plug in; :func:`mdc.factory.build` passes the
-    VQ-VAE tokens of :mod:`mdc.vqvae` and the mask-and-replace process of :mod:`mdc.d3pm` when the
-    config asks for them. ``model.noise`` trains, samples and scores an MDC captioner; ARC has none."""
+    ``visual`` (default: a ViT from scratch), ``noise`` (default: MDC's absorbing process,
+    :data:`mdc.absorbing.ABSORBING`) and ``condition_variants`` (default: none) are where extensions plug
+    in; :func:`mdc.factory.build` passes the VQ-VAE tokens of :mod:`mdc.vqvae` and the mask-and-replace
+    process of :mod:`mdc.d3pm`, and attaches MC-Diffusion's condition variants (:mod:`mdc.guidance`), when
+    ``config.extensions`` names them. ``model.noise`` trains, samples and scores an MDC captioner; ARC has none."""
 
     def __init__(self, cfg: ModelConfig, visual: nn.Module | None = None, noise: NoiseProcess | None = None):
         super().__init__(cfg)
+        if cfg.extensions and (visual is None and noise is None):
+            raise ValueError(f"extensions {sorted(cfg.extensions)} are wired in by mdc.create_model / "
+                             "mdc.factory.build; build the model there")
         self.noise = None if self.causal else noise if noise is not None else ABSORBING
-        for option, unwired in (("vqvae", cfg.vqvae is not None and visual is None),
-                                ("noise", self.noise is not None and self.noise.name != cfg.noise)):
-            if unwired:
-                raise ValueError(f"{option} = {getattr(cfg, option)!r} is an extension: build the model with "
-                                 "mdc.create_model / mdc.factory.build, which wires it in")
         self.visual = visual if visual is not None else vision_tower(cfg, class_token=False)
         self.image_proj = nn.Linear(cfg.vision_width, cfg.text_width)
         self.decoder = TextTransformer(cfg, self.tokenizer.vocab_size, cross=True)
         self.head = Head(cfg.text_width, self.tokenizer.vocab_size, bias=False)
-        # the condition's variants (mdc/condition.py): only with their option on, so old checkpoints load.
-        # MCS's mask is a patch embedding [Dv] (masked before the position embedding); a tower that masks its
-        # own tokens (VQ codes' [MASK] code, mdc/vqvae.py) needs none here
-        self.cond_null = nn.Parameter(0.02 * torch.randn(cfg.text_width)) if cfg.cond_drop_prob > 0 else None  # [W]
-        own_mask = hasattr(self.visual, "masked_features")
-        self.cond_mask_token = (nn.Parameter(0.02 * torch.randn(cfg.vision_width))  # [Dv]
-                                if cfg.cond_mask_prob > 0 and not own_mask else None)
+        self.condition_variants = None  # an extension that varies the condition in training attaches itself here
 
     @property
     def causal(self) -> bool:
@@ -300,6 +281,11 @@ class Captioner(_Model):
         """Encode once: every block's cross-attention keys/values of the projected image tokens.
         ``null`` [B] / ``token_mask`` [B, T] (bool): the condition's variants (mdc/condition.py)."""
         return self.kv_context(vary_condition(self, self.condition(images, token_mask), null))  # [B, T, W]
+
+    def training_condition(self, batch: int, generator=None, device=None) -> dict:
+        """:meth:`context` keywords for one training batch: {} (the full condition) unless an extension
+        varies the condition in training (MC-Diffusion's null and partial conditions, :mod:`mdc.guidance`)."""
+        return {} if self.condition_variants is None else self.condition_variants.draw(self, batch, generator, device)
 
     def kv_context(self, v: torch.Tensor) -> ImageContext:
         """The cross-attention keys/values of condition tokens ``v`` [B, T, W]."""
@@ -319,8 +305,8 @@ class Captioner(_Model):
         return self.logits(tokens, self.context(images))
 
     def loss(self, images, tokens, **kw):
-        """ARC teacher forcing (no noise process), else the noise process's loss: MDC's (kw: t, noise,
-        generator) or, with ``noise="mask_replace"``, the D3PM loss of mdc/d3pm.py (kw: t, generator)."""
+        """ARC teacher forcing (no noise process), else the noise process's loss: MDC's (kw: t, u,
+        generator) or, for a mask-and-replace captioner, the D3PM loss of mdc/d3pm.py (kw: t, generator)."""
         if self.noise is None:
             return arc_loss(self, images, tokens, **kw)
         return self.noise.loss(self, images, tokens, **kw)

@@ -11,8 +11,8 @@ starts from encoder outputs of the first training batch, and during training a c
 running usage falls below 1/(32 K) is restarted at a random encoder output of the batch
 (dead-code restart, as Jukebox): without it, short trainings collapse onto a few codes.
 
-As the captioner's condition (``ModelConfig.vqvae``, :class:`VQImageTokens`, MC-Diffusion's
-discrete-to-discrete setup): the VQ-VAE is frozen (no gradient, always in eval mode), its
+As the captioner's condition (the "vqvae" entry of ``ModelConfig.extensions``, :class:`VQImageTokens`,
+MC-Diffusion's discrete-to-discrete setup): the VQ-VAE is frozen (no gradient, always in eval mode), its
 codes [B, N] are embedded by a learned ``nn.Embedding(K, vision_width)`` plus a position
 embedding [N, vision_width] and LayerNorm-ed, and ``Captioner.image_proj`` maps them to the
 decoder width, where the ViT tokens would go. With MCS (``cond_mask_prob`` > 0) the embedding has
@@ -187,15 +187,16 @@ def load_vqvae(path: str | os.PathLike, map_location="cpu") -> VQVAE:
 class VQImageTokens(nn.Module):
     """The captioner's visual module on VQ codes: frozen VQ-VAE -> embedded codes [B, N, vision_width]."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, vq_cfg: VQConfig, mask_code: bool = False):
+        """``cfg``: the captioner's ModelConfig; ``vq_cfg``: the frozen VQ-VAE's; ``mask_code``: learn MCS's
+        [MASK] code (a captioner trained with ``cond_mask_prob`` > 0)."""
         super().__init__()
-        vq_cfg = VQConfig(**cfg.vqvae)
         if vq_cfg.image_size != cfg.image_size:
             raise ValueError(f"the VQ-VAE takes {vq_cfg.image_size} px images but the model's image_size is "
                              f"{cfg.image_size}; make them equal")
         self.vq = VQVAE(vq_cfg).requires_grad_(False).eval()
         self.num_tokens = self.vq.grid ** 2  # N
-        self.mask_id = vq_cfg.codebook_size if cfg.cond_mask_prob > 0 else None  # MCS's [MASK] code: K
+        self.mask_id = vq_cfg.codebook_size if mask_code else None  # MCS's [MASK] code: K
         self.embed = nn.Embedding(vq_cfg.codebook_size + (self.mask_id is not None), cfg.vision_width)
         self.pos = nn.Parameter(0.01 * torch.randn(self.num_tokens, cfg.vision_width))
         self.norm = nn.LayerNorm(cfg.vision_width)
@@ -209,7 +210,7 @@ class VQImageTokens(nn.Module):
     def load_vqvae(self, path: str | os.PathLike) -> None:
         """Copy the weights of the VQ-VAE folder ``path`` in (its config must match)."""
         if read_config(path) != asdict(self.vq.config):
-            raise ValueError(f"vqvae = {str(path)!r}: its config differs from the model's ModelConfig.vqvae")
+            raise ValueError(f"vqvae = {str(path)!r}: its config differs from the model's (ModelConfig.extensions['vqvae'])")
         self.vq.load_state_dict(load_vqvae(path).state_dict())
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:

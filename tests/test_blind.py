@@ -7,6 +7,7 @@ import torch
 
 import mdc
 import mdc.eval.compositionality as C
+from mdc.eval import suite_scoring
 from mdc.eval import accuracy
 from conftest import small_model
 from mdc.data.transforms import image_transform
@@ -58,7 +59,7 @@ def test_the_marginal_is_a_log_mean_exp_over_other_images_whatever_the_batch(eva
         pool, chosen = reference_images(suite, 3)
         assert chosen.shape == (len(suite.items), 3) and len(pool) == 4
         assert all(suite.clusters[pool[j]] != suite.clusters[i] for i, row in enumerate(chosen) for j in row)
-        images = torch.stack([C._Images(suite.items, image_transform(32, train=False))[p] for p in pool])
+        images = torch.stack([suite_scoring._Images(suite.items, image_transform(32, train=False))[p] for p in pool])
         per_image = torch.stack([mdc.score_candidates(model, images[torch.as_tensor(chosen[:, k])], suite.candidates,
                                                       "exact").double() for k in range(3)])
     np.testing.assert_allclose(a.scores["exact_blind"], (per_image.logsumexp(0) - np.log(3)).numpy(), rtol=1e-5)
@@ -68,7 +69,7 @@ def test_the_marginal_is_a_log_mean_exp_over_other_images_whatever_the_batch(eva
 
 
 def test_the_null_condition_needs_a_model_trained_with_one(images):
-    with pytest.raises(ValueError, match="cond_drop_prob > 0; this model has cond_drop_prob = 0.0"):
+    with pytest.raises(ValueError, match="cond_drop_prob > 0; this model has no learned null condition"):
         mdc.score(small_model(), images, ["a red circle"] * len(images), "heuristic", encode=encode_null)
     with pytest.raises(ValueError, match="either guidance or encode"):
         mdc.score(small_model(cond_drop_prob=0.1), images, ["a"] * len(images), "heuristic", guidance="cfg",

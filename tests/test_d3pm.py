@@ -9,11 +9,11 @@ import torch
 
 import mdc
 from conftest import CAPTIONS, SMALL, small_model
-from mdc.d3pm import (MASK_REPLACE, caption_ids, cumulative_matrix, d3pm_loss, d3pm_sample, model_schedule, posterior,
-                      q_sample, schedule, step_matrix)
+from mdc.d3pm import (MASK_REPLACE, MaskReplace, caption_ids, cumulative_matrix, d3pm_loss, d3pm_sample,
+                      model_schedule, posterior, q_sample, schedule, step_matrix)
+from mdc.absorbing import ABSORBING
+from mdc.distribution import banned_ids
 from mdc.model import Captioner, ModelConfig
-from mdc.noise import ABSORBING
-from mdc.diffusion import banned_ids
 from mdc.tokenizer import caption_mask
 
 
@@ -128,7 +128,7 @@ def test_sampler_returns_valid_caption_tokens(images):
 
 
 def test_bad_mask_replace_options_are_named():
-    with pytest.raises(ValueError, match="\\['noise'\\] apply to 'mdc' captioners only"):
+    with pytest.raises(ValueError, match="extensions \\['mask_replace'\\] apply to 'mdc' captioners only"):
         small_model("arc", noise="mask_replace")
     with pytest.raises(ValueError, match="mask_ratio = 0.5 belongs to the absorbing noise"):
         small_model(noise="mask_replace", mask_ratio=0.5)
@@ -151,11 +151,11 @@ def test_mdc_scorers_refuse_a_mask_replace_model_in_one_line(images, method):
 
 def test_the_noise_process_is_chosen_once_and_carried_by_the_model(images, tmp_path):
     model = d3pm_model().eval()
-    assert model.noise is MASK_REPLACE and model.noise.scorers == ()
+    assert model.noise == MaskReplace(diffusion_steps=10) and model.noise.scorers == () and MASK_REPLACE.scorers == ()
     assert small_model().noise is ABSORBING and small_model("arc").noise is None and small_model("clip").noise is None
     model.save(tmp_path / "d3pm")
     loaded = mdc.load(tmp_path / "d3pm").eval()
-    assert loaded.noise is MASK_REPLACE  # a saved mask-and-replace model loads back with its process
+    assert loaded.noise == model.noise  # a saved mask-and-replace model loads back with its process
     out = mdc.generate(loaded, images, 6, generator=torch.Generator().manual_seed(2), return_tokens=True)
     assert torch.equal(out, d3pm_sample(model, images, 6, generator=torch.Generator().manual_seed(2)))
     tokens = model.tokenizer(CAPTIONS)
@@ -166,7 +166,7 @@ def test_the_noise_process_is_chosen_once_and_carried_by_the_model(images, tmp_p
 
 def test_a_captioner_built_without_its_noise_process_is_refused():
     cfg = mdc.factory.model_config("tiny", **{**SMALL, "noise": "mask_replace"})
-    with pytest.raises(ValueError, match="noise = 'mask_replace' is an extension: build the model with mdc.create"):
+    with pytest.raises(ValueError, match=r"extensions \['mask_replace'\] are wired in by mdc.create_model"):
         Captioner(cfg)
     plain = Captioner(mdc.factory.model_config("tiny", **SMALL))  # the Captioner's default: absorbing
     assert plain.noise is ABSORBING and copy.deepcopy(plain).noise is ABSORBING
@@ -184,8 +184,8 @@ def test_the_reverse_process_refuses_the_unmasking_options_in_one_line(images, o
 
 
 def test_nothing_outside_the_factory_branches_on_the_noise_name():
-    """The noise process is picked from ModelConfig.noise in mdc/factory.py only; everything else asks
-    ``model.noise``. The config itself validates the name (ModelConfig, left out of the search)."""
+    """The noise process is picked from the config in mdc/factory.py only; everything else asks
+    ``model.noise``. (ModelConfig is left out of the search.)"""
     root = Path(mdc.__file__).parent
     branch = re.compile(r"noise\s*(==|!=)\s*['\"]|['\"]\s*(==|!=)\s*[\w.]*noise\b|\.noise\s+(not\s+)?in\b")
     found = []

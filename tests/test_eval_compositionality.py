@@ -8,6 +8,7 @@ import torch
 from PIL import Image
 
 import mdc.eval.compositionality as C
+from mdc.eval import suite_scoring
 from mdc.eval import accuracy
 from conftest import small_model
 from mdc.data.transforms import image_transform
@@ -175,7 +176,7 @@ def test_items_are_cropped_to_their_box(tmp_path):
     image[:, 20:] = 255  # right half white
     Image.fromarray(image).save(tmp_path / "a.png")
     items = [{"image_path": str(tmp_path / "a.png"), "bbox": (20, 0, 20, 20)}, {"image_path": str(tmp_path / "a.png")}]
-    crops = C._Images(items, lambda im: torch.from_numpy(np.array(im)))
+    crops = suite_scoring._Images(items, lambda im: torch.from_numpy(np.array(im)))
     assert crops[0].shape == (20, 20, 3) and crops[0].min() == 255 and crops[1].shape == (20, 40, 3)
 
 
@@ -282,7 +283,7 @@ def test_end_to_end_on_synthetic_sets(evalsets, objective, tmp_path):
 
 def test_elbo_and_its_trained_t_variant_are_scored_in_one_call():
     scoring = C.method_variants(small_model("mdc"), "auto")  # t_interval (0.5, 1.0) by default
-    calls = {tuple(v for v, _ in names): kw.get("t_interval") for kw, names in C._calls(scoring)}
+    calls = {tuple(v for v, _ in names): kw.get("t_interval") for kw, names in suite_scoring._calls(scoring)}
     assert calls[("elbo", "elbo_trained_t")] == [(0.0, 1.0), (0.5, 1.0)]
     assert calls[("elbo_blind", "elbo_trained_t_blind")] == [(0.0, 1.0), (0.5, 1.0)]
     assert calls[("heuristic",)] is None

@@ -7,12 +7,10 @@ import torch
 
 import mdc
 from conftest import CAPTIONS, WORLD_SMALL, small_model
-from mdc.diffusion import banned_ids, caption_log_probs
-from mdc.condition import partial_mask, training_condition
-from mdc.diffusion import masked_row
+from mdc.absorbing import ABSORBING, masked_row, mdc_sample
+from mdc.distribution import banned_ids, caption_log_probs
 from mdc.eval.guidance_sweeps import bleu4
-from mdc.guidance import Guide, encoder, scale_label, scale_of, strength_label, strength_of
-from mdc.noise import mdc_sample
+from mdc.guidance import Guide, encoder, partial_mask, scale_label, scale_of, strength_label, strength_of
 
 GUIDED = dict(cond_drop_prob=0.1, cond_mask_prob=0.1)
 
@@ -38,7 +36,7 @@ def test_old_config_json_still_loads(tmp_path, images):
            "aux_loss_weight", "vqvae")
     (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in new}))
     loaded = mdc.load(tmp_path).eval()
-    assert loaded.config.cond_drop_prob == 0 and loaded.config.noise == "absorbing"
+    assert loaded.config.extensions == {} and loaded.noise == ABSORBING and loaded.condition_variants is None
     tokens = model.tokenizer(CAPTIONS)
     with torch.no_grad():
         assert torch.equal(loaded(images, tokens), model(images, tokens))
@@ -65,7 +63,7 @@ def test_bad_options_are_named(kw, match):
 
 
 def test_options_for_mdc_only():
-    with pytest.raises(ValueError, match="\\['cond_drop_prob'\\] apply to 'mdc' captioners only; got objective 'arc'"):
+    with pytest.raises(ValueError, match="extensions \\['guidance'\\] apply to 'mdc' captioners only; got objective 'arc'"):
         small_model("arc", cond_drop_prob=0.1)
 
 
@@ -73,13 +71,13 @@ def test_options_for_mdc_only():
 def test_training_condition_off_draws_nothing():
     g = torch.Generator().manual_seed(0)
     state = g.get_state()
-    assert training_condition(small_model(), 8, g) == {}
+    assert small_model().training_condition(8, g) == {}
     assert torch.equal(g.get_state(), state)
 
 
 def test_training_condition_follows_algorithm_1():
     model = small_model(cond_drop_prob=0.3, cond_mask_prob=0.5, cond_mask_select_prob=0.2)
-    cond = training_condition(model, 20000, torch.Generator().manual_seed(1))
+    cond = model.training_condition(20000, torch.Generator().manual_seed(1))
     null, mask = cond["null"], cond["token_mask"]  # [B], [B, T]
     assert mask.shape == (20000, (32 // 8) ** 2)
     selected = mask.any(1)

@@ -4,8 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import CAPTIONS, small_model
-from mdc.diffusion import sample_t
-from mdc.loss import clip_loss, mdc_loss
+from mdc.absorbing import mdc_loss, sample_t
+from mdc.contrastive import clip_loss
 from mdc.tokenizer import caption_mask
 
 
@@ -36,20 +36,20 @@ def fixed(images):
 
 def test_mdc_loss_matches_hand_computation(fixed):
     model, images, tokens, t, masked = fixed
-    got = mdc_loss(model, images, tokens, t=t, noise=(~masked).float())
+    got = mdc_loss(model, images, tokens, t=t, u=(~masked).float())
     torch.testing.assert_close(got, _hand_mdc(model, images, tokens, t, masked))
 
 
 def test_time_weighting_off_drops_exactly_one_over_t(fixed):
     model, images, tokens, t, masked = fixed
     model.config.time_weighting = False
-    got = mdc_loss(model, images, tokens, t=t, noise=(~masked).float())
+    got = mdc_loss(model, images, tokens, t=t, u=(~masked).float())
     torch.testing.assert_close(got, _hand_mdc(model, images, tokens, t, masked, weighted=False))
     # with one caption the two differ by exactly the factor 1/t
     one = [x[:1] for x in (images, tokens, t, masked)]
-    off = mdc_loss(model, *one[:2], t=one[2], noise=(~one[3]).float())
+    off = mdc_loss(model, *one[:2], t=one[2], u=(~one[3]).float())
     model.config.time_weighting = True
-    on = mdc_loss(model, *one[:2], t=one[2], noise=(~one[3]).float())
+    on = mdc_loss(model, *one[:2], t=one[2], u=(~one[3]).float())
     torch.testing.assert_close(on, off / t[0])
 
 
@@ -141,7 +141,7 @@ def test_clip_loss_is_symmetric_infonce():
 
 
 def test_t_min_clamp_keeps_the_weight_finite(images):
-    from mdc.diffusion import T_MIN
+    from mdc.absorbing import T_MIN
 
     cfg = small_model(t_interval=(0.0, 1e-9)).config
     assert sample_t(1000, cfg, torch.Generator().manual_seed(0)).min() >= T_MIN
@@ -151,7 +151,7 @@ def test_t_min_clamp_keeps_the_weight_finite(images):
 
 
 def test_trim_multiple_buckets_lengths_and_leaves_the_loss_unchanged(images):
-    from mdc.loss import trim_padding
+    from mdc.tokenizer import trim_padding
 
     model = small_model()
     tokens = model.tokenizer(CAPTIONS)  # [4, 24], longest caption 10 tokens with SOT/EOT
@@ -161,7 +161,7 @@ def test_trim_multiple_buckets_lengths_and_leaves_the_loss_unchanged(images):
     plain = model.loss(images, tokens, generator=torch.Generator().manual_seed(0))
     model.trim_multiple = 16
     noise = torch.rand(4, 16, generator=torch.Generator().manual_seed(0))[:, :10]
-    bucketed = model.loss(images, tokens, t=torch.full((4,), 0.7), noise=torch.cat([noise, torch.ones(4, 6)], 1))
+    bucketed = model.loss(images, tokens, t=torch.full((4,), 0.7), u=torch.cat([noise, torch.ones(4, 6)], 1))
     model.trim_multiple = 1
-    torch.testing.assert_close(bucketed, model.loss(images, tokens, t=torch.full((4,), 0.7), noise=noise))
+    torch.testing.assert_close(bucketed, model.loss(images, tokens, t=torch.full((4,), 0.7), u=noise))
     assert torch.isfinite(plain)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import mdc
 from mdc.data.pipeline import SKIP_REASONS, SkipStats, iterate_batches, make_loader
-from mdc.diffusion import corrupt
+from mdc.absorbing import corrupt
 from mdc.tokenizer import Tokenizer, _bpe, caption_mask
 from mdc.world.render import BACKGROUNDS, COLOURS, SHAPES, TEXTURES
 from mdc.world.graphs import AXIS_RATIO, GAP, relation, sample_scene
@@ -83,7 +83,7 @@ def test_corrupt_masks_only_caption_tokens(data, t, seed, by, n):
     tokens, maskable, lengths = data
     B, L = tokens.shape
     noise = torch.rand(B, L, generator=torch.Generator().manual_seed(seed))
-    kw = {"ratio": dict(t=torch.tensor(t[:B]), noise=noise), "count": dict(n=torch.tensor(n[:B]), noise=noise),
+    kw = {"ratio": dict(t=torch.tensor(t[:B]), u=noise), "count": dict(n=torch.tensor(n[:B]), u=noise),
           "all": {}}[by]
     c = corrupt(tokens, maskable, 99_999, **kw)
     assert not (c.masked & ~maskable).any()  # [SOT], [EOT] and padding are never masked

@@ -7,10 +7,9 @@ import torch.nn.functional as F
 
 import mdc
 from conftest import small_model
-from mdc.diffusion import banned_ids
-from mdc.diffusion import masked_row
-from mdc.noise import mdc_sample
-from mdc.sampler import _decode_step, arc_sample
+from mdc.absorbing import masked_row, mdc_sample
+from mdc.autoregressive import _decode_step, arc_sample
+from mdc.distribution import banned_ids
 
 
 def _recording(model):
@@ -121,7 +120,7 @@ def test_beam_search_equals_brute_force_when_the_beam_holds_everything():
     search must return the best of all 40 captions under sum log p / length ** alpha."""
     import itertools
 
-    from mdc.diffusion import caption_log_probs
+    from mdc.distribution import caption_log_probs
 
     vocab = mdc.get_tokenizer().encode("dog cat")
     torch.manual_seed(3)

@@ -9,10 +9,10 @@ import torch
 import mdc
 import mdc.condition
 import mdc.distribution
-from mdc import scoring
 from conftest import CAPTIONS, small_model
-from mdc.diffusion import caption_log_probs
-from mdc.scoring import elbo_score
+from mdc import absorbing, scoring
+from mdc.absorbing import ElboOptions, elbo_score
+from mdc.distribution import caption_log_probs
 from mdc.tokenizer import caption_mask, trim_padding, valid_mask
 
 
@@ -106,11 +106,11 @@ def test_elbo_is_seeded_and_its_spread_shrinks_like_inverse_sqrt_n(images):
     rows = torch.arange(len(images))
     with torch.no_grad():
         ctx = model.context(images)
-        a = elbo_score(model, ctx, rows, tokens, num_samples=16, seed=7)
-        b = elbo_score(model, ctx, rows, tokens, num_samples=16, seed=7)
-        c = elbo_score(model, ctx, rows, tokens, num_samples=16, seed=8)
+        a = elbo_score(model, ctx, rows, tokens, ElboOptions(num_samples=16, seed=7))
+        b = elbo_score(model, ctx, rows, tokens, ElboOptions(num_samples=16, seed=7))
+        c = elbo_score(model, ctx, rows, tokens, ElboOptions(num_samples=16, seed=8))
         assert torch.equal(a, b) and not torch.equal(a, c)
-        spread = {n: torch.stack([elbo_score(model, ctx, rows, tokens, n, seed=s, max_rows=1024)
+        spread = {n: torch.stack([elbo_score(model, ctx, rows, tokens, ElboOptions(n, seed=s), max_rows=1024)
                                   for s in range(40)]).std(0).mean().item() for n in (8, 128)}
     ratio = spread[8] / spread[128]  # sqrt(128 / 8) = 4
     assert 2.5 < ratio < 6.5, ratio
@@ -149,8 +149,7 @@ def test_one_scorer_table_gives_methods_defaults_and_dispatch(images, monkeypatc
     monkeypatch.setitem(scoring.SCORERS, "heuristic", dataclasses.replace(
         row, fn=lambda model, dist, rows, tokens, **kw: seen.append((type(dist), sorted(kw))) or rows.float()))
     assert torch.equal(mdc.score(small_model().eval(), images, CAPTIONS), torch.arange(4.0))
-    assert seen == [(mdc.distribution.CaptionDistribution, ["keys", "max_rows", "num_samples", "seed", "stratified",
-                                                             "t_interval"])]
+    assert seen == [(mdc.distribution.CaptionDistribution, ["elbo", "group", "keys", "max_rows"])]  # elbo: ElboOptions
 
 
 def test_encode_applies_to_the_distribution_scorers_only(images):
@@ -182,8 +181,8 @@ def test_paired_candidates_share_their_noise(images):
 
 def test_heuristic_reveals_in_the_samplers_order(images):
     """On the sampler's own caption, the heuristic scorer walks the very same unmasking path."""
-    from mdc.noise import mdc_sample
-    from mdc.scoring import heuristic_score
+    from mdc.absorbing import mdc_sample
+    from mdc.absorbing import heuristic_score
 
     model = small_model().eval()
     seen = {"sampler": [], "scorer": []}
@@ -225,7 +224,7 @@ def test_elbo_restricted_to_trained_ratios(images):
 
 def test_elbo_chunks_fold_the_image_context(images, monkeypatch):
     """Chunks align to captions, so a chunk's masked copies share folded image keys/values."""
-    from mdc.scoring import _chunks
+    from mdc.absorbing import _chunks
 
     assert _chunks(3, 4, 10) == [slice(0, 8), slice(8, 12)]
     assert _chunks(2, 5, 2) == [slice(0, 2), slice(2, 4), slice(4, 5), slice(5, 7), slice(7, 9), slice(9, 10)]
@@ -261,7 +260,7 @@ def test_scores_default_to_fp32_on_every_device():
 
     from mdc import api, scoring
 
-    for fn in (scoring.score, scoring._score, api.score, api.score_candidates):
+    for fn in (scoring.score, scoring.score_candidates, scoring._score, api.score, api.score_candidates):
         assert inspect.signature(fn).parameters["precision"].default == "fp32", fn.__qualname__
 
 
@@ -310,18 +309,16 @@ def test_bf16_scoring_keeps_the_head_in_fp32(images, objective, method, atol):
 def test_elbo_interval_bounds_are_exact(N, t_interval, counts, monkeypatch):
     """The mask counts n of elbo_trained_t are exactly those with n / N in [w_l, w_u] (ceil / floor
     of w * N in exact arithmetic, not float32's)."""
-    import mdc.scoring as scoring
-
     model = small_model(context_length=77).eval()
     tok = model.tokenizer
     word = tok(["red"])[0, 1]
     tokens = torch.tensor([[tok.sot_id] + [int(word)] * N + [tok.eot_id]])
     seen = []
-    corrupt = scoring.corrupt
-    monkeypatch.setattr(scoring, "corrupt", lambda *a, n=None, **kw: (seen.append(n), corrupt(*a, n=n, **kw))[1])
+    corrupt = absorbing.corrupt
+    monkeypatch.setattr(absorbing, "corrupt", lambda *a, n=None, **kw: (seen.append(n), corrupt(*a, n=n, **kw))[1])
     with torch.no_grad():
         elbo_score(model, model.context(torch.randn(1, 3, 32, 32)), torch.zeros(1, dtype=torch.long), tokens,
-                   num_samples=4 * len(counts), t_interval=t_interval)
+                   ElboOptions(num_samples=4 * len(counts), t_interval=t_interval))
     assert sorted(set(torch.cat(seen).tolist())) == list(counts)
 
 
@@ -330,7 +327,7 @@ def test_noise_keys_are_normalised_before_hashing(images):
     seeds of plain int / str / tuple keys are the ones earlier results were drawn with."""
     import numpy as np
 
-    from mdc.diffusion import key_seed
+    from mdc.seeding import key_seed
     from mdc.scoring import score_candidates
 
     old = {(0, 5): 4519827507854173659, (3, "a"): 6205162506511875851, (1, (2, 3)): 3538038486453471504,
@@ -417,7 +414,7 @@ def _rounds_by_hand(model, images, cands, S0, S_max):
     while n < S_max:
         size = S0 if r == 0 else min(n, S_max - n)
         keys = [i if r == 0 else (i, r) for i in range(len(images)) for _ in range(K)]
-        total = total + size * elbo_score(model, ctx, rows, tokens, size, keys=keys)
+        total = total + size * elbo_score(model, ctx, rows, tokens, ElboOptions(size), keys=keys)
         n, r = n + size, r + 1
     return (total / n).view(len(images), K)
 
@@ -444,12 +441,12 @@ def test_sequential_elbo_counts_copies_and_settles_ties_and_clear_leads(images):
     rows = keys = torch.tensor([0, 0, 1, 1])  # one noise key per item: paired candidates
     with torch.no_grad():
         ctx = model.context(images[:2])
-        scores, copies = scoring.elbo_sequential(model, ctx, rows, tokens, group=2, num_samples=8,
-                                                 max_samples=64, tolerance=1e9, keys=keys.tolist())
+        scores, copies = absorbing.elbo_sequential(model, ctx, rows, tokens, 2, ElboOptions(
+            num_samples=8, max_samples=64, tolerance=1e9), keys=keys.tolist())
         assert copies.tolist() == [8, 64] and scores.shape == (4,)
         assert scores[0] == scores[1]
-        _, copies = scoring.elbo_sequential(model, ctx, rows, tokens, group=2, num_samples=8, max_samples=64,
-                                            tolerance=3.0, keys=keys.tolist())
+        _, copies = absorbing.elbo_sequential(model, ctx, rows, tokens, 2, ElboOptions(
+            num_samples=8, max_samples=64, tolerance=3.0), keys=keys.tolist())
         assert copies[1] == 8  # 6 tokens of difference: a lead of far more than 3 standard errors
 
 

@@ -75,7 +75,7 @@ def test_captioner_on_vq_tokens(tmp_path, vq_folder, scenes):
     overrides = {k: v for k, v in SMALL.items() if k != "image_size"}  # the VQ-VAE's size (32) is taken
     model = mdc.create_model("tiny", vqvae=str(vq_folder), cond_mask_prob=0.1, **overrides)
     images, tokens = scenes[1][:4], model.tokenizer(CAPTIONS)
-    assert model.config.image_size == 32 and model.config.vqvae == {**TINY_VQ, "beta": 0.25, "ema": True,
+    assert model.config.image_size == 32 and model.config.extensions["vqvae"] == {**TINY_VQ, "beta": 0.25, "ema": True,
                                                                      "ema_decay": 0.99}
     assert num_image_tokens(model) == 64 and model.forward_features(images).shape == (4, 64, 64)
     vq_state = load_vqvae(vq_folder).state_dict()

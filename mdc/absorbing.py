@@ -1,0 +1,371 @@
+"""MDC's absorbing noise process, in the paper's order: masking, the loss (Eq. 5), the unmasking
+sampler (Eq. 6), the Monte-Carlo ELBO (Eq. 8) and the heuristic scorer.
+
+Forward process (Eq. 2, linear schedule alpha_t = 1 - t): every caption token c^i becomes [MASK]
+with probability t, independently; [SOT], [EOT] and padding stay as they are. :func:`corrupt` is
+that process as one pure function of the clean tokens and given uniforms ``u``, in two forms:
+
+- by ratio t (training, Alg. 1): token i is masked iff u_i < t; weight 1/t (Eq. 5);
+- by count n (the bound, Eq. 8): the n caption tokens with the smallest u are masked, a uniformly
+  random n-subset; weight 1/n;
+- ``u`` None: every caption token is masked (t = 1), the sampler's and the heuristic's start.
+
+Loss (Alg. 1, Eq. 5). With alpha_t = 1 - t the weight alpha'_t / (1 - alpha_t) is -1/t, so per
+caption C of N caption tokens and t ~ U[w_l, w_u]:
+
+    L(C) = (1/t) * sum_{i : c_t^i = [MASK]} -log g_psi^i(C_t, V)[c_0^i]
+
+Normalisation (our choice): the batch loss is sum_b L(C_b) / sum_b N_b, MDLM's per-token NELBO.
+Dividing by the caption tokens, a constant under the masking, keeps it unbiased: E_q[(1/t) sum_masked
+CE] = sum_i E[CE_i] for every t; dividing by the masked tokens (about t N) would cancel most of 1/t.
+``time_weighting=False`` drops exactly the 1/t and keeps the normaliser (the "w/o t" / CMLM ablation);
+a fixed ``mask_ratio`` r is image-conditioned BERT (t = r for every caption, Eq. 1). The decoder is
+time-independent: t enters only the weight.
+
+Sampler (Eq. 6): from [SOT] [MASK]*N' [EOT], ceil(N'/k) steps; each predicts every masked position,
+takes the confidence of position i as max_j p(j) under :func:`mdc.distribution.caption_log_probs`,
+reveals the k most confident (k = 1: N' steps, Eq. 6) and keeps revealed tokens fixed. The image is
+encoded once per batch (:class:`mdc.condition.ImageContext`); only the text is re-run.
+
+Bound (Eq. 8):   log p(C) >= sum_{n=1}^{N} E_{C_n}[ (1/n) sum_{i masked in C_n} log p(c^i | C_n, f(I)) ],
+estimated with S = ``num_samples`` masked copies per caption: copy s masks n_s = 1 + floor(N (s + u) / S)
+tokens (stratified by one offset u; ``stratified=False`` draws every n_s i.i.d.), a uniform n_s-subset,
+and the estimate is N * mean_s (1/n_s) sum_masked log p. ``t_interval=(w_l, w_u)`` keeps only the counts
+with n/N in [w_l, w_u] (the ratios a model trained on t ~ U[w_l, w_u] has seen); (0, 1) is Eq. 8 itself.
+Its randomness is keyed (:func:`mdc.seeding.key_seed`): a caption's copies depend on (seed, key) alone,
+and captions that share a key share their copies (common random numbers for an item's candidates).
+
+Heuristic (Sec. 4.2): start fully masked; N times, reveal the most confident masked position (the
+sampler's confidence), add log p(ground-truth token) there and write it in.
+
+The sampler and the scorers query a :class:`mdc.distribution.CaptionDistribution` (``encode``; the plain
+model's by default); MC-Diffusion's guidance passes its guided one (:mod:`mdc.api`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Hashable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from mdc import distribution
+from mdc.distribution import as_distribution
+from mdc.noise import NoiseProcess
+from mdc.seeding import key_seed, uniform
+from mdc.tokenizer import caption_mask, trim_padding
+
+__all__ = ["ABSORBING", "Absorbing", "Corrupted", "ElboOptions", "corrupt", "elbo_copies", "elbo_score", "elbo_sequential",
+           "heuristic_score", "masked_row", "mdc_loss", "mdc_sample", "sample_t"]
+
+T_MIN = 1e-4  # t is clamped here so that the 1/t weight stays finite when w_l = 0
+
+
+# ------------------------------------------------------------------------ forward process (Eq. 2)
+@dataclass
+class Corrupted:
+    noisy: torch.Tensor  # [B, L] C_t: the tokens with [MASK] at the masked positions
+    masked: torch.Tensor  # [B, L] bool
+    weight: torch.Tensor  # [B] 1/t (by ratio) or 1/n (by count) per caption
+
+
+def sample_t(n: int, cfg, generator=None, device=None) -> torch.Tensor:
+    """t [n] ~ U[w_l, w_u] (clamped at T_MIN); 'stratified' uses one offset u and (u + b/n) mod 1.
+
+    A fixed ``cfg.mask_ratio`` (image-conditioned BERT) gives t = mask_ratio for every caption.
+    """
+    if cfg.mask_ratio is not None:
+        return torch.full((n,), float(cfg.mask_ratio), device=device)
+    u = uniform(n if cfg.t_sampling == "uniform" else 1, generator=generator, device=device)
+    if cfg.t_sampling == "stratified":
+        u = (u + torch.arange(n, device=device) / n) % 1.0
+    lo, hi = cfg.t_interval
+    return (lo + (hi - lo) * u).clamp(min=T_MIN)
+
+
+def corrupt(tokens: torch.Tensor, maskable: torch.Tensor, mask_id: int, *, t: torch.Tensor | None = None,
+            n: torch.Tensor | None = None, u: torch.Tensor | None = None) -> Corrupted:
+    """Mask caption tokens: by ratio ``t`` [B] or by count ``n`` [B], from uniforms ``u`` [B, L].
+
+    tokens [B, L]; maskable [B, L] bool (the caption positions). ``u=None`` masks every caption token
+    (weight 1).
+    """
+    if u is None:
+        masked = maskable.clone()
+        weight = torch.ones(len(tokens), device=tokens.device)
+    elif t is not None:
+        masked = (u < t[:, None]) & maskable  # Alg. 1: masked_caps[p < t] = MASK
+        weight = 1.0 / t
+    else:
+        rank = u.masked_fill(~maskable, 2.0).argsort(-1).argsort(-1)  # order of the caption positions
+        masked = (rank < n[:, None]) & maskable  # the n smallest: a uniform n-subset
+        weight = 1.0 / n.clamp(min=1).float()
+    return Corrupted(tokens.masked_fill(masked, mask_id), masked, weight)
+
+
+def masked_row(tok, batch: int, length: int, device) -> torch.Tensor:
+    """[SOT] [MASK]*length [EOT] for every row: [B, length + 2] (the fully corrupted caption)."""
+    x = torch.full((batch, length + 2), tok.pad_id, dtype=torch.long, device=device)
+    x[:, 0], x[:, -1] = tok.sot_id, tok.eot_id
+    maskable = torch.ones_like(x, dtype=torch.bool)
+    maskable[:, [0, -1]] = False
+    return corrupt(x, maskable, tok.mask_id).noisy
+
+
+# ------------------------------------------------------------------------------- the loss (Eq. 5)
+def mdc_loss(model, images, tokens, *, t=None, u=None, generator=None):
+    """Masked diffusion captioning loss (Alg. 1). Optional fixed ``t`` [B] and uniforms ``u`` [B, L] for tests."""
+    tok, cfg = model.tokenizer, model.config
+    tokens = trim_padding(tokens, tok.eot_id, model.trim_multiple)  # [B, L]
+    maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [B, L] caption tokens
+    B, L = tokens.shape
+    if t is None:
+        t = sample_t(B, cfg, generator, tokens.device)  # [B]
+    if u is None:
+        u = uniform(B, L, generator=generator, device=tokens.device)  # Alg. 1: p = uniform(B, L)
+    c = corrupt(tokens, maskable, tok.mask_id, t=t, u=u[:, :L])  # C_t
+    cond = model.training_condition(B, generator, tokens.device)  # {} unless an extension varies the condition
+    hidden = model.hidden(c.noisy, model.context(images, **cond))  # [B, L, W]
+    ce = F.cross_entropy(model.head(hidden[c.masked]).float(), tokens[c.masked], reduction="none")  # [M]
+    if cfg.time_weighting:
+        ce = ce * c.weight[:, None].expand(B, L)[c.masked]  # (1/t) per masked token
+    return ce.sum() / maskable.sum().clamp(min=1)
+
+
+# ---------------------------------------------------------------------------- the sampler (Eq. 6)
+@torch.no_grad()
+def mdc_sample(model, images, length: int, tokens_per_step: int = 1, temperature: float = 0.0,
+               generator: torch.Generator | None = None, threshold: float | None = None,
+               trace: list | None = None, encode=None) -> torch.Tensor:
+    """Greedy confidence unmasking. Returns tokens [B, length + 2] without [MASK].
+
+    Each step reveals the ``tokens_per_step`` most confident masked positions, or, with ``threshold``
+    (parallel decoding after Fast-dLLM), every masked position whose confidence exceeds it, at least the
+    most confident one. The head runs only at still-masked positions. ``trace``: a list that receives one
+    record per step, ``{"revealed": [B, N'+2] bool, "tokens": [B, N'+2] after the step, "confidence":
+    [B, N'+2]}`` (each still-masked position's confidence at that step, -1 at the others);
+    :func:`mdc.plots.plot_unmasking` draws it."""
+    model.check_length(length)
+    if tokens_per_step < 1:
+        raise ValueError(f"tokens_per_step must be >= 1; got {tokens_per_step}")
+    if threshold is not None and not 0.0 < threshold <= 1.0:
+        raise ValueError(f"threshold must lie in (0, 1]; got {threshold}")
+    tok = model.tokenizer
+    dist = (encode or distribution.encode)(model, images)  # encoder + cross-attn K/V, once
+    x = masked_row(tok, len(images), length, images.device)  # [B, N'+2]
+    while bool((still := x == tok.mask_id).any()):  # still: [B, N'+2]
+        logp = dist.log_probs(x, where=still, temperature=temperature or None)  # [M, V] masked positions only
+        if temperature > 0:
+            p = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)  # [M]
+            c = logp.gather(-1, p[:, None]).squeeze(1).exp()
+        else:
+            c, p = logp.exp().max(-1)  # [M]
+        conf = torch.full(x.shape, -1.0, device=x.device).masked_scatter_(still, c)  # [B, N'+2]
+        if threshold is None:
+            top = conf.topk(min(tokens_per_step, int(still.sum(1).max())), dim=-1).indices  # [B, k] most confident
+            reveal = torch.zeros_like(still).scatter_(1, top, True) & still
+        else:
+            reveal = ((conf > threshold) | (conf == conf.max(1, keepdim=True).values)) & still  # at least the best
+        x = torch.where(reveal, x.masked_scatter(still, p), x)
+        if trace is not None:
+            trace.append({"revealed": reveal.cpu(), "tokens": x.cpu(), "confidence": conf.float().cpu()})
+    return x
+
+
+# ---------------------------------------------------------------------------- the bound (Eq. 8)
+@dataclass(frozen=True)
+class ElboOptions:
+    """How the Monte-Carlo bound is estimated (the one place its defaults are written)."""
+    num_samples: int = 1024  # S masked copies per caption (the paper's 1024)
+    seed: int = 0  # with a caption's key, fixes its copies
+    t_interval: tuple = (0.0, 1.0)  # one (w_l, w_u), or several scored from one set of copies
+    stratified: bool = True  # mask counts spread by one offset; False: i.i.d. (plain Monte Carlo)
+    max_samples: int | None = None  # sequential: double an unsure item's copies up to this (mdc.scoring)
+    tolerance: float = 3.0  # sequential: an item is unsure while its lead is under this many standard errors
+
+    def __post_init__(self):
+        if self.num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1; got {self.num_samples}")
+        if not all(0.0 <= a <= b <= 1.0 for a, b in self.intervals):
+            raise ValueError(f"t_interval must satisfy 0 <= w_l <= w_u <= 1; got {self.t_interval}")
+        if self.max_samples is not None and self.max_samples < self.num_samples:
+            raise ValueError(f"max_samples is at least num_samples ({self.num_samples}); got {self.max_samples}")
+
+    @property
+    def several(self) -> bool:
+        """Whether ``t_interval`` is a sequence of intervals (scores [R, J]) rather than one ([R])."""
+        return isinstance(self.t_interval[0], (tuple, list))
+
+    @property
+    def intervals(self) -> list[tuple[float, float]]:
+        return [tuple(t) for t in self.t_interval] if self.several else [tuple(self.t_interval)]
+
+
+def elbo_noise(keys: Sequence[Hashable], seed: int, num_samples: int, width: int,
+               stratified: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per caption, from its key: the uniforms v [R, S] that pick the mask counts and the position
+    uniforms [R, S, width]. Stratified: v_s = (s + u) / S with one offset u; else S i.i.d. uniforms."""
+    levels, positions = [], []
+    for key in keys:
+        g = torch.Generator().manual_seed(key_seed(seed, key))
+        u = torch.rand(1 if stratified else num_samples, generator=g)
+        levels.append((torch.arange(num_samples) + u) / num_samples if stratified else u)
+        positions.append(torch.rand(num_samples, width, generator=g))
+    return torch.stack(levels), torch.stack(positions)
+
+
+def _chunks(R: int, S: int, max_rows: int):
+    """Slices of the R * S masked copies (caption-major), at most ``max_rows`` long and aligned to
+    whole captions (or, for S > max_rows, within one caption), so that each chunk's copies share
+    their images in equal runs and the image context is folded rather than copied."""
+    if S <= max_rows:
+        step = max_rows // S * S
+        return [slice(a, min(a + step, R * S)) for a in range(0, R * S, step)]
+    return [slice(c * S + a, c * S + min(a + max_rows, S)) for c in range(R) for a in range(0, S, max_rows)]
+
+
+def _count_bounds(t_interval, N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mask counts lo..hi [R] with n / N in [w_l, w_u]: bounds in float64 (float32 has
+    ceil(0.6 * 25) = 16), 1e-9 absorbing decimals' rounding, at least one count."""
+    lo = torch.clamp(torch.ceil(t_interval[0] * N.double() - 1e-9), min=1).long()
+    return lo, torch.maximum(torch.floor(t_interval[1] * N.double() + 1e-9).long(), lo)
+
+
+def elbo_copies(model, context, rows, tokens, options: ElboOptions, keys=None, max_rows=256) -> torch.Tensor:
+    """The terms [R, J, S] of the Monte-Carlo estimate of Eq. 8 (:func:`elbo_score` is their mean over S):
+    copy s of caption r, for interval j of ``options.intervals``, is span * (1/n_s) sum_masked log p if its
+    count n_s lies in the interval, else 0."""
+    tok, dist = model.tokenizer, as_distribution(model, context)
+    R, L = tokens.shape
+    S, dev = options.num_samples, tokens.device
+    maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] positions 1..N
+    N = maskable.sum(1).cpu()  # [R] caption lengths
+    bounds = [_count_bounds(t, N) for t in options.intervals]  # J x ([R], [R])
+    lo = torch.stack([b[0] for b in bounds]).min(0).values  # [R] the hull of the intervals' counts
+    hi = torch.stack([b[1] for b in bounds]).max(0).values
+    span = hi - lo + 1  # [R]
+    keys = range(R) if keys is None else keys
+    v, u = elbo_noise(keys, options.seed, S, model.config.context_length, options.stratified)
+    n = lo[:, None] + (v * span[:, None]).floor().long()  # [R, S] uniform over lo..hi
+    inside = torch.stack([(n >= a[:, None]) & (n <= b[:, None]) for a, b in bounds], 1)  # [R, J, S]
+    # uniform column j drives caption token j, so captions of one key share positions where they can
+    u = torch.cat([torch.ones(R, S, 1), u[:, :, : L - 1]], dim=2)  # [R, S, L]; column 0 is SOT
+    n, u = n.view(R * S), u.view(R * S, L)
+    caption_of = torch.arange(R).repeat_interleave(S)  # masked copy -> caption
+    per_copy = torch.zeros(R * S, device=dev)
+    for chunk in _chunks(R, S, max_rows):
+        b = caption_of[chunk].to(dev)
+        c = corrupt(tokens[b], maskable[b], tok.mask_id, n=n[chunk].to(dev), u=u[chunk].to(dev))
+        logp = dist.select(rows[b]).log_probs(c.noisy, where=c.masked)  # [M, V]
+        ll = torch.zeros(len(b), L, device=dev)
+        ll[c.masked] = logp.gather(-1, tokens[b][c.masked][:, None]).squeeze(-1)
+        per_copy[chunk] = ll.sum(1) * c.weight  # (1/n) sum over the masked tokens
+    # (number of counts) x the copy's term, where its count lies in the interval: [R, J, S]
+    return span.to(dev)[:, None, None] * torch.where(inside.to(dev), per_copy.view(R, 1, S), 0.0)
+
+
+def elbo_score(model, context, rows, tokens, options: ElboOptions = ElboOptions(), keys=None, max_rows=256):
+    """Monte-Carlo estimate [R] of the Eq. 8 lower bound (or [R, J] for J intervals); ``max_rows`` bounds
+    each forward pass. ``context``: an ImageContext, or a :class:`mdc.distribution.CaptionDistribution`.
+
+    J intervals are scored from ONE set of masked copies: the S copies are stratified over the counts of
+    the intervals' hull lo..hi (span = hi - lo + 1), and interval j's estimate is span * (1/S) sum over the
+    copies whose count lies in it of (1/n_s) sum_masked log p. Each is unbiased for its bound (a copy's
+    count is uniform on the hull); the first interval that is the hull gives exactly the numbers of a call
+    with that interval alone, a narrower one the ~S x its share of the hull copies that fall in it."""
+    out = elbo_copies(model, context, rows, tokens, options, keys, max_rows).sum(-1) / options.num_samples
+    return out if options.several else out[:, 0]  # [R, J] or [R]
+
+
+def _unsure(m1: torch.Tensor, m2: torch.Tensor, n: torch.Tensor, tolerance: float) -> torch.Tensor:
+    """[A] items whose best candidate leads some other candidate, in some interval, by less than
+    ``tolerance`` standard errors of the mean per-copy difference. From the running sums of the
+    terms m1 [A, K, J] and of their products m2 [A, K, K, J] over n [A] copies (float64)."""
+    A, K, J = m1.shape
+    n = n.double()[:, None, None]
+    mean, second = m1 / n, m2 / n[..., None]  # [A, K, J], [A, K, K, J]
+    best = mean.argmax(1, keepdim=True)  # [A, 1, J]
+    lead = mean.gather(1, best) - mean  # [A, K, J]
+    with_best = second.gather(1, best[:, :, None].expand(A, 1, K, J))[:, 0]  # E[x_best x_k]: [A, K, J]
+    square = second.diagonal(dim1=1, dim2=2).transpose(1, 2)  # E[x_k^2]: [A, K, J]
+    var = (square.gather(1, best) - 2 * with_best + square - lead**2).clamp(min=0) * n / (n - 1).clamp(min=1)
+    return (lead < tolerance * (var / n).sqrt()).flatten(1).any(1)  # the best against itself: 0 < 0
+
+
+def elbo_sequential(model, context, rows, tokens, group: int, options: ElboOptions, keys=None, max_rows=256):
+    """The ELBO of items of ``group`` consecutive captions (an item's candidates), with masked copies
+    added where the item's decision is not yet clear: (scores [R] or [R, J], copies per item [R / group]).
+
+    Round 0 is :func:`elbo_score` with ``num_samples`` copies and the captions' keys, so an item that is
+    sure at once scores exactly as the fixed estimate. While an item is unsure (:func:`_unsure`: its best
+    candidate's lead over another is under ``tolerance`` standard errors of the paired per-copy difference,
+    in any interval) and has fewer than ``max_samples`` copies, round r >= 1 draws as many copies again
+    (keys (key, r)), doubling its count. The score is the mean over all its copies. The standard error
+    treats the copies as independent, which overstates it for stratified copies: the rule errs towards
+    more copies. What it targets is the decision; a score's copy count depends on it."""
+    R, K, J = len(tokens), group, len(options.intervals)
+    B, keys = R // K, list(range(R) if keys is None else keys)
+    first, most = options.num_samples, options.max_samples or options.num_samples
+    m1 = torch.zeros(B, K, J, dtype=torch.float64)
+    m2 = torch.zeros(B, K, K, J, dtype=torch.float64)
+    copies = torch.zeros(B, dtype=torch.long)
+    out = torch.zeros(B, K, J)
+    active, size, r = torch.arange(B), first, 0
+    while len(active):
+        sel = (active[:, None] * K + torch.arange(K)).flatten()  # the active items' captions
+        round_keys = [keys[i] if r == 0 else (keys[i], r) for i in sel.tolist()]
+        x = elbo_copies(model, context, rows[sel.to(rows.device)], tokens[sel.to(tokens.device)],
+                        replace(options, num_samples=size), round_keys, max_rows).cpu().view(len(active), K, J, size)
+        if r == 0:  # elbo_score's numbers, to the bit
+            out = x.sum(-1) / size  # [B, K, J]
+        x = x.double()
+        m1[active] += x.sum(-1)
+        m2[active] += torch.einsum("akjs,aljs->aklj", x, x)
+        copies[active] += size
+        active = active[(copies[active] < most) & _unsure(m1[active], m2[active], copies[active], options.tolerance)]
+        size, r = min(first * 2 ** r, most - first * 2 ** r), r + 1
+    more = copies > first
+    out[more] = (m1[more] / copies[more, None, None]).float()
+    out = out.view(R, J).to(tokens.device)
+    return (out if options.several else out[:, 0]), copies
+
+
+# ---------------------------------------------------------------------------- the heuristic scorer
+def heuristic_score(model, context, rows, tokens):
+    """Greedy-order sum of ground-truth log-probabilities [R] (paper Sec. 4.2).
+    ``context``: an ImageContext, or a :class:`mdc.distribution.CaptionDistribution`."""
+    tok = model.tokenizer
+    dist = as_distribution(model, context).select(rows)
+    todo = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] still masked
+    x = corrupt(tokens, todo, tok.mask_id).noisy  # every caption token masked
+    total = torch.zeros(len(tokens), device=tokens.device)
+    r = torch.arange(len(tokens), device=tokens.device)
+    for _ in range(int(todo.sum(1).max())):
+        logp = dist.log_probs(x, where=todo)  # [M, V] at the still-masked positions only
+        conf = torch.full(x.shape, -torch.inf, device=x.device).masked_scatter_(todo, logp.max(-1).values)  # [R, L]
+        truth_ll = torch.zeros(x.shape, device=x.device).masked_scatter_(
+            todo, logp.gather(-1, tokens[todo][:, None]).squeeze(-1))  # [R, L] log p(ground truth)
+        pos = conf.argmax(-1)  # [R] most confident masked position
+        active = todo[r, pos]  # rows whose caption is not complete yet
+        truth = tokens[r, pos]
+        total += torch.where(active, truth_ll[r, pos], torch.zeros_like(total))
+        x[r, pos] = torch.where(active, truth, x[r, pos])
+        todo[r, pos] = False
+    return total
+
+
+# ---------------------------------------------------------------------------- the process, as one object
+class Absorbing(NoiseProcess):
+    """MDC's absorbing noise: loss Eq. 5, greedy confidence unmasking Eq. 6, scorers Eq. 8 and the
+    heuristic. ``options`` of :meth:`sample`: those of :func:`mdc_sample`."""
+    name = "absorbing"
+    scorers = ("elbo", "heuristic")
+
+    def loss(self, model, images, tokens, **kw):
+        return mdc_loss(model, images, tokens, **kw)  # kw: t, u, generator
+
+    def sample(self, model, images, length, *, generator=None, encode=None, **options):
+        return mdc_sample(model, images, length, generator=generator, encode=encode, **options)
+
+
+ABSORBING = Absorbing()
