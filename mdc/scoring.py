@@ -25,7 +25,7 @@ are bounds of the absorbing process, so a ``mask_replace`` model refuses them.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
 import torch
@@ -34,6 +34,7 @@ from mdc import distribution
 from mdc.absorbing import ElboOptions, elbo_score, elbo_sequential, heuristic_score
 from mdc.autoregressive import exact_loglik
 from mdc.model import OBJECTIVES, evaluating
+from mdc.options import with_options
 from mdc.tokenizer import caption_mask, trim_padding
 
 __all__ = ["ElboOptions", "METHODS", "SCORERS", "elbo_options", "resolve", "score", "score_candidates"]
@@ -97,11 +98,7 @@ def resolve(model, method: str | None = None) -> tuple[str, Scorer]:
 def elbo_options(elbo: ElboOptions | None = None, **kw) -> ElboOptions:
     """``elbo`` (default: :class:`ElboOptions`'s defaults) with the fields ``kw`` replaced; a ValueError
     names an option that is not one of its fields."""
-    known = [f.name for f in fields(ElboOptions)]
-    unknown = sorted(set(kw) - set(known))
-    if unknown:
-        raise ValueError(f"unknown scoring option(s) {unknown}; known: {known} and keys, max_rows, precision, encode")
-    return ElboOptions(**{**(vars(elbo) if elbo is not None else {}), **kw})
+    return with_options(ElboOptions, elbo, kw, "ELBO")
 
 
 def _tokenize(model, captions: Sequence[str]) -> torch.Tensor:

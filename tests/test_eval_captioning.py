@@ -155,6 +155,28 @@ def test_generate_captions_names_and_shapes(tmp_path):
         cap.generate_captions(small_model("clip"), items)
 
 
+def test_caption_options_hold_the_defaults_and_name_an_unknown_option(tmp_path):
+    assert cap.FinetuneOptions(steps=5) == cap.FinetuneOptions(5, 32, 1e-5, 0.01, None, 1.0, 0, "cpu", 4096)
+    with pytest.raises(TypeError):
+        cap.FinetuneOptions()  # steps has no default
+    assert cap.CaptionOptions() == cap.CaptionOptions(finetune_steps=0, finetune_batch_size=32, finetune_lr=1e-5,
+                                                      lengths=(10, 15, 20), beam_size=6, batch_size=32, device="cpu",
+                                                      seed=0, save_dir=None)
+    items = _items(tmp_path, 2)
+    with pytest.raises(ValueError, match=r"unknown finetune option 'step'; known: \['steps'"):
+        cap.finetune(small_model("arc"), items, step=3)
+    with pytest.raises(ValueError, match="unknown captioning option 'finetune_step'"):
+        cap.caption_checkpoint(str(tmp_path), "mdc", items, items, finetune_step=3)
+    small_model("mdc").save(tmp_path / "mdc")
+    options = cap.CaptionOptions(finetune_steps=2, finetune_batch_size=2, lengths=(3,), batch_size=2,
+                                 save_dir=str(tmp_path / "finetuned"))
+    captions, info = cap.caption_checkpoint(str(tmp_path / "mdc"), "mdc", items, items, options)
+    again, info_again = cap.caption_checkpoint(str(tmp_path / "mdc"), "mdc", items, items, options, save_dir=None)
+    assert list(captions) == ["mdc-3"] and captions == again
+    assert info["finetune"]["steps"] == 2 and info["finetune"]["loss"] == info_again["finetune"]["loss"]
+    assert info["finetuned"] == str(tmp_path / "finetuned" / "mdc") and info_again["finetuned"] is None
+
+
 def test_load_captioner_names_wrong_checkpoints(tmp_path):
     for objective in ("mdc", "arc", "clip"):
         small_model(objective).save(tmp_path / objective)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from mdc.eval.suites import LoadOptions, load_suites
 from mdc.world import evalsets, scenes
 from mdc.world.text import relation_of, vocabulary, word_tokens
 from mdc import get_tokenizer
@@ -105,6 +106,28 @@ def test_aro_files(out):
     assert len(order) == SIZES["n_items"]
     assert all(set(o) == {"image", "caption"} and len(o["caption"]) == 5 for o in order)
     assert all(os.path.isfile(os.path.join(aro, o["image"])) for o in order)
+
+
+def test_load_options_hold_the_defaults_and_name_an_unknown_option(out):
+    root, _ = out
+    aro = os.path.join(root, "aro")
+    paths = ("sugarcrepe_dir", "coco_val2017_dir", "aro_dir", "vg_image_dir", "coco_order_json", "coco_image_dir",
+             "flickr_order_json", "flickr_image_dir")
+    assert LoadOptions() == LoadOptions(**dict.fromkeys(paths, ""), on_missing="error", attribute_min_count=25,
+                                        order_seed=0, tagger="auto")
+    with pytest.raises(ValueError, match=r"unknown load_suites option 'aro'; known: \['sugarcrepe_dir'"):
+        load_suites(root, aro=aro)
+    names = ["aro_relation", "aro_attribute"]
+    options = LoadOptions(aro_dir=aro, vg_image_dir=aro, attribute_min_count=1)
+    real = load_suites(None, names, options)
+    assert [s.data for s in real.values()] == ["real", "real"]
+    for by_keyword in (load_suites(None, names, aro_dir=aro, vg_image_dir=aro, attribute_min_count=1),
+                       load_suites(root, names, attribute_min_count=1)):  # the same files, read as synthetic
+        assert all(by_keyword[n].candidates == real[n].candidates for n in names)
+    strict = load_suites(None, ["aro_attribute"], options, attribute_min_count=25)  # a keyword over options
+    default = load_suites(None, ["aro_attribute"], aro_dir=aro, vg_image_dir=aro)
+    assert strict["aro_attribute"].candidates == default["aro_attribute"].candidates
+    assert len(default["aro_attribute"].items) < len(real["aro_attribute"].items)  # ARO's 25 drops rare pairs
 
 
 def test_sugarcrepe_files(out):

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from mdc.data.aro_sugarcrepe import (
-    ARO_SYMMETRIC_RELATIONS, load_order_suite, load_sugarcrepe, load_vg_attribution, load_vg_relation,
+    ARO_SYMMETRIC_RELATIONS, TIES_WIN, correct_and_ties, load_order_suite, load_sugarcrepe, load_vg_attribution, load_vg_relation,
     normalise_caption, order_accuracy, perturb_caption, sugarcrepe_columns, vg_attribution_accuracy,
     vg_relation_accuracy,
 )
@@ -20,6 +20,7 @@ from mdc.data.formats import (
     load_wds_classification,
 )
 from mdc.data.writer import write_tar
+from mdc.eval import accuracy
 
 
 def _image(path, size=(40, 30), color=(200, 10, 10)):
@@ -139,6 +140,19 @@ def test_order_suite(tmp_path):
 def _pieces(text):
     """Words and punctuation marks, whatever the spacing between them."""
     return sorted(re.findall(r"\w+|[^\w\s]", text))
+
+
+def test_tie_rules_are_stated_once_and_match_each_benchmark_s_own_scorer():
+    assert accuracy.correct_and_ties is correct_and_ties and accuracy.TIES_WIN is TIES_WIN
+    assert TIES_WIN == ("aro_coco_order", "aro_flickr30k_order")
+    scores = np.array([[0.0, -1.0], [0.0, 0.0], [0.0, 1.0]])  # [N, 2], the true caption first: wins, ties, loses
+    correct, ties = correct_and_ties(scores)
+    assert correct.tolist() == [True, False, False] and ties.tolist() == [False, True, False]
+    assert correct.tolist() == (scores[:, 0] > scores[:, 1]).tolist()  # SugarCrepe: pos_score > neg_score
+    assert correct.tolist() == (np.argmax(scores[:, ::-1], 1) == 1).tolist()  # ARO's VG sets: false caption first
+    correct, ties = correct_and_ties(scores, ties_win=True)
+    assert correct.tolist() == [True, True, False] and ties.tolist() == [False, True, False]
+    assert correct.tolist() == (np.argmax(scores, 1) == 0).tolist()  # ARO's order sets: true caption first
 
 
 def test_order_perturbations_are_built_from_the_raw_caption_as_aro_does(tmp_path):

@@ -1,4 +1,5 @@
 """The webdataset training pipeline: decoding, bad-input accounting, splitting, determinism, resume."""
+import dataclasses
 import io
 import itertools
 import logging
@@ -10,7 +11,7 @@ from PIL import Image
 
 from mdc import get_tokenizer
 from mdc.data.pipeline import (
-    SkipStats, StreamPosition, image_transform, iterate_batches, make_dataset, make_loader,
+    SkipStats, StreamOptions, StreamPosition, image_transform, iterate_batches, make_dataset, make_loader,
 )
 from mdc.data.shards import fast_forward
 from mdc.data.transforms import CLIP_MEAN
@@ -245,6 +246,25 @@ def test_exact_resume(tmp_path, tok, num_workers, sizes):
         for batch in reference[:cut]:
             stats.merge(batch[2]["skipped"])
         assert stats.as_dict() == total.as_dict()  # nothing counted twice or lost
+
+
+def test_stream_options_hold_the_defaults_and_name_an_unknown_option(tmp_path, tok):
+    assert StreamOptions() == StreamOptions(train=True, shuffle_buffer=1000, resampled=False, seed=0, epoch=0,
+                                            crop_scale=(0.9, 1.0), partial=True, resume=None, fast_resume=True)
+    state = StreamPosition(2, [3, 1]).state_dict()
+    assert StreamOptions(resume=state).resume == StreamPosition(2, [3, 1])  # a saved state_dict is taken
+    with pytest.raises(ValueError, match=r"unknown stream option 'shuffle'; known: \['train', 'shuffle_buffer'"):
+        make_loader("x.tar", tok, SIZE, 2, shuffle=True)
+    with pytest.raises(ValueError, match="unknown stream option 'trian'"):
+        make_dataset("x.tar", tok, SIZE, trian=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        StreamOptions().seed = 1
+    write_shard(tmp_path / "000000.tar", good_members(0, 7))
+    shard = str(tmp_path / "000000.tar")
+    by_keyword = collect(make_loader(shard, tok, SIZE, 3, num_workers=0, seed=2, shuffle_buffer=4, partial=False))
+    options = StreamOptions(seed=2, shuffle_buffer=4)
+    by_options = collect(make_loader(shard, tok, SIZE, 3, options, num_workers=0, partial=False))  # keywords on top
+    assert len(by_keyword[0]) == 6 and all(torch.equal(a, b) for a, b in zip(by_keyword[:2], by_options[:2]))
 
 
 def test_resampled_is_seeded_and_infinite(tmp_path, tok):

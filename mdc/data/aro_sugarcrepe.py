@@ -1,7 +1,8 @@
 """Compositionality benchmarks as published: SugarCrepe, ARO (VG-Relation, VG-Attribution,
 COCO-Order, Flickr30k-Order), with their accuracy rules.
 
-Tie rules, each benchmark's own: SugarCrepe counts ``pos_score > neg_score`` (a tie is an error);
+Tie rules, each benchmark's own, stated once here (:data:`TIES_WIN`, :func:`correct_and_ties`;
+:mod:`mdc.eval.accuracy` uses them): SugarCrepe counts ``pos_score > neg_score`` (a tie is an error);
 ARO takes ``np.argmax`` over the candidates, which returns the first maximum, so VG-Relation and
 VG-Attribution (false caption listed first, correct = argmax == 1) count a tie as an error and
 COCO/Flickr30k-Order (true caption first, correct = argmax == 0) count a tie as correct.
@@ -22,6 +23,24 @@ import numpy as np
 
 from mdc.data.formats import ImageLookup, Items, read_json, require
 from mdc.data.tagger import SPACY_MODEL, resolve_tagger, split_caption, tag_caption, word_classes
+
+# ------------------------------------------------------------------------------ tie rules
+TIES_WIN = ("aro_coco_order", "aro_flickr30k_order")  # ARO: true caption first, argmax takes the first maximum
+
+
+def correct_and_ties(scores: np.ndarray, identical: np.ndarray | None = None,
+                     ties_win: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Per item [N]: whether the true caption (column 0 of ``scores`` [N, K]) wins, and whether the
+    item is decided by a tie (its true caption equals its best competitor's score, none higher).
+    ``ties_win`` (ARO's order tasks, :data:`TIES_WIN`): true >= every competitor wins; else (SugarCrepe,
+    VG-Relation, VG-Attribution) true > every competitor. ``identical`` [N, K] marks candidates that
+    are the true caption's very string: not competitors."""
+    true, others = scores[:, :1], scores[:, 1:]  # [N, 1], [N, K-1]
+    same = np.zeros_like(others, dtype=bool) if identical is None else identical[:, 1:]
+    strict = ((true > others) | same).all(1)
+    weak = ((true >= others) | same).all(1)
+    return (weak if ties_win else strict), weak & ~strict
+
 
 # ------------------------------------------------------------------------------ SugarCrepe
 SUGARCREPE_SUBSETS = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
@@ -288,13 +307,16 @@ def load_order_suite(karpathy_test_json: str, image_dir: str | None, seed: int =
 
 def order_accuracy(items: Sequence[dict], true_scores, perturbed_scores) -> float:
     """Fraction of captions whose true caption scores at least as high as each of its
-    perturbations (``perturbed_scores``: [N, 4]): ARO's rule, argmax over [true, *perturbed]
-    == 0, where ``np.argmax`` returns the first maximum, so a tie counts as correct (a
-    perturbation that is the true caption's very string, ``identical``, always ties)."""
-    true = np.asarray(true_scores, dtype=np.float64)[:, None]
-    perturbed = np.asarray(perturbed_scores, dtype=np.float64)
+    perturbations (``perturbed_scores``: [N, 4]): ARO's tie rule (:func:`correct_and_ties` with
+    ``ties_win``), a tie counts as correct (a perturbation that is the true caption's very string,
+    ``identical``, is no competitor)."""
+    true = np.asarray(true_scores, dtype=np.float64)[:, None]  # [N, 1]
+    perturbed = np.asarray(perturbed_scores, dtype=np.float64)  # [N, 4]
     if perturbed.shape != (len(items), len(PERTURBATIONS)) or len(true) != len(items):
         raise ValueError(f"expected {len(items)} true scores and [{len(items)}, 4] perturbed scores, "
                          f"got {len(true)} and {list(perturbed.shape)}")
-    identical = np.array([item["identical"] for item in items], dtype=bool)
-    return float(((true >= perturbed) | identical).all(axis=1).mean())
+    identical = np.array([item["identical"] for item in items], dtype=bool).reshape(perturbed.shape)  # [N, 4]
+    scores = np.concatenate([true, perturbed], 1)  # [N, 5], the true caption first
+    same = np.concatenate([np.zeros_like(true, dtype=bool), identical], 1)  # [N, 5]
+    correct, _ = correct_and_ties(scores, same, ties_win=True)  # [N]
+    return float(correct.mean())

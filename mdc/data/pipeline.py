@@ -60,6 +60,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset
 from webdataset.utils import make_seed, pytorch_worker_info
 
+from mdc.options import with_options
 from mdc.data.shards import fast_forward, open_at, shard_samples, shuffled
 from mdc.data.transforms import ImageTransform, image_transform
 from mdc.tokenizer import TextStats
@@ -160,6 +161,25 @@ class StreamPosition:
                    state["next_worker"], state["batches"])
 
 
+@dataclass(frozen=True)
+class StreamOptions:
+    """How :func:`make_dataset` and :func:`make_loader` read a shard stream (one default each)."""
+
+    train: bool = True  # shuffled shards and samples, random-resized crops; else file order, resize + centre crop
+    shuffle_buffer: int = 1000  # samples in each worker's seeded shuffle buffer (training)
+    resampled: bool = False  # draw shards with replacement forever, seeded per (rank, worker)
+    seed: int = 0  # shard order, shuffle buffer and crops are functions of (seed, epoch, rank, worker, index)
+    epoch: int = 0  # the pass
+    crop_scale: tuple[float, float] | None = (0.9, 1.0)  # random-resized-crop scale; None: plain resize
+    partial: bool = True  # a finite stream ends with each worker's partial batch (False drops it)
+    resume: StreamPosition | Mapping | None = None  # where a saved stream continues (or its state_dict())
+    fast_resume: bool = True  # resume by reading tar headers up to the resume point (False: replay the pass)
+
+    def __post_init__(self):
+        if isinstance(self.resume, Mapping):  # a saved state_dict()
+            object.__setattr__(self, "resume", StreamPosition.from_state_dict(self.resume))
+
+
 def iterate_batches(loader: Iterable, stats: SkipStats, position: StreamPosition | None = None,
                     text_stats: TextStats | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield ``(images, tokens)`` from a :func:`make_loader` loader.
@@ -234,30 +254,27 @@ class ImageCaptionDataset(IterableDataset):
     """Iterable over (image [3,H,W], tokens [L]) or, with ``batch_size``, over
     ``(images [B,3,H,W], tokens [B,L], meta)`` batches. Build it with :func:`make_dataset`."""
 
-    def __init__(self, urls: str | Sequence[str], tokenizer: Callable, transform: ImageTransform, *,
-                 train: bool, shuffle_buffer: int, resampled: bool, seed: int, epoch: int,
-                 stats: SkipStats | None = None, batch_size: int | None = None, partial: bool = True,
-                 resume: StreamPosition | None = None, fast_resume: bool = True):
+    def __init__(self, urls: str | Sequence[str], tokenizer: Callable, transform: ImageTransform,
+                 options: StreamOptions, *, stats: SkipStats | None = None, batch_size: int | None = None):
         super().__init__()
         self.urls = wds.shardlists.expand_urls(urls) if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ValueError(f"no shard URLs in {urls!r}")
-        self.tokenizer, self.transform = tokenizer, transform
-        self.train, self.shuffle_buffer, self.resampled = train, shuffle_buffer, resampled
-        self.seed, self.epoch = seed, epoch
+        self.tokenizer, self.transform, self.options = tokenizer, transform, options
         self.stats = stats if stats is not None else SkipStats()
-        self.batch_size, self.partial, self.resume, self.fast_resume = batch_size, partial, resume, fast_resume
+        self.batch_size = batch_size
 
     def split_by_sample(self, world: int, num_workers: int) -> bool:
         """Too few shards for every (rank, worker) slot to own one: split the samples instead."""
-        return not self.resampled and len(self.urls) < world * num_workers
+        return not self.options.resampled and len(self.urls) < world * num_workers
 
     def _shards(self, rank: int, world: int, worker: int, num_workers: int):
         """(this (rank, logical worker) slot's shard iterator, (slots, slot) when samples are split, else None)."""
-        if self.resampled:  # independent seeded draws per (rank, worker): nothing to split
-            seed_fn = lambda: make_seed(self.seed, self.epoch, rank, worker)  # noqa: E731
-            return iter(wds.ResampledShards(self.urls, seed=self.seed, worker_seed=seed_fn, deterministic=True)), None
-        shard_seed = make_seed(self.seed, self.epoch) if self.train else None  # same order on every rank
+        o = self.options
+        if o.resampled:  # independent seeded draws per (rank, worker): nothing to split
+            seed_fn = lambda: make_seed(o.seed, o.epoch, rank, worker)  # noqa: E731
+            return iter(wds.ResampledShards(self.urls, seed=o.seed, worker_seed=seed_fn, deterministic=True)), None
+        shard_seed = make_seed(o.seed, o.epoch) if o.train else None  # same order on every rank
         shards = iter(wds.SimpleShardList(self.urls, seed=shard_seed))
         if self.split_by_sample(world, num_workers):
             return shards, (world * num_workers, rank * num_workers + worker)
@@ -275,13 +292,15 @@ class ImageCaptionDataset(IterableDataset):
         keeps the samples whose index in that stream is its slot number modulo the slots;
         shard-level errors are then counted (and logged) by slot 0 only.
         """
+        o = self.options
+
         def plan():
             shards, split = self._shards(rank, world, worker, num_workers)
             keep = None if split is None else (lambda i: i % split[0] == split[1])
-            rng = random.Random(make_seed(self.seed, self.epoch, rank, worker)) if self.train else None
+            rng = random.Random(make_seed(o.seed, o.epoch, rank, worker)) if o.train else None
             return shards, keep, rng, stats if split is None or split[1] == 0 else _Uncounted()
 
-        bufsize = self.shuffle_buffer if self.train else None
+        bufsize = o.shuffle_buffer if o.train else None
         shards, keep, rng, shard_stats = plan()
         resumed = fast_forward(shards, start, bufsize, rng, keep) if start else None
         if resumed is None:  # replay from the start of the pass
@@ -295,19 +314,20 @@ class ImageCaptionDataset(IterableDataset):
         return (samples if bufsize is None else shuffled(samples, bufsize, rng, buffer)), start
 
     def __iter__(self):
+        o = self.options
         rank, world, physical, num_workers = pytorch_worker_info()
         offset, start = 0, 0
-        if self.resume is not None:
-            if self.resume.num_workers != num_workers:
-                raise ValueError(f"resume state is for {self.resume.num_workers} workers, loader has {num_workers}")
-            offset = self.resume.next_worker
+        if o.resume is not None:
+            if o.resume.num_workers != num_workers:
+                raise ValueError(f"resume state is for {o.resume.num_workers} workers, loader has {num_workers}")
+            offset = o.resume.next_worker
         worker = (physical + offset) % num_workers  # logical worker: resume keeps the round-robin order
-        if self.resume is not None:
-            if worker in self.resume.finished:
+        if o.resume is not None:
+            if worker in o.resume.finished:
                 return
-            start = self.resume.consumed[worker]
+            start = o.resume.consumed[worker]
         stats = SkipStats() if self.batch_size else self.stats
-        samples, first = self._samples(rank, world, worker, num_workers, stats, start if self.fast_resume else 0)
+        samples, first = self._samples(rank, world, worker, num_workers, stats, start if o.fast_resume else 0)
         good, keys, position = [], [], first
         for index, sample in enumerate(samples, first):
             position = index + 1
@@ -318,7 +338,7 @@ class ImageCaptionDataset(IterableDataset):
             if decoded is None:
                 continue
             image, caption = decoded
-            crop_rng = np.random.default_rng((self.seed, self.epoch, rank, worker, index))
+            crop_rng = np.random.default_rng((o.seed, o.epoch, rank, worker, index))
             item = (self.transform(image, crop_rng), caption)
             if not self.batch_size:
                 yield item[0], self.tokenizer([caption])[0]
@@ -328,8 +348,8 @@ class ImageCaptionDataset(IterableDataset):
             if len(good) == self.batch_size:
                 yield self._batch(good, worker, position, stats, False, keys)
                 good, keys = [], []
-        if self.batch_size and ((good and self.partial) or stats.total):
-            kept = good if self.partial else []
+        if self.batch_size and ((good and o.partial) or stats.total):
+            kept = good if o.partial else []
             yield self._batch(kept, worker, position, stats, True, keys[: len(kept)])
 
     def _batch(self, samples: list, worker: int, position: int, stats: SkipStats, last: bool, keys: list[str]):
@@ -342,57 +362,37 @@ class ImageCaptionDataset(IterableDataset):
 
 
 # --------------------------------------------------------------------------- public API
-def make_dataset(urls: str | Sequence[str], tokenizer: Callable, image_size: int, *, train: bool = True,
-                 shuffle_buffer: int = 1000, resampled: bool = False, seed: int = 0, epoch: int = 0,
-                 stats: SkipStats | None = None, crop_scale: tuple[float, float] | None = (0.9, 1.0),
-                 batch_size: int | None = None, partial: bool = True,
-                 resume: StreamPosition | Mapping | None = None, fast_resume: bool = True) -> ImageCaptionDataset:
-    """An iterable dataset over img2dataset shards yielding ``(image [3,H,W], tokens [L])``.
-
-    train: shuffle shards by (seed, epoch), shuffle samples in a seeded buffer of
-    ``shuffle_buffer``, random-resized crops (``crop_scale``; None = plain resize, for
-    images already at their native size); otherwise shard order, no shuffling, resize +
-    centre crop. resampled: draw shards with replacement forever (seeded per rank and
-    worker) instead of one pass split across nodes and workers. Skips are counted into
-    ``stats`` in the iterating process. With ``batch_size`` it yields loader batches
-    ``(images, tokens, meta)`` instead (see the module docstring; used by :func:`make_loader`).
-    ``fast_resume=False`` replays a resumed stream from the start of the pass instead of
-    reading only tar headers up to the resume point (the same samples; for tests).
-    """
-    if isinstance(resume, Mapping):
-        resume = StreamPosition.from_state_dict(resume)
-    transform = image_transform(image_size, train, crop_scale=crop_scale, seed=seed)
-    return ImageCaptionDataset(urls, tokenizer, transform, train=train, shuffle_buffer=shuffle_buffer,
-                               resampled=resampled, seed=seed, epoch=epoch, stats=stats,
-                               batch_size=batch_size, partial=partial, resume=resume, fast_resume=fast_resume)
+def make_dataset(urls: str | Sequence[str], tokenizer: Callable, image_size: int, options: StreamOptions | None = None,
+                 *, stats: SkipStats | None = None, batch_size: int | None = None, **kw) -> ImageCaptionDataset:
+    """An iterable dataset over img2dataset shards yielding ``(image [3,H,W], tokens [L])``, read as
+    ``options`` say (a :class:`StreamOptions`, or its fields as keywords: ``train=False``; an unknown
+    one is a ValueError naming it). Skips are counted into ``stats`` in the iterating process. With
+    ``batch_size`` it yields loader batches ``(images, tokens, meta)`` (see the module docstring)."""
+    options = with_options(StreamOptions, options, kw, "stream")
+    transform = image_transform(image_size, options.train, crop_scale=options.crop_scale, seed=options.seed)
+    return ImageCaptionDataset(urls, tokenizer, transform, options, stats=stats, batch_size=batch_size)
 
 
 def _as_is(batch):
     return batch
 
 
-def make_loader(urls: str | Sequence[str], tokenizer: Callable, image_size: int, batch_size: int, *,
-                num_workers: int = 2, train: bool = True, seed: int = 0, epoch: int = 0,
-                resampled: bool = False, shuffle_buffer: int = 1000,
-                crop_scale: tuple[float, float] | None = (0.9, 1.0), partial: bool = True,
-                resume: StreamPosition | Mapping | None = None, pin_memory: bool = False,
-                fast_resume: bool = True) -> DataLoader:
-    """A DataLoader of ``(images [B,3,H,W] float, tokens [B,L] long, meta)``, batched in workers.
+def make_loader(urls: str | Sequence[str], tokenizer: Callable, image_size: int, batch_size: int,
+                options: StreamOptions | None = None, *, num_workers: int = 2, pin_memory: bool = False,
+                **kw) -> DataLoader:
+    """A DataLoader of ``(images [B,3,H,W] float, tokens [B,L] long, meta)``, batched in workers and
+    read as ``options`` say (a :class:`StreamOptions`, or its fields as keywords: ``train=False``).
 
-    Consume it with :func:`iterate_batches` (merges ``meta["skipped"]`` into a
-    :class:`SkipStats`, tracks a :class:`StreamPosition`). Deterministic for a given
-    (urls, seed, epoch, num_workers, world size). A finite stream ends with each worker's
-    partial batch (``partial=True``; ``False`` drops it, like ``drop_last``) and, if skips
-    remain unreported, an empty batch carrying them. One pass splits shards over nodes and
-    workers, or samples when there are fewer shards than world_size x num_workers (see the
-    module docstring); with ``resampled=True`` every (rank, worker) draws its own seeded
-    infinite shard sequence, the usual choice for DDP since all ranks then see the same number
-    of batches. ``resume``: a :class:`StreamPosition` (or its ``state_dict()``) saved after the
-    last consumed batch; the loader continues with exactly the next batch (``fast_resume``: see
-    :func:`make_dataset`).
+    Consume it with :func:`iterate_batches` (merges ``meta["skipped"]`` into a :class:`SkipStats`,
+    tracks a :class:`StreamPosition`). Deterministic for a given (urls, seed, epoch, num_workers, world
+    size). A finite stream ends with each worker's partial batch (unless ``partial=False``, like
+    ``drop_last``) and, if skips remain unreported, an empty batch carrying them. One pass splits shards
+    over nodes and workers, or samples when there are fewer shards than world_size x num_workers (see
+    the module docstring); ``resampled=True``, where every (rank, worker) draws its own seeded infinite
+    shard sequence, is the usual choice for DDP (all ranks see as many batches). ``resume``: a
+    :class:`StreamPosition` (or its ``state_dict()``) saved after the last consumed batch; the loader
+    continues with the next batch.
     """
-    dataset = make_dataset(urls, tokenizer, image_size, train=train, shuffle_buffer=shuffle_buffer,
-                           resampled=resampled, seed=seed, epoch=epoch, crop_scale=crop_scale,
-                           batch_size=batch_size, partial=partial, resume=resume, fast_resume=fast_resume)
+    dataset = make_dataset(urls, tokenizer, image_size, options, batch_size=batch_size, **kw)
     return DataLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=_as_is,
                       pin_memory=pin_memory, persistent_workers=False)

@@ -1,13 +1,10 @@
 """Accuracy of a multiple-choice benchmark (Table 2): which items count as correct, the suites'
 official aggregations, and cluster-bootstrap intervals. Pure numpy: scores in, numbers out.
 
-Rules, stated once here and in the functions below:
+Rules, stated here and in the functions below:
 
-- Ties follow each benchmark's own scorer (:data:`TIES_WIN`, :func:`correct_and_ties`). ARO's
-  ``evaluate_scores`` takes ``np.argmax`` over the candidates, and ``np.argmax`` returns the first
-  maximum: the order tasks list the true caption first (correct = argmax == 0), so a tie at the top
-  counts as correct; VG-Relation and VG-Attribution list the false caption first (correct =
-  argmax == 1), so a tie is an error. SugarCrepe counts ``pos_score > neg_score``: a tie is an error.
+- Ties follow each benchmark's own scorer, a rule stated once in :mod:`mdc.data.aro_sugarcrepe`
+  (:data:`TIES_WIN`, :func:`correct_and_ties`, re-exported here).
 - Aggregations: VG-Relation is a macro average over relations, VG-Attribution over attribute pairs
   (pairs with fewer than 25 items in the file are dropped once, when the file is read, as ARO does),
   the order tasks and SugarCrepe are item averages (:func:`suite_accuracy`).
@@ -26,26 +23,13 @@ from typing import Sequence
 import numpy as np
 
 from mdc.data import aro_sugarcrepe as comp
+from mdc.data.aro_sugarcrepe import TIES_WIN, correct_and_ties
 
 __all__ = ["BLIND_WARNING", "MACRO_SUITES", "TIES_WIN", "bootstrap_ci", "correct_and_ties", "decode_outcomes",
            "encode_outcomes", "interval", "item_outcomes", "over_seeds", "paired_difference", "resample_stats", "same_words", "suite_accuracy"]
 
 BLIND_WARNING = 0.10  # |blind accuracy - chance| at which the text alone decides a suite
 MACRO_SUITES = ("aro_relation", "aro_attribute")  # suites averaged over groups (relations, attribute pairs)
-TIES_WIN = ("aro_coco_order", "aro_flickr30k_order")  # ARO: true caption first, argmax takes the first maximum
-
-
-def correct_and_ties(scores: np.ndarray, identical: np.ndarray | None = None,
-                     ties_win: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Per item [N]: whether the true caption (column 0 of ``scores`` [N, K]) wins, and whether the
-    item is decided by a tie (its true caption equals its best competitor's score, none higher).
-    ``ties_win`` (ARO's order tasks): true >= every competitor wins; else true > every competitor.
-    ``identical`` [N, K] marks candidates that are the true caption's very string: not competitors."""
-    true, others = scores[:, :1], scores[:, 1:]
-    same = np.zeros_like(others, dtype=bool) if identical is None else identical[:, 1:]
-    strict = ((true > others) | same).all(1)
-    weak = ((true >= others) | same).all(1)
-    return (weak if ties_win else strict), weak & ~strict
 
 
 def suite_accuracy(name: str, items: list, correct: np.ndarray, groups: Sequence | None = None) -> tuple[float, dict | None]:

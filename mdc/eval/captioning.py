@@ -34,10 +34,12 @@ the paper's units (percent).
 from __future__ import annotations
 
 import base64
+import csv
 import io
 import json
 import logging
 import os
+from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -46,12 +48,12 @@ from PIL import Image
 
 from mdc.api import generate
 from mdc.data.formats import Items, load_coco_captions, load_image, load_karpathy, load_karpathy_test
+from mdc.options import with_options
 from mdc.data.transforms import image_transform
 from mdc.eval.metrics import METRICS, caption_metrics, descriptiveness, evaluate_captions  # noqa: F401 (part of this module's API)
 from mdc.eval.results import checkpoint_id
 from mdc.factory import checkpoint_folder, load
 from mdc.optim import fit
-from mdc.noise import check_length
 from mdc.tokenizer import TextStats
 
 logger = logging.getLogger(__name__)
@@ -137,27 +139,41 @@ def _check_items(items: Sequence[Mapping]) -> None:
 
 
 # --------------------------------------------------------------------------- fine-tuning
-def finetune(model, items: Sequence[Mapping], *, steps: int, batch_size: int = 32, lr: float = 1e-5,
-             weight_decay: float = 0.01, warmup_steps: int | None = None, grad_clip_norm: float | None = 1.0,
-             seed: int = 0, device: str = "cpu", cache_limit: int = 4096):
-    """Fine-tune a captioner with its own ``model.loss`` on ``items`` (image + references).
+@dataclass(frozen=True)
+class FinetuneOptions:
+    """How :func:`finetune` trains (one default each; ``steps`` has none)."""
+
+    steps: int  # optimizer steps (required)
+    batch_size: int = 32  # image-caption pairs per step
+    lr: float = 1e-5  # peak learning rate (AdamW)
+    weight_decay: float = 0.01  # AdamW decay of weight matrices
+    warmup_steps: int | None = None  # linear warm-up steps; None: 5% of the steps
+    grad_clip_norm: float | None = 1.0  # gradient-norm clip; None: off
+    seed: int = 0  # image order, reference picks and MDC masks
+    device: str = "cpu"  # where the model trains (and is left)
+    cache_limit: int = 4096  # decode the images once when the set holds at most this many, else per batch
+
+
+def finetune(model, items: Sequence[Mapping], options: FinetuneOptions | None = None, **kw):
+    """Fine-tune a captioner with its own ``model.loss`` on ``items`` (image + references), as
+    ``options`` say (a :class:`FinetuneOptions`, or its fields as keywords: ``steps=200, lr=1e-4``).
 
     Each draw pairs an image with one reference picked uniformly; images are visited in seeded
-    random epochs. :func:`mdc.optim.fit`: AdamW (the pretraining parameter groups), ``warmup_steps``
-    linear warm-up (default 5% of the steps) then cosine decay to 0. Images get the model's eval
-    transform and are decoded once when the set holds at most ``cache_limit`` images, else per batch.
-    Returns ``(model, log)`` with ``log = {"loss": [per step], "text": TextStats counts}``;
-    the model is left in eval mode on ``device``.
+    random epochs and get the model's eval transform. :func:`mdc.optim.fit`: AdamW (the pretraining
+    parameter groups), linear warm-up then cosine decay to 0. Returns ``(model, log)`` with
+    ``log = {"loss": [per step], "text": TextStats counts}``; the model is left in eval mode on ``device``.
     """
+    o = with_options(FinetuneOptions, options, kw, "finetune")
     objective = _check_captioner(model)
     _check_items(items)
-    if steps < 1 or batch_size < 1:
-        raise ValueError(f"steps and batch_size must be >= 1; got {steps}, {batch_size}")
+    if o.steps < 1 or o.batch_size < 1:
+        raise ValueError(f"steps and batch_size must be >= 1; got {o.steps}, {o.batch_size}")
+    device = o.device
     model.to(device)
     transform = image_transform(model.config.image_size, train=False)
-    cache: dict[int, torch.Tensor] | None = {} if len(items) <= cache_limit else None
-    rng = np.random.default_rng(seed)
-    generator = torch.Generator(device=device).manual_seed(seed)  # MDC masking
+    cache: dict[int, torch.Tensor] | None = {} if len(items) <= o.cache_limit else None
+    rng = np.random.default_rng(o.seed)
+    generator = torch.Generator(device=device).manual_seed(o.seed)  # MDC masking
     order: list[int] = []  # what is left of the current random epoch
     text = TextStats()
 
@@ -170,7 +186,7 @@ def finetune(model, items: Sequence[Mapping], *, steps: int, batch_size: int = 3
 
     def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
         batch = []
-        while len(batch) < batch_size:
+        while len(batch) < o.batch_size:
             if not order:
                 order.extend(rng.permutation(len(items)).tolist())
             batch.append(order.pop())
@@ -179,7 +195,7 @@ def finetune(model, items: Sequence[Mapping], *, steps: int, batch_size: int = 3
         text.merge(stats)
         return torch.stack([image(i) for i in batch]).to(device), tokens.to(device)
 
-    losses = fit(model, next_batch, steps, lr, weight_decay, warmup_steps, grad_clip_norm,
+    losses = fit(model, next_batch, o.steps, o.lr, o.weight_decay, o.warmup_steps, o.grad_clip_norm,
                  loss_kwargs={"generator": generator} if objective == "mdc" else None)
     return model, {"loss": losses, "text": text.as_dict()}
 
@@ -195,11 +211,11 @@ def generate_captions(model, items: Sequence[Mapping], *, lengths: Sequence[int]
     _check_items(items)
     if objective == "mdc":
         for n in lengths:
-            check_length(model, n)
+            model.check_length(n)
         runs = {f"mdc-{n}": dict(length=n) for n in lengths}
     else:
         max_length = arc_max_length or model.config.context_length - 2
-        check_length(model, max_length)
+        model.check_length(max_length)
         runs = {f"arc-beam{beam_size}": dict(length=max_length, beam_size=beam_size)}
     model.to(device).eval()
     transform = image_transform(model.config.image_size, train=False)
@@ -213,33 +229,48 @@ def generate_captions(model, items: Sequence[Mapping], *, lengths: Sequence[int]
     return out
 
 
-def caption_checkpoint(path: str, objective: str, train_items: Sequence[Mapping], test_items: Sequence[Mapping], *,
-                       finetune_steps: int = 0, finetune_batch_size: int = 32, finetune_lr: float = 1e-5,
-                       lengths: Sequence[int] = (10, 15, 20), beam_size: int = 6, batch_size: int = 32,
-                       device: str = "cpu", seed: int = 0, save_dir: str | None = None) -> tuple[dict, dict]:
+@dataclass(frozen=True)
+class CaptionOptions:
+    """How :func:`caption_checkpoint` fine-tunes (defaults: :class:`FinetuneOptions`') and captions."""
+
+    finetune_steps: int = 0  # fine-tuning steps; 0: caption with the pretrained weights
+    finetune_batch_size: int = FinetuneOptions.batch_size  # image-caption pairs per fine-tuning step
+    finetune_lr: float = FinetuneOptions.lr  # fine-tuning peak learning rate
+    lengths: tuple[int, ...] = (10, 15, 20)  # MDC caption lengths
+    beam_size: int = 6  # ARC beam width
+    batch_size: int = 32  # images per generation batch
+    device: str = "cpu"  # where the model runs
+    seed: int = 0  # fine-tuning randomness
+    save_dir: str | None = None  # save the fine-tuned model to save_dir/<objective>; None: not saved
+
+
+def caption_checkpoint(path: str, objective: str, train_items: Sequence[Mapping], test_items: Sequence[Mapping],
+                       options: CaptionOptions | None = None, **kw) -> tuple[dict, dict]:
     """Load the ``objective`` captioner at ``path`` (checked; errors name ``<objective>_checkpoint``),
-    fine-tune it on ``train_items`` if ``finetune_steps`` (saved to ``save_dir/<objective>``) and
-    caption ``test_items``. Returns ``(captions, info)``: :func:`generate_captions`' output and
-    ``{path, checkpoint_id, config (ModelConfig), finetuned, finetune}`` for the results file."""
+    fine-tune it on ``train_items`` if ``finetune_steps`` and caption ``test_items``, as ``options`` say
+    (a :class:`CaptionOptions`, or its fields as keywords). Returns ``(captions, info)``:
+    :func:`generate_captions`' output and ``{path, checkpoint_id, config (ModelConfig), finetuned,
+    finetune}`` for the results file."""
+    o = with_options(CaptionOptions, options, kw, "captioning")
     path = resolve_checkpoint(path, objective, f"{objective}_checkpoint")  # a run folder -> its checkpoint
     model = load_captioner(path, objective, f"{objective}_checkpoint")
     info = {"path": path, "checkpoint_id": checkpoint_id(path), "config": model.config,
             "finetuned": None, "finetune": None}
-    if finetune_steps:
-        torch.manual_seed(seed)
-        model, log = finetune(model, train_items, steps=finetune_steps, batch_size=finetune_batch_size,
-                              lr=finetune_lr, seed=seed, device=device)
+    if o.finetune_steps:
+        torch.manual_seed(o.seed)
+        model, log = finetune(model, train_items, steps=o.finetune_steps, batch_size=o.finetune_batch_size,
+                              lr=o.finetune_lr, seed=o.seed, device=o.device)
         unknown = log["text"]["unknown"] / max(1, log["text"]["tokens"])
         if unknown > 0.05:
             logger.warning("%s fine-tuning: %.0f%% of reference tokens are outside the model's vocabulary ([UNK])",
                            objective, 100 * unknown)
-        info["finetune"] = {"steps": finetune_steps, "batch_size": finetune_batch_size, "lr": finetune_lr,
+        info["finetune"] = {"steps": o.finetune_steps, "batch_size": o.finetune_batch_size, "lr": o.finetune_lr,
                             "images": len(train_items), "unknown_rate": unknown, "loss": log["loss"]}
-        if save_dir:
-            info["finetuned"] = os.path.join(save_dir, objective)
+        if o.save_dir:
+            info["finetuned"] = os.path.join(o.save_dir, objective)
             model.save(info["finetuned"])
-    captions = generate_captions(model, test_items, lengths=lengths, beam_size=beam_size, batch_size=batch_size,
-                                 device=device)
+    captions = generate_captions(model, test_items, lengths=o.lengths, beam_size=o.beam_size,
+                                 batch_size=o.batch_size, device=o.device)
     return captions, info
 
 
@@ -312,8 +343,6 @@ def captioning_results(*, dataset: str, items: Items, metrics: Mapping[str, dict
     (its per-image answers are left out; a judge that did not run is null); ``checkpoints``:
     the ``info`` of :func:`caption_checkpoint` per objective.
     """
-    from dataclasses import asdict
-
     if dataset not in TABLE3_PREFIX:
         raise ValueError(f"dataset must be one of {list(TABLE3_PREFIX)} (the Table 3 block); got {dataset!r}")
     unavailable = {obj: f"no {obj}_checkpoint given" for obj in ("mdc", "arc") if obj not in checkpoints}
@@ -340,8 +369,6 @@ def write_outputs(output_dir: str, captions: Mapping[str, Mapping], results: Map
                   judge: Mapping | None = None) -> dict:
     """Write ``predictions.json`` ({name: {image_id: caption}}), ``table3.csv`` / ``table3.md``
     (:func:`table3_rows`) and, if the judge ran, ``judge_answers.json``; returns their paths."""
-    import csv
-
     os.makedirs(output_dir, exist_ok=True)
     files = {"predictions": os.path.join(output_dir, "predictions.json"), "table": os.path.join(output_dir, "table3.csv")}
     with open(files["predictions"], "w") as f:

@@ -7,7 +7,7 @@ Scorers (:data:`mdc.scoring.METHODS`): "exact" (ARC), "elbo" and "heuristic" (MD
 (CLIP). Each scored method is reported raw and length-normalised; "elbo" also as
 ``elbo_trained_t``, the ELBO summed only over the mask ratios the model was trained on
 (``model.config.t_interval``, or ``mask_ratio`` when fixed), estimated from the ELBO's own masked
-copies (the ones whose mask count lies in that range; :func:`mdc.scoring.elbo_score`).
+copies (the ones whose mask count lies in that range; :func:`mdc.absorbing.elbo_score`).
 
 How much of a score is the image's? Every likelihood variant is also scored without the image
 (``<variant>_blind``): the learned null condition where the model has one (log p(t | null)), else

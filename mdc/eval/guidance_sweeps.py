@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from mdc import sampler
-from mdc.condition import partial_mask, vary_condition
+from mdc.condition import vary_condition
 from mdc.data.formats import load_image
 from mdc.distribution import CaptionDistribution
 from mdc.eval import compositionality as comp
@@ -64,8 +64,8 @@ from mdc.eval.clipscore import clip_score, load_clip, ref_clip_score
 from mdc.eval.metrics import ptb_tokenize
 from mdc.eval.results import checkpoint_id
 from mdc.factory import image_transform
-from mdc.guidance import (GUIDANCE, RULES, Guide, check_guidance, is_unguided, scale_label, scale_of, strength_label,
-                          strength_of)
+from mdc.guidance import (GUIDANCE, RULES, Guide, check_guidance, is_unguided, partial_mask, scale_label, scale_of,
+                          strength_label, strength_of)
 from mdc.model import evaluating
 
 logger = logging.getLogger(__name__)

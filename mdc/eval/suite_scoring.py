@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -17,6 +17,7 @@ from mdc.api import score_candidates
 from mdc.data.formats import load_image
 from mdc.distribution import encode_null
 from mdc.eval.suites import Suite, reference_images
+from mdc.options import with_options
 from mdc.scoring import METHODS
 from mdc.tokenizer import caption_mask
 
@@ -99,11 +100,7 @@ class SuiteOptions:
 def suite_options(options: SuiteOptions | None = None, **kw) -> SuiteOptions:
     """``options`` (default: :class:`SuiteOptions`'s defaults) with the fields ``kw`` replaced; a ValueError
     names an unknown option."""
-    known = [f.name for f in fields(SuiteOptions)]
-    unknown = sorted(set(kw) - set(known))
-    if unknown:
-        raise ValueError(f"unknown suite scoring option(s) {unknown}; known: {known}")
-    return replace(options or SuiteOptions(), **kw)
+    return with_options(SuiteOptions, options, kw, "suite scoring")
 
 
 def method_variants(model, methods, options: SuiteOptions | None = None, **kw) -> dict[str, dict]:

@@ -10,15 +10,43 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from mdc.data import aro_sugarcrepe as comp
+from mdc.options import with_options
 from mdc.world.evalsets import write_evalsets
 
 SUGARCREPE = tuple(f"sugarcrepe/{s}" for s in comp.SUGARCREPE_SUBSETS)
 SUITES = ("aro_relation", "aro_attribute", "aro_coco_order", "aro_flickr30k_order", *SUGARCREPE)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """Where :func:`load_suites` finds the real benchmarks ("" = not evaluated) and how it reads
+    every suite (one default each). A benchmark's file and its images are given together."""
+
+    sugarcrepe_dir: str = ""  # SugarCrepe's <subset>.json files
+    coco_val2017_dir: str = ""  # their images: COCO val2017
+    aro_dir: str = ""  # ARO's visual_genome_relation.json and visual_genome_attribution.json
+    vg_image_dir: str = ""  # their Visual Genome images
+    coco_order_json: str = ""  # COCO-Order: ARO's Karpathy test file
+    coco_image_dir: str = ""  # its images
+    flickr_order_json: str = ""  # Flickr30k-Order: ARO's Karpathy test file
+    flickr_image_dir: str = ""  # its images
+    on_missing: str = "error"  # an item whose image is absent: "error" or "skip" it
+    attribute_min_count: int = 25  # VG-Attribution keeps attribute pairs with at least this many items (ARO)
+    order_seed: int = 0  # the order suites' perturbations
+    tagger: str = "auto"  # nouns and adjectives of the order suites: "spacy" | "builtin" | "auto"
+
+
+# The real benchmarks: (suites, LoadOptions field of their file or folder, field of their images).
+REAL_DATA = ((("aro_relation", "aro_attribute"), "aro_dir", "vg_image_dir"),
+             (("aro_coco_order",), "coco_order_json", "coco_image_dir"),
+             (("aro_flickr30k_order",), "flickr_order_json", "flickr_image_dir"),
+             (SUGARCREPE, "sugarcrepe_dir", "coco_val2017_dir"))
+
 
 @dataclass
 class Suite:
@@ -60,29 +88,28 @@ def _pairs(name, data, loaded, kept, true, false, groups, image_dir) -> Suite:
                  clusters=image_ids(kept, image_dir))
 
 
-def _suite(name: str, data: str, path: str, image_dir: str | None, on_missing: str, attribute_min_count: int,
-           order_seed: int, tagger: str) -> Suite:
+def _suite(name: str, data: str, path: str, image_dir: str | None, o: LoadOptions) -> Suite:
     """Read one suite's file; ``path`` is the JSON file (a SugarCrepe folder for sugarcrepe/*)."""
     if name == "aro_relation":
-        items = comp.load_vg_relation(path, image_dir, on_missing)
+        items = comp.load_vg_relation(path, image_dir, o.on_missing)
         kept = [it for it in items if it["relation_name"] not in comp.ARO_SYMMETRIC_RELATIONS]
         return _pairs(name, data, items, kept, "true_caption", "false_caption", [it["relation_name"] for it in kept],
                       image_dir)
     if name == "aro_attribute":
-        items = comp.load_vg_attribution(path, image_dir, on_missing)
+        items = comp.load_vg_attribution(path, image_dir, o.on_missing)
         pair = [f"{it['attributes'][0]}_{it['attributes'][1]}" for it in items]
         counts = Counter(pair)  # ARO's filter, once, on the file's items
-        keep = [i for i, g in enumerate(pair) if counts[g] >= attribute_min_count]
+        keep = [i for i, g in enumerate(pair) if counts[g] >= o.attribute_min_count]
         return _pairs(name, data, items, [items[i] for i in keep], "true_caption", "false_caption",
                       [pair[i] for i in keep], image_dir)
     if name in ("aro_coco_order", "aro_flickr30k_order"):
-        items = comp.load_order_suite(path, image_dir, order_seed, on_missing=on_missing, tagger=tagger)
+        items = comp.load_order_suite(path, image_dir, o.order_seed, on_missing=o.on_missing, tagger=o.tagger)
         identical = np.array([[False, *it["identical"]] for it in items], dtype=bool).reshape(len(items), 5)
         return Suite(name, data, list(items), [[it["caption"], *it["perturbed"]] for it in items], [""] * len(items),
                      [path], items.total, items.total - len(items), 0, 0.2, identical, items.tagger,
                      image_ids(items, image_dir))
     subset = name.split("/")[1]
-    items = comp.load_sugarcrepe(path, image_dir, [subset], on_missing)[subset]
+    items = comp.load_sugarcrepe(path, image_dir, [subset], o.on_missing)[subset]
     return _pairs(name, data, items, items, "caption", "negative_caption", [""] * len(items), image_dir)
 
 
@@ -95,21 +122,14 @@ def _expand(suites) -> list[str]:
     return out
 
 
-def load_suites(data_dir: str | None = None, suites="all", *, sugarcrepe_dir="", coco_val2017_dir="", aro_dir="",
-                vg_image_dir="", coco_order_json="", coco_image_dir="", flickr_order_json="", flickr_image_dir="",
-                on_missing="error", attribute_min_count=25, order_seed=0, tagger="auto") -> dict[str, Suite]:
-    """The suites to evaluate: the synthetic sets under ``data_dir`` (None: none) and the real
-    benchmarks whose paths are given ("" = not evaluated). ``suites``: "all" (every suite with
-    data) or names from ``SUITES`` ("sugarcrepe" = its seven sub-files). A given path that does
-    not exist, a path without its partner, a suite asked for without data, or a suite given
-    both synthetic and real data is a ValueError naming it."""
-    real = {"sugarcrepe_dir": sugarcrepe_dir, "coco_val2017_dir": coco_val2017_dir, "aro_dir": aro_dir,
-            "vg_image_dir": vg_image_dir, "coco_order_json": coco_order_json, "coco_image_dir": coco_image_dir,
-            "flickr_order_json": flickr_order_json, "flickr_image_dir": flickr_image_dir}
-    for param, path in real.items():
-        if path and not os.path.exists(path):
-            raise ValueError(f"{param}: {path} does not exist")
-    sources: dict[str, list[tuple]] = {}  # suite -> [(data, path, image_dir)]
+def _sources(data_dir: str | None, o: LoadOptions) -> dict[str, list[tuple]]:
+    """Per suite, its data: [(data "synthetic" | "real", path, image folder)]; paths checked to exist."""
+    real_paths = {name for _, *pair in REAL_DATA for name in pair}  # the options that are paths
+    for f in fields(LoadOptions):
+        path = getattr(o, f.name)
+        if f.name in real_paths and path and not os.path.exists(path):
+            raise ValueError(f"{f.name}: {path} does not exist")
+    sources: dict[str, list[tuple]] = {}
     if data_dir is not None:
         if not os.path.isdir(data_dir):
             raise ValueError(f"data_dir: {data_dir} is not a folder of synthetic evaluation sets")
@@ -119,21 +139,30 @@ def load_suites(data_dir: str | None = None, suites="all", *, sugarcrepe_dir="",
             sources.setdefault(name, []).append(("synthetic", os.path.join(aro, file), aro))
         for name in SUGARCREPE:
             sources.setdefault(name, []).append(("synthetic", sugar, os.path.join(sugar, "images")))
-    pairs = [(("aro_relation", "aro_attribute"), "aro_dir", "vg_image_dir"),
-             (("aro_coco_order",), "coco_order_json", "coco_image_dir"),
-             (("aro_flickr30k_order",), "flickr_order_json", "flickr_image_dir"),
-             (SUGARCREPE, "sugarcrepe_dir", "coco_val2017_dir")]
     files = {"aro_relation": "visual_genome_relation.json", "aro_attribute": "visual_genome_attribution.json"}
-    for names, data_param, image_param in pairs:
-        if bool(real[data_param]) != bool(real[image_param]):
-            given, needed = (data_param, image_param) if real[data_param] else (image_param, data_param)
+    for names, data_field, image_field in REAL_DATA:
+        data_path, image_dir = getattr(o, data_field), getattr(o, image_field)
+        if bool(data_path) != bool(image_dir):
+            given, needed = (data_field, image_field) if data_path else (image_field, data_field)
             raise ValueError(f"{given} is set but {needed} is empty; both are needed")
-        for name in names if real[data_param] else ():
-            path = os.path.join(real[data_param], files[name]) if name in files else real[data_param]
-            sources.setdefault(name, []).append(("real", path, real[image_param]))
-    wanted = _expand(suites)
+        for name in names if data_path else ():
+            path = os.path.join(data_path, files[name]) if name in files else data_path
+            sources.setdefault(name, []).append(("real", path, image_dir))
+    return sources
+
+
+def load_suites(data_dir: str | None = None, suites="all", options: LoadOptions | None = None,
+                **kw) -> dict[str, Suite]:
+    """The suites to evaluate: the synthetic sets under ``data_dir`` (None: none) and the real
+    benchmarks whose paths ``options`` give (a :class:`LoadOptions`, or its fields as keywords:
+    ``aro_dir=..., vg_image_dir=...``). ``suites``: "all" (every suite with data) or names from
+    ``SUITES`` ("sugarcrepe" = its seven sub-files). An unknown option, a given path that does not
+    exist, a path without its partner, a suite asked for without data, or a suite given both
+    synthetic and real data is a ValueError naming it."""
+    o = with_options(LoadOptions, options, kw, "load_suites")
+    sources = _sources(data_dir, o)
     out = {}
-    for name in wanted:
+    for name in _expand(suites):
         found = sources.get(name, [])
         if len(found) > 1:
             raise ValueError(f"suite {name!r} has both synthetic (data_dir) and real data; "
@@ -142,8 +171,7 @@ def load_suites(data_dir: str | None = None, suites="all", *, sugarcrepe_dir="",
             if suites == "all":
                 continue
             raise ValueError(f"suite {name!r} was asked for but has no data: set data_dir or its real-data paths")
-        data, path, image_dir = found[0]
-        out[name] = _suite(name, data, path, image_dir, on_missing, attribute_min_count, order_seed, tagger)
+        out[name] = _suite(name, *found[0], o)
     return out
 
 

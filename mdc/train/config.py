@@ -106,17 +106,7 @@ class TrainConfig:
         """
         c = dataclasses.replace(self)
         check_values(c)
-        if os.path.isdir(c.train_data):  # a folder of shards: every .tar in it, in name order
-            tars = sorted(glob.glob(os.path.join(c.train_data, "*.tar")))
-            if not tars:
-                raise ConfigError(f"train_data {c.train_data!r} is a folder without .tar shards", "train_data")
-            c.train_data = "::".join(tars)
-        if c.vocab_from_data:
-            if "vocab" in (c.model_overrides or {}):
-                raise ConfigError("vocab_from_data builds the vocabulary from the training captions; "
-                                  "drop 'vocab' from model_overrides or vocab_from_data",
-                                  "vocab_from_data", "model_overrides")
-            c.model_overrides = {**(c.model_overrides or {}), "vocab": vocab_from_captions(c.train_data)}
+        _fill_data(c)
         paper = optim.preset_values(c.preset, c.objective) if c.preset else {}
         c.model = c.model or paper.get("model") or "tiny"
         check_model(c)
@@ -124,42 +114,69 @@ class TrainConfig:
         c.weight_decay = c.weight_decay if c.weight_decay is not None else paper.get("weight_decay", 0.1)
         if c.grad_clip_norm is None:
             c.grad_clip_norm = paper.get("grad_clip_norm")
-        if c.batch_size is None:
-            c.batch_size = paper.get("batch_size", 32)
-        per_step = c.batch_size * world_size
-        target = c.global_batch if c.global_batch is not None else paper.get("global_batch")
-        if target:
-            what = f"preset {c.preset}" if c.preset and c.global_batch is None else "global_batch"
-            names = ("global_batch", "batch_size", "accum_steps")
-            if target % per_step:
-                raise ConfigError(f"{what} needs a global batch of {target}, which is not "
-                                  f"divisible by batch_size {c.batch_size} x world_size {world_size}", *names)
-            accum = target // per_step
-            if c.accum_steps not in (None, accum):
-                raise ConfigError(f"{what}: batch_size {c.batch_size} x world_size {world_size} x "
-                                  f"accum_steps {c.accum_steps} != global batch {target}; "
-                                  f"use --accum-steps {accum} or leave it out", *names)
-            c.accum_steps = accum
-        if c.preset and c.steps is None and c.epochs is None:  # the preset's length: steps or epochs
-            c.steps, c.epochs = paper.get("steps"), paper.get("epochs") if "steps" not in paper else None
-        if c.accum_steps is None:
-            c.accum_steps = 1
-        if (c.steps is None) == (c.epochs is None):
-            raise ConfigError("give exactly one of steps or epochs", "steps", "epochs")
-        if c.epochs is not None:
-            if c.samples_per_epoch is None:
-                if c.resampled:
-                    raise ConfigError("a resampled stream has no epochs: give samples_per_epoch",
-                                      "samples_per_epoch")
-                c.samples_per_epoch = count_samples(c.train_data)
-            c.steps = c.epochs * max(1, c.samples_per_epoch // (per_step * c.accum_steps))
-        if c.warmup_steps is None:
-            c.warmup_steps = paper.get("warmup_steps", round(0.05 * c.steps))
-        if c.warmup_steps >= c.steps:  # the LR would never reach its peak nor decay
-            raise ConfigError(f"warmup_steps {c.warmup_steps} >= steps {c.steps}: the learning rate would never "
-                              f"peak nor decay; give a shorter warm-up with --warmup-steps (e.g. "
-                              f"{max(1, round(0.05 * c.steps))}) or train longer", "warmup_steps", "steps")
+        _fill_batch(c, paper, world_size)
+        _fill_length(c, paper, world_size)
         return c
+
+
+def _fill_data(c: TrainConfig) -> None:
+    """A folder of shards becomes its .tar files in name order; ``vocab_from_data`` becomes the
+    ``vocab`` model override."""
+    if os.path.isdir(c.train_data):
+        tars = sorted(glob.glob(os.path.join(c.train_data, "*.tar")))
+        if not tars:
+            raise ConfigError(f"train_data {c.train_data!r} is a folder without .tar shards", "train_data")
+        c.train_data = "::".join(tars)
+    if c.vocab_from_data:
+        if "vocab" in (c.model_overrides or {}):
+            raise ConfigError("vocab_from_data builds the vocabulary from the training captions; "
+                              "drop 'vocab' from model_overrides or vocab_from_data",
+                              "vocab_from_data", "model_overrides")
+        c.model_overrides = {**(c.model_overrides or {}), "vocab": vocab_from_captions(c.train_data)}
+
+
+def _fill_batch(c: TrainConfig, paper: dict, world_size: int) -> None:
+    """``batch_size`` and ``accum_steps``: a global batch (given, or the preset's) must be the batch x
+    world size x accumulation steps."""
+    if c.batch_size is None:
+        c.batch_size = paper.get("batch_size", 32)
+    per_step = c.batch_size * world_size
+    target = c.global_batch if c.global_batch is not None else paper.get("global_batch")
+    if target:
+        what = f"preset {c.preset}" if c.preset and c.global_batch is None else "global_batch"
+        names = ("global_batch", "batch_size", "accum_steps")
+        if target % per_step:
+            raise ConfigError(f"{what} needs a global batch of {target}, which is not "
+                              f"divisible by batch_size {c.batch_size} x world_size {world_size}", *names)
+        accum = target // per_step
+        if c.accum_steps not in (None, accum):
+            raise ConfigError(f"{what}: batch_size {c.batch_size} x world_size {world_size} x "
+                              f"accum_steps {c.accum_steps} != global batch {target}; "
+                              f"use --accum-steps {accum} or leave it out", *names)
+        c.accum_steps = accum
+    if c.accum_steps is None:
+        c.accum_steps = 1
+
+
+def _fill_length(c: TrainConfig, paper: dict, world_size: int) -> None:
+    """``steps`` (given, from ``epochs``, or the preset's length) and the warm-up, which must be shorter."""
+    if c.preset and c.steps is None and c.epochs is None:  # the preset's length: steps or epochs
+        c.steps, c.epochs = paper.get("steps"), paper.get("epochs") if "steps" not in paper else None
+    if (c.steps is None) == (c.epochs is None):
+        raise ConfigError("give exactly one of steps or epochs", "steps", "epochs")
+    if c.epochs is not None:
+        if c.samples_per_epoch is None:
+            if c.resampled:
+                raise ConfigError("a resampled stream has no epochs: give samples_per_epoch",
+                                  "samples_per_epoch")
+            c.samples_per_epoch = count_samples(c.train_data)
+        c.steps = c.epochs * max(1, c.samples_per_epoch // (c.batch_size * world_size * c.accum_steps))
+    if c.warmup_steps is None:
+        c.warmup_steps = paper.get("warmup_steps", round(0.05 * c.steps))
+    if c.warmup_steps >= c.steps:  # the LR would never reach its peak nor decay
+        raise ConfigError(f"warmup_steps {c.warmup_steps} >= steps {c.steps}: the learning rate would never "
+                          f"peak nor decay; give a shorter warm-up with --warmup-steps (e.g. "
+                          f"{max(1, round(0.05 * c.steps))}) or train longer", "warmup_steps", "steps")
 
 
 # model_overrides may not set what has an option of its own (or is the objective).

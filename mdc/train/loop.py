@@ -20,6 +20,7 @@ from mdc.data.pipeline import SKIP_REASONS, SkipStats
 from mdc.errors import RunError
 from mdc.factory import create_model, load_weights
 from mdc.lock import FolderInUseError, FolderLock
+from mdc.model import uses_bf16
 from mdc.tokenizer import TextStats
 from mdc.train.config import TrainConfig, check_same_run, run_config
 from mdc.train.distributed import (PeerLostError, all_sum, gather, lost_peer, peer_reason, seed_everything,
@@ -239,8 +240,7 @@ class _Run:
 
     def autocast(self):
         """bf16 autocast with precision bf16, or auto on CUDA; else a no-op."""
-        c = self.cfg
-        bf16 = c.precision == "bf16" or (c.precision == "auto" and self.device.type == "cuda")
+        bf16 = uses_bf16(self.cfg.precision, self.device)
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
