@@ -6,11 +6,11 @@ forward, backward, AdamW, the LR schedule; fp32, which ``precision="auto"`` give
 in-memory batch of the ``mini`` preset's size (random images, descriptive synthetic captions), timed
 in interleaved rounds beside a square fp32 ``torch.mm`` on the same torch threads.
 
-The step's FLOPs are counted, not estimated: ``FlopCounterMode`` over one forward and backward of
-the same step with the same masks (the step reseeds torch's RNG: every call draws the same t and
-masked positions). It counts matrix products, convolutions and attention (the CPU kernel of
-``scaled_dot_product_attention``, which the counter does not know, at its formula for the other SDPA
-kernels: all L x S scores, padding and causal masks included). Elementwise ops (GELU, norms, the
+The step's FLOPs are counted, not estimated: the meter of :mod:`mdc.flops` (``FlopCounterMode``) over
+one forward and backward of the same step with the same masks (the step reseeds torch's RNG: every call
+draws the same t and masked positions). It counts matrix products, convolutions and attention (the CPU
+kernel of ``scaled_dot_product_attention``, which the counter does not know, at its formula for the
+other SDPA kernels: all L x S scores, padding and causal masks included). Elementwise ops (GELU, norms, the
 loss), reductions and the optimizer are not counted. fraction = the step's GFLOP/s / the matmul's,
 the median over rounds of the paired ratio (the matmul of the same round).
 
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 import mdc
 from mdc import optim
+from mdc.flops import Meter
 from mdc.train import LossModule, accumulate
 from mdc.world.scenes import scene_captions
 
@@ -36,20 +36,6 @@ from benchmarks.common import Context, Section, interleaved, median
 
 PRESET = json.loads((Path(__file__).parents[1] / "reproduce" / "presets" / "mini.json").read_text())
 MODELS, OBJECTIVES, STYLES = ("tiny", "mini"), ("mdc", "arc", "clip"), ("alt", "descriptive")
-aten = torch.ops.aten
-
-
-def _cpu_sdpa(query, key, value, *args, **kwargs) -> int:
-    return sdpa_flop_count(query, key, value)
-
-
-def _cpu_sdpa_backward(grad_out, query, key, value, *args, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out, query, key, value)
-
-
-#: FlopCounterMode's formulas for SDPA's CPU kernel (it counts the CUDA kernels and the math path only)
-CPU_ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
-                 aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward}
 
 
 def trainer(model, images: torch.Tensor, tokens: torch.Tensor, seed: int = 0):
@@ -67,12 +53,12 @@ def trainer(model, images: torch.Tensor, tokens: torch.Tensor, seed: int = 0):
 
 
 def count(model, images: torch.Tensor, tokens: torch.Tensor, seed: int = 0) -> dict[str, int]:
-    """FLOPs of one forward and backward of :func:`trainer`'s step, by aten operator."""
-    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
+    """FLOPs of one forward and backward of :func:`trainer`'s step, by aten operator (:class:`mdc.flops.Meter`)."""
+    with Meter() as meter:
         torch.manual_seed(seed)
         accumulate(LossModule(model), model, [(images, tokens)])
     model.zero_grad(set_to_none=True)
-    return {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    return meter.by_op()
 
 
 def batch(model, n: int, style: str = "descriptive", seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,10 +9,10 @@
 - Scoring: every scorer's throughput (ELBO with 1024 samples, heuristic, ARC exact, CLIP cosine) in
   fp32 (the scorers' default) and bf16 (``precision="bf16"``), and the bf16 - fp32 score error.
 
-FLOPs of one training step (forward + backward) are counted with
-``torch.utils.flop_counter.FlopCounterMode`` (matrix products and attention; elementwise work is
-not counted, as in the usual MFU; ``reproduce/cost.py`` costs the paper profile with the same
-count). MFU = counted FLOPs x steps/s / the GPU's dense bf16 peak, looked up by device name in
+FLOPs of one training step (forward + backward) are counted with the meter of :mod:`mdc.flops`
+(``torch.utils.flop_counter.FlopCounterMode``: matrix products and attention; elementwise work is
+not counted, as in the usual MFU; the paper profile's dry run, ``reproduce/cost.py``, costs it with
+the same meter). MFU = counted FLOPs x steps/s / the GPU's dense bf16 peak, looked up by device name in
 ``PEAK_BF16``; an unknown GPU gets no MFU. The models have random weights: the score errors say
 how far bf16 moves a score, not how often it flips a benchmark's decision.
 
@@ -25,10 +25,10 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 import mdc
 from mdc import optim
+from mdc.flops import Meter
 from mdc.train import LossModule, accumulate
 from mdc.world.scenes import scene_captions
 
@@ -80,12 +80,12 @@ def _training(sec: Section, ctx: Context, device: torch.device, name: str) -> No
     images, tokens = batch(model, B, device)
     eager = _trainer(model, device, False, None)
     eager(images, tokens)  # optimizer state allocated before counting
-    with FlopCounterMode(display=False) as counter:
+    with Meter() as meter:
         with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = model.loss(images, tokens)
         loss.backward()
     model.zero_grad(set_to_none=True)
-    flops = counter.get_total_flops()
+    flops = meter.flops
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t = median(interleaved({"step": lambda: eager(images, tokens)}, rounds=ctx.pick(10, 1), warmup=ctx.pick(3, 1),

@@ -16,8 +16,8 @@ import os
 import torch
 
 import mdc
-from mdc.diffusion import caption_log_probs
-from mdc.diffusion import masked_row
+from mdc.distribution import caption_log_probs
+from mdc.absorbing import masked_row
 
 from benchmarks import peers
 from benchmarks.common import (Context, Section, coca_config, coca_like, count_calls, interleaved, median, small,
@@ -28,7 +28,7 @@ LENGTH, BEAMS, SEED = 20, 6, 0
 
 @torch.no_grad()
 def plain_mdc_sample(model, images, length: int) -> torch.Tensor:
-    """Greedy confidence unmasking as :func:`mdc.noise.mdc_sample` does it, but running the whole
+    """Greedy confidence unmasking as :func:`mdc.absorbing.mdc_sample` does it, but running the whole
     model, image encoder included, at every step: the loop the cached sampler replaces."""
     tok = model.tokenizer
     x = masked_row(tok, len(images), length, images.device)
@@ -45,7 +45,7 @@ def coca_beam_search(coca, images, length: int, beams: int, tok, min_length: int
     """Beam search that drives CoCa the way open_clip's ``CoCa.generate`` does: images repeated per beam
     and encoded once, then the whole prefix through the text tower and the multimodal decoder at every
     step (no cache). The bookkeeping is plain beam search (finished = emitted [EOT] within the top
-    ``beams``, length-normalised ranking), the same rules as :func:`mdc.sampler.arc_sample`; no [EOT]
+    ``beams``, length-normalised ranking), the same rules as :func:`mdc.autoregressive.arc_sample`; no [EOT]
     before ``min_length`` tokens, as open_clip's ``min_seq_len``. An image none of whose hypotheses
     finished gets its best live one, length-normalised (open_clip's and Hugging Face's finalize)."""
     B, K = len(images), beams

@@ -14,7 +14,7 @@ import torch
 
 import mdc
 from mdc import checkpoint, optim
-from mdc.loss import trim_padding
+from mdc.tokenizer import trim_padding
 
 from benchmarks.common import Context, Section, batch, coca_like, interleaved, median, open_clip_module, small, speedup
 

@@ -116,7 +116,7 @@ def _best_finished(finished: list, tok) -> torch.Tensor:
 def exact_loglik(model, context, rows, tokens, max_rows=256):
     """ARC log-likelihood [R] by teacher forcing; token row r decodes against image rows[r] of ``context``.
 
-    The log-probabilities of :func:`mdc.diffusion.caption_log_probs` (``allow_eot``) at the targets
+    The log-probabilities of :func:`mdc.distribution.caption_log_probs` (``allow_eot``) at the targets
     only, log p(c) = logit(c) - logsumexp(allowed logits), ``max_rows`` token rows per forward pass
     and the head at their caption and [EOT] targets alone: the largest tensor is
     [<= max_rows * (L - 1), V], never [R, L, V] (2.4 GB of fp32 at V = 49,409 and 160 rows of 77)."""

@@ -120,6 +120,9 @@ def config_fields(flat: dict) -> dict:
         ext.setdefault("mask_replace", {})
     if "guidance" in ext and not ConditionVariants(**ext["guidance"]).active:
         del ext["guidance"]  # all off: plain MDC, written as such
+    for name in set(ext) & {"guidance", "mask_replace"}:  # an option at its default is not written: one form per config
+        defaults = EXTENSIONS[name]()
+        ext[name] = {k: v for k, v in ext[name].items() if v != getattr(defaults, k, object())}
     return {**args, "extensions": ext}
 
 

@@ -1,5 +1,8 @@
-"""Paper figures, one function per artifact. Figures are drawn on matplotlib's Agg canvas
-(no pyplot, no display needed), saved as PNG and PDF side by side, and show inline in Jupyter."""
+"""The figures a user draws, one function per figure: captions beside their images, a training run's
+loss, MC-Diffusion's guidance trade-off, the sampler's unmasking path and the ELBO's spread. Figures are
+drawn on matplotlib's Agg canvas (no pyplot, no display needed), saved as PNG and PDF side by side, and
+show inline in Jupyter. The paper's figures drawn only from run records live beside their builders
+(``reproduce/paper_figures.py``)."""
 from __future__ import annotations
 
 import io
@@ -28,7 +31,8 @@ class PaperFigure(Figure):
         return buffer.getvalue()
 
 
-def _save(fig, path: str | None) -> None:
+def save_figure(fig, path: str | None) -> None:
+    """Save ``fig`` as ``path``.png and ``path``.pdf (any extension of ``path`` replaced); nothing without a path."""
     if path:
         base = os.path.splitext(path)[0]
         os.makedirs(os.path.dirname(os.path.abspath(base)), exist_ok=True)
@@ -66,7 +70,7 @@ def plot_captions(images: Sequence, captions_by_model: Mapping[str, Sequence[str
             text.text(0.0, y, f"{label}:", va="top", ha="left", fontsize=9, weight="bold", transform=text.transAxes)
             text.text(0.2, y, "\n".join(wrapped), va="top", ha="left", fontsize=9, transform=text.transAxes)
             y -= 0.14 * len(wrapped) + 0.04
-    _save(fig, path)
+    save_figure(fig, path)
     return fig
 
 
@@ -78,62 +82,7 @@ def plot_loss_curve(metrics_path: str, path: str | None = None, title: str = "")
     ax.plot([r["step"] for r in rows], [r["loss"] for r in rows])
     ax.set(xlabel="step", ylabel="loss", title=title)
     fig.tight_layout()
-    _save(fig, path)
-    return fig
-
-
-def _mean_std(values) -> tuple[float, float]:
-    v = [100 * x for x in values if x is not None and np.isfinite(x)]
-    return (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0) if v else (np.nan, 0.0)
-
-
-def plot_caption_lengths(distributions: Mapping[str, Mapping], path: str | None = None) -> Figure:
-    """Fig. 3: tokenized caption lengths per dataset; ``{label: {"fraction": [...], "edges": [...], "mean"}}``."""
-    fig = PaperFigure(figsize=(5.5, 3.2))
-    ax = fig.add_subplot()
-    for label, d in distributions.items():
-        edges = np.asarray(d["edges"], dtype=float)
-        ax.step(edges[:-1], 100 * np.asarray(d["fraction"]), where="post", label=f"{label} (mean {d['mean']:.1f})")
-    ax.set(xlabel="caption length (CLIP BPE tokens)", ylabel="captions (%)")
-    ax.legend(frameon=False)
-    fig.tight_layout()
-    _save(fig, path)
-    return fig
-
-
-def plot_mask_ratios(bert: Mapping[float, Mapping[str, Sequence]], mdc: Mapping[str, Sequence] | None,
-                     path: str | None = None, metric: str = "object") -> Figure:
-    """Fig. 4: probe top-1 (%) of image-conditioned BERT per fixed masking ratio; MDC as a band."""
-    fig = PaperFigure(figsize=(5, 3.2))
-    ax = fig.add_subplot()
-    ratios = sorted(bert)
-    stats = [_mean_std(bert[r][metric]) for r in ratios]
-    ax.errorbar([100 * r for r in ratios], [m for m, _ in stats], yerr=[s for _, s in stats], marker="o",
-                capsize=3, label="BERT (fixed ratio)")
-    if mdc:
-        m, s = _mean_std(mdc[metric])
-        ax.axhline(m, color="C1", label="MDC, t ~ U[0.5, 1]")
-        ax.axhspan(m - s, m + s, color="C1", alpha=0.2)
-    ax.set(xlabel="masking ratio (%)", ylabel=f"linear probe top-1 (%), {metric}")
-    ax.legend(frameon=False)
-    fig.tight_layout()
-    _save(fig, path)
-    return fig
-
-
-def plot_data_scaling(points: Mapping[int, Mapping[str, Sequence]], path: str | None = None,
-                      metric: str = "object") -> Figure:
-    """Fig. 5: probe top-1 (%) against the number of pretraining pairs; ``{pairs: {metric: [per seed]}}``."""
-    fig = PaperFigure(figsize=(5, 3.2))
-    ax = fig.add_subplot()
-    xs = sorted(points)
-    stats = [_mean_std(points[x][metric]) for x in xs]
-    ax.errorbar(xs, [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=3)
-    ax.set(xlabel="pretraining image-caption pairs", ylabel=f"linear probe top-1 (%), {metric}")
-    if xs and min(xs) > 0:
-        ax.set_xscale("log")
-    fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
     return fig
 
 
@@ -190,14 +139,14 @@ def plot_guidance_tradeoff(results: Mapping, path: str | None = None,
         ax.set(xlabel=name, ylabel="CLIPScore" if clip else "guidance strength (no CLIPScore)")
         ax.legend(frameon=False, fontsize=8, title="labels: guidance strength", title_fontsize=7)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
     return fig
 
 
 def plot_unmasking(trace: Sequence[Mapping], tokenizer, row: int = 0, path: str | None = None) -> Figure:
     """Fig. 2(b) from a real run: the unmasking path of one caption, step by step.
 
-    ``trace``: the records of ``mdc.generate(..., trace=trace)`` (:func:`mdc.noise.mdc_sample`).
+    ``trace``: the records of ``mdc.generate(..., trace=trace)`` (:func:`mdc.absorbing.mdc_sample`).
     One line per step, one column per caption position: the colour is the confidence (max
     probability) of every still-masked position at that step, the token written is the one
     revealed there (its confidence beside it); revealed positions stay white below.
@@ -219,7 +168,7 @@ def plot_unmasking(trace: Sequence[Mapping], tokenizer, row: int = 0, path: str 
     ax.set_title(tokenizer.decode(trace[-1]["tokens"][row]), fontsize=9)
     fig.colorbar(im, ax=ax, label="confidence of a masked position", fraction=0.03)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
     return fig
 
 
@@ -245,5 +194,5 @@ def plot_elbo_spread(spread: Mapping, path: str | None = None) -> Figure:
         ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.legend(frameon=False, fontsize=8)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
     return fig

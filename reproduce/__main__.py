@@ -27,7 +27,7 @@ import sys
 
 from mdc.cli import ArgumentParser, report
 from mdc.errors import ConfigError, RunError, must
-from reproduce import cluster, cost, ledger, registry, runner
+from reproduce import book, cluster, cost, cost_table, ledger, registry, runner
 
 
 def check(args: argparse.Namespace) -> None:
@@ -104,13 +104,15 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                                     nodes=args.nodes)
         print(f"wrote {len(runs)} job scripts; submit them with: bash {path}")
         return 0
-    torchrun = (args.gpus_per_node, args.nodes) if args.gpus_per_node else None
-    budget = None if args.time_budget is None else args.time_budget * 60
-    outcome = runner.run_all(runs, out, jobs=args.jobs, dry_run=args.dry_run, torchrun=torchrun,
-                             only={args.run} if args.run else None,  # --run: its dependencies ran as earlier jobs
-                             records=records, time_budget_s=budget, profile=args.profile,
-                             keep_checkpoints=args.keep_checkpoints or bool(args.only),  # --only: a partial graph
-                             flops=_flops if args.profile != "paper" else None)
+    settings = runner.RunSettings(
+        jobs=args.jobs, torchrun=(args.gpus_per_node, args.nodes) if args.gpus_per_node else None,
+        only={args.run} if args.run else None,  # --run: its dependencies ran as earlier jobs
+        records=records, time_budget_s=None if args.time_budget is None else args.time_budget * 60,
+        keep_checkpoints=args.keep_checkpoints or bool(args.only),  # --only: a partial graph
+        profile=args.profile)
+    if args.dry_run:
+        runner.dry_run(runs, out, settings, flops=_flops if args.profile != "paper" else None)
+    outcome = {} if args.dry_run else runner.run_all(runs, out, settings)
     failed = {n: o for n, o in outcome.items() if o["status"] not in ("ok", "skipped", "left")}
     if failed:
         print(f"\n{len(failed)} run(s) did not complete:", file=sys.stderr)
@@ -119,7 +121,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         return 1
     left = [n for n, o in outcome.items() if o["status"] == "left"]
     if args.dry_run and args.profile == "paper":  # what it would cost (reproduce/cost.py)
-        print("\n" + cost.render(cost.plan(runs, out), args.mfu))
+        print("\n" + cost_table.render(cost.plan(runs, out), args.mfu))
     if left:
         print(f"\ntime budget reached: {len(left)} of {len(outcome)} runs left ({', '.join(left[:3])}"
               f"{', ...' if len(left) > 3 else ''}); records in {records}; continue with: "
@@ -140,12 +142,12 @@ def _flops(run) -> float | None:
 def _from_records(runs: list, records: str, figures: str, args: argparse.Namespace) -> int:
     """Every artifact of ``runs`` built from the ledger alone; a missing record is one line naming it."""
     found = ledger.read_all(records)
-    missing = [r.name for r in runs if r.notebook not in runner.READS_RECORDS_ONLY and r.name not in found]
+    missing = [r.name for r in runs if r.notebook not in book.READS_RECORDS_ONLY and r.name not in found]
     if missing:
         raise RunError(f"no record of run {missing[0]} in {records} ({len(missing)} of {len(runs) - 1} missing); "
                        f"make them with: python -m reproduce --profile {args.profile} --seeds {args.seeds} "
                        f"--records {records}")
-    wanted = {r.name: found[r.name] for r in runs if r.notebook not in runner.READS_RECORDS_ONLY}  # registry order
+    wanted = {r.name: found[r.name] for r in runs if r.notebook not in book.READS_RECORDS_ONLY}  # registry order
     files = registry.build_from_records(wanted, figures, only=args.only)
     print(f"{sum(map(len, files.values()))} files of {len(files)} artifacts in {figures}, from "
           f"{len(wanted)} records in {records}")

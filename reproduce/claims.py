@@ -62,7 +62,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from reproduce.report import write_table
+from reproduce.tables import write_table
 
 TASKS = ("object", "shape", "texture", "count")  # mean4
 EQUAL_MARGIN = 2.0  # points of mean4 within which two methods count as comparable

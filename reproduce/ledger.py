@@ -139,7 +139,7 @@ def write(records: str, run, key: str, results: dict, out: str, notebook_digest:
 
 
 def run_seconds(record: dict) -> float:
-    """A recorded run's length: its wall time (over all its attempts, :func:`reproduce.runner.earlier_seconds`),
+    """A recorded run's length: its wall time (over all its attempts, :func:`reproduce.folders.earlier_seconds`),
     or for a pretraining run its images over its throughput if that is longer: the records of the reference
     run were written before the runner added up attempts, and a resumed run's holds its last attempt only."""
     seconds = float(record.get("seconds") or 0.0)

@@ -1,5 +1,6 @@
 """The experiment registry: every table and figure of the paper, the notebook runs that feed it
-(per profile) and the builder that writes it from their results (:mod:`reproduce.report`).
+(per profile) and the builder that writes it from their results (:mod:`reproduce.report`,
+:mod:`reproduce.compositionality_table`, :mod:`reproduce.paper_figures`, :mod:`reproduce.claims`).
 
 Profiles:
 - ``smoke``: every artifact wired end to end with a handful of steps on tiny data (CI).
@@ -21,8 +22,11 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from reproduce import claims, ledger, report
+from mdc.factory import model_config
+from mdc.optim import preset_values
+from reproduce import claims, compositionality_table, ledger, paper_figures, report
 from reproduce.graph import Run
+from reproduce.paper_profile import build_paper
 
 
 @dataclass(frozen=True)
@@ -40,16 +44,16 @@ ARTIFACTS = {
     "table1": Artifact("Linear probe: CLIP, ARC, MDC per caption style (and CLIP-LB on descriptive captions)",
                        report.table1),
     "table2": Artifact("Compositionality: ARO and SugarCrepe for CLIP, ARC, MDC (Monte Carlo, heuristic)",
-                       report.table2),
+                       compositionality_table.table2),
     "table3": Artifact("Captioning: ARC beam 6 vs MDC-10/15/20 (BLEU-4, METEOR, CIDEr, SPICE, ROUGE-L, LLM judge)",
                        report.table3),
     "table4": Artifact("Ablation of the 1/t weight, both caption styles", report.table4),
     "table5": Artifact("Noise schedules t ~ U[w_l, w_u] on alt captions", report.table5),
     "tables6-8": Artifact("Pretraining hyperparameters per backbone (the presets)", report.tables6_8),
-    "fig3": Artifact("Caption length distributions of the pretraining sets", report.fig3),
-    "fig4": Artifact("Image-conditioned BERT at fixed masking ratios vs MDC", report.fig4),
-    "fig5": Artifact("Linear probe vs number of pretraining pairs", report.fig5),
-    "fig6": Artifact("Qualitative captions: MDC-10/15/20 and ARC", report.fig6),
+    "fig3": Artifact("Caption length distributions of the pretraining sets", paper_figures.fig3),
+    "fig4": Artifact("Image-conditioned BERT at fixed masking ratios vs MDC", paper_figures.fig4),
+    "fig5": Artifact("Linear probe vs number of pretraining pairs", paper_figures.fig5),
+    "fig6": Artifact("Qualitative captions: MDC-10/15/20 and ARC", paper_figures.fig6),
     "guidance": Artifact("MC-Diffusion: reference metrics vs CLIPScore across guidance strengths, CFG vs MCS "
                          "(as printed, mirrored)", report.guidance),
     "claims": Artifact("The paper's probe claims on the synthetic world: each difference, its 95% interval over "
@@ -119,9 +123,6 @@ PROFILES = {
 def _mini_recipe() -> dict:
     """The recipe the learnability study froze (:data:`MINI_PRESET`) and the data it needs; each
     run gets its values as parameters, its objective's lr among them."""
-    from mdc.factory import model_config
-    from mdc.optim import preset_values
-
     r = preset_values(MINI_PRESET, "mdc")
     lr = {objective: preset_values(MINI_PRESET, objective)["lr"] for objective in ("mdc", "arc", "clip")}
     return dict(train=dict(steps=r["steps"], batch_size=r["global_batch"], lr=lr, weight_decay=r["weight_decay"],
@@ -194,8 +195,6 @@ def pretrain_runs(p: dict, seed: int) -> list[Run]:
 def build(profile: str, seeds: int = 1) -> list[Run]:
     """All runs of a profile for ``seeds`` seeds (0 .. seeds-1)."""
     if profile == "paper":
-        from reproduce.paper import build_paper
-
         return build_paper(seeds)
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES) + ['paper']}")
@@ -203,6 +202,15 @@ def build(profile: str, seeds: int = 1) -> list[Run]:
     if profile == "mini":
         recipe = _mini_recipe()
         p = {**p, "train": {**p["train"], **recipe["train"]}, "data": {**p["data"], **recipe["data"]}}
+    runs = _data_runs(p)
+    for seed in range(seeds):
+        pre = pretrain_runs(p, seed)
+        runs += pre + evaluation_runs(p, seed, pre)
+    return runs
+
+
+def _data_runs(p: dict) -> list[Run]:
+    """The synthetic world's pretraining shards per caption style and its evaluation sets."""
     data = p["data"]
     runs = [Run(f"data/{style}", "data", dict(kind="shards", style=style, seed=0, output_dir=f"{{run:data/{style}}}",
                                               **data), artifacts=("fig3",), labels=dict(style=style),
@@ -210,47 +218,51 @@ def build(profile: str, seeds: int = 1) -> list[Run]:
     runs.append(Run("data/evalsets", "data", dict(kind="evalsets", seed=1, image_size=data["image_size"],
                                                    output_dir="{run:data/evalsets}", **p["evalsets"]),
                     timeout_s=p["timeout_s"]))
+    return runs
+
+
+def evaluation_runs(p: dict, seed: int, pre: list[Run]) -> list[Run]:
+    """One seed's evaluations: a linear probe of each probed pretraining run in ``pre``, Table 2's parts per
+    objective, the captioning of Table 3 and Fig. 6, and the guidance sweep."""
+    runs = []
     evalsets = "{run:data/evalsets}"
-    for seed in range(seeds):
-        pre = pretrain_runs(p, seed)
-        runs += pre
-        for r in pre:
-            if not set(r.artifacts) & PROBED:
-                continue
-            tag = r.name.split("/", 1)[1]
-            runs.append(Run(f"probe/{tag}", "linear_probe",
-                            dict(checkpoint=f"{{run:{r.name}}}", evalsets_dir=evalsets, seed=seed,
-                                 output_dir=f"{{run:probe/{tag}}}", random_init_cache="{run:cache/random-init}",
-                                 **p["probe"]),
-                            deps=(r.name, "data/evalsets"), artifacts=r.artifacts + ("claims",), labels=r.labels,
-                            timeout_s=p["timeout_s"]))
-        for objective in ("clip", "arc", "mdc"):
-            model = f"pretrain/{objective}-descriptive-s{seed}"
-            for part, suites in TABLE2_PARTS.items():
-                name = f"compositionality/{objective}-descriptive-{part}-s{seed}"
-                runs.append(Run(name, "compositionality",
-                                dict(checkpoint=f"{{run:{model}}}", data_dir=evalsets, suites=list(suites), seed=seed,
-                                     output_dir=f"{{run:{name}}}", **p["compositionality"]),
-                                deps=(model, "data/evalsets"), artifacts=("table2",),
-                                labels=dict(method=objective.upper(), style="descriptive", seed=seed, part=part),
-                                timeout_s=p["timeout_s"]))
-        runs.append(Run(f"captioning/alt-s{seed}", "captioning",
-                        dict(mdc_checkpoint=f"{{run:pretrain/mdc-alt-s{seed}}}",
-                             arc_checkpoint=f"{{run:pretrain/arc-alt-s{seed}}}",
-                             captions_json=os.path.join(evalsets, "captions", "dataset_scenes.json"),
-                             image_root=os.path.join(evalsets, "captions"), seed=seed,
-                             output_dir=f"{{run:captioning/alt-s{seed}}}", **p["captioning"]),
-                        deps=(f"pretrain/mdc-alt-s{seed}", f"pretrain/arc-alt-s{seed}", "data/evalsets"),
-                        artifacts=("table3", "fig6"), labels=dict(style="alt", seed=seed),
+    for r in pre:
+        if not set(r.artifacts) & PROBED:
+            continue
+        tag = r.name.split("/", 1)[1]
+        runs.append(Run(f"probe/{tag}", "linear_probe",
+                        dict(checkpoint=f"{{run:{r.name}}}", evalsets_dir=evalsets, seed=seed,
+                             output_dir=f"{{run:probe/{tag}}}", random_init_cache="{run:cache/random-init}",
+                             **p["probe"]),
+                        deps=(r.name, "data/evalsets"), artifacts=r.artifacts + ("claims",), labels=r.labels,
                         timeout_s=p["timeout_s"]))
-        runs.append(Run(f"guidance/alt-s{seed}", "guidance",
-                        dict(checkpoint=f"{{run:pretrain/mdc-guided-alt-s{seed}}}",
-                             clip_checkpoint=f"{{run:pretrain/clip-descriptive-s{seed}}}",  # the best-trained CLIP
-                             captions_json=os.path.join(evalsets, "captions", "dataset_scenes.json"),
-                             image_root=os.path.join(evalsets, "captions"), seed=seed,
-                             output_dir=f"{{run:guidance/alt-s{seed}}}", **p["guidance"]),
-                        deps=(f"pretrain/mdc-guided-alt-s{seed}", f"pretrain/clip-descriptive-s{seed}", "data/evalsets"),
-                        artifacts=("guidance",), labels=dict(style="alt", seed=seed), timeout_s=p["timeout_s"]))
+    for objective in ("clip", "arc", "mdc"):
+        model = f"pretrain/{objective}-descriptive-s{seed}"
+        for part, suites in TABLE2_PARTS.items():
+            name = f"compositionality/{objective}-descriptive-{part}-s{seed}"
+            runs.append(Run(name, "compositionality",
+                            dict(checkpoint=f"{{run:{model}}}", data_dir=evalsets, suites=list(suites), seed=seed,
+                                 output_dir=f"{{run:{name}}}", **p["compositionality"]),
+                            deps=(model, "data/evalsets"), artifacts=("table2",),
+                            labels=dict(method=objective.upper(), style="descriptive", seed=seed, part=part),
+                            timeout_s=p["timeout_s"]))
+    runs.append(Run(f"captioning/alt-s{seed}", "captioning",
+                    dict(mdc_checkpoint=f"{{run:pretrain/mdc-alt-s{seed}}}",
+                         arc_checkpoint=f"{{run:pretrain/arc-alt-s{seed}}}",
+                         captions_json=os.path.join(evalsets, "captions", "dataset_scenes.json"),
+                         image_root=os.path.join(evalsets, "captions"), seed=seed,
+                         output_dir=f"{{run:captioning/alt-s{seed}}}", **p["captioning"]),
+                    deps=(f"pretrain/mdc-alt-s{seed}", f"pretrain/arc-alt-s{seed}", "data/evalsets"),
+                    artifacts=("table3", "fig6"), labels=dict(style="alt", seed=seed),
+                    timeout_s=p["timeout_s"]))
+    runs.append(Run(f"guidance/alt-s{seed}", "guidance",
+                    dict(checkpoint=f"{{run:pretrain/mdc-guided-alt-s{seed}}}",
+                         clip_checkpoint=f"{{run:pretrain/clip-descriptive-s{seed}}}",  # the best-trained CLIP
+                         captions_json=os.path.join(evalsets, "captions", "dataset_scenes.json"),
+                         image_root=os.path.join(evalsets, "captions"), seed=seed,
+                         output_dir=f"{{run:guidance/alt-s{seed}}}", **p["guidance"]),
+                    deps=(f"pretrain/mdc-guided-alt-s{seed}", f"pretrain/clip-descriptive-s{seed}", "data/evalsets"),
+                    artifacts=("guidance",), labels=dict(style="alt", seed=seed), timeout_s=p["timeout_s"]))
     return runs
 
 

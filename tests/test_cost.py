@@ -1,15 +1,16 @@
-"""The costed dry run of the paper profile (reproduce/cost.py): meta-device FLOPs checked against the
-real loss and the analytic count, activation memory against CPU autocast, the plan's table and totals."""
+"""The costed dry run of the paper profile (reproduce/cost.py, reproduce/model_cost.py, reproduce/cost_table.py):
+meta-device FLOPs checked against the real loss and the analytic count, activation memory against CPU autocast,
+the plan's table and totals."""
 import json
 import re
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 import mdc
 from mdc.factory import model_config
-from reproduce import cluster, cost, paper, registry
+from mdc.flops import Meter
+from reproduce import cluster, cost, model_cost, paper_profile, registry
 from reproduce.__main__ import main
 from conftest import SMALL
 
@@ -17,11 +18,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def real_loss_flops(model, tokens, **kw) -> float:
-    """FlopCounterMode over the real loss's forward and backward (CPU tensors)."""
+    """The meter over the real loss's forward and backward (CPU tensors)."""
     images = torch.randn(len(tokens), 3, model.config.image_size, model.config.image_size)
-    with FlopCounterMode(display=False) as counter:
+    with Meter() as meter:
         model.loss(images, tokens, **kw).backward()
-    return counter.get_total_flops()
+    return meter.flops
 
 
 @pytest.mark.parametrize("objective", ["mdc", "arc", "clip"])
@@ -37,27 +38,27 @@ def test_meta_training_pass_counts_what_the_real_loss_does(objective):
                         torch.full((B, 3), tok.pad_id)], dim=1)
     kw = {"t": torch.ones(B)} if objective == "mdc" else {}
     length, positions = {"mdc": (N + 2, N), "arc": (N + 1, N + 1), "clip": (N + 2, 0)}[objective]
-    flops, _ = cost.measure_training(model, B, length, positions)
+    flops, _ = model_cost.measure_training(model, B, length, positions)
     assert flops == pytest.approx(real_loss_flops(model, tokens, **kw), rel=1e-3)
     with torch.device("meta"):
         meta = mdc.create_model("tiny", objective, **SMALL).to(torch.bfloat16)
-    meta_flops, _ = cost.measure_training(meta, B, length, positions)  # fused attention on meta
+    meta_flops, _ = model_cost.measure_training(meta, B, length, positions)  # fused attention on meta
     assert meta_flops == pytest.approx(flops, rel=0.05)  # only the attention backward is counted differently
 
 
 @pytest.mark.parametrize("name", ["vit-b-32", "vit-l-14"])
 @pytest.mark.parametrize("objective", ["mdc", "clip"])
 def test_meta_forward_matches_the_analytic_count(name, objective):
-    model = cost.meta_model(name, objective)
-    with torch.no_grad(), cost.fused_attention(), FlopCounterMode(display=False) as counter:
-        cost.training_forward(model, 1, 77, 16 if objective == "mdc" else 0)
-    analytic = cost.analytic_forward_flops(model_config(name, objective), 77, 16 if objective == "mdc" else 0)
-    assert counter.get_total_flops() == pytest.approx(analytic, rel=0.01)
+    model = model_cost.meta_model(name, objective)
+    with torch.no_grad(), Meter(fused=True) as meter:
+        model_cost.training_forward(model, 1, 77, 16 if objective == "mdc" else 0)
+    analytic = model_cost.analytic_forward_flops(model_config(name, objective), 77, 16 if objective == "mdc" else 0)
+    assert meter.flops == pytest.approx(analytic, rel=0.01)
 
 
 def test_the_head_is_linear_in_its_positions():
-    p = cost.training_pass("vit-b-32", "mdc")
-    flops, saved = cost.measure_training(cost.meta_model("vit-b-32", "mdc"), 2, 77, 5)
+    p = model_cost.training_pass("vit-b-32", "mdc")
+    flops, saved = model_cost.measure_training(model_cost.meta_model("vit-b-32", "mdc"), 2, 77, 5)
     assert p.at(5)[0] == pytest.approx(flops / 2, rel=1e-6) and p.at(5)[1] == pytest.approx(saved / 2, rel=0.01)
     assert p.head_flops == pytest.approx(3 * 2 * 512 * mdc.get_tokenizer("vit-b-32").vocab_size, rel=1e-6)
 
@@ -67,7 +68,8 @@ def test_activation_memory_factor_of_autocast_is_what_cpu_autocast_measures():
     CPU autocast over those of the same model in bf16: AUTOCAST_FACTOR must be within 0.05 of it."""
     def per_sample(model, autocast):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            return (cost.measure_training(model, 6, 20, 4)[1] - cost.measure_training(model, 2, 20, 4)[1]) / 4
+            six, two = (model_cost.measure_training(model, batch, 20, 4)[1] for batch in (6, 2))
+            return (six - two) / 4
 
     for objective in ("mdc", "clip"):
         model = mdc.create_model("vit-b-32", objective, vision_layers=2, text_layers=2)
@@ -80,7 +82,7 @@ def test_every_placeholder_of_the_paper_profile_is_a_listed_data_variable(monkey
         monkeypatch.delenv(var, raising=False)
     for run in registry.build("paper", seeds=1):
         needed = set(re.findall(r"<set (\w+)>", json.dumps(run.params)))
-        assert needed <= set(paper.data_vars(run)) <= set(registry.PAPER_ENV), run.name
+        assert needed <= set(paper_profile.data_vars(run)) <= set(registry.PAPER_ENV), run.name
     lb = next(r for r in registry.build("paper") if "cliplb" in r.name)
     assert "--global-batch 2048" in cluster.torchrun_command(lb, "out", 8)  # CLIP-LB: twice the batch
 
@@ -109,10 +111,10 @@ def test_paper_dry_run_prints_the_costed_plan(tmp_path, monkeypatch, capsys):
     runs = registry.select(registry.with_figures(registry.build("paper"), "figs", "paper", "records"), ["table4"])
     costs = {c.run: c for c in cost.plan(runs, str(tmp_path))}
     alt = costs["pretrain/vit-b-32-mdc-wot-alt-s0"]
-    per_sample = cost.training_pass("vit-b-32", "mdc").at(round(0.75 * cost.CAPTION_TOKENS["MDC_CC12M"]))[0]
+    per_sample = model_cost.training_pass("vit-b-32", "mdc").at(round(0.75 * cost.CAPTION_TOKENS["MDC_CC12M"]))[0]
     assert alt.flops == pytest.approx(per_sample * 32 * (10_000_000 // 1024) * 1024)
     assert alt.gpu_hours(0.5) == pytest.approx(alt.flops / (0.5 * 989e12) / 3600)
-    assert alt.params == cost.num_params("vit-b-32", "mdc") and 150e6 < alt.params < 250e6
+    assert alt.params == model_cost.num_params("vit-b-32", "mdc") and 150e6 < alt.params < 250e6
     assert 1 < alt.act_bytes / 2**30 < 40 and alt.micro_batch == 128 and alt.gpus == 8
     assert costs["figures"].flops == 0 and costs["figures"].gpus == 0
 

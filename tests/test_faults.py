@@ -41,7 +41,7 @@ import mdc.world.scenes
 import reproduce.__main__
 from mdc import checkpoint
 from mdc.lock import FolderLock
-from reproduce import graph, runner
+from reproduce import folders, graph, runner
 from reproduce.graph import Run
 from conftest import SUBPROCESS_ENV, TRAIN_MODEL, alive, latest_weights, same_weights
 
@@ -455,7 +455,7 @@ def test_sigkill_of_the_runner_mid_notebook(notebooks, tmp_path, monkeypatch):
         waits.append(time.monotonic() - start)
         assert not any(map(alive, _kernels(out))), "a notebook outlived its runner"
         for r in runs:  # counted as done only with complete results of these parameters
-            if runner.is_done(str(out), r, key[r.name]):
+            if folders.is_done(str(out), r, key[r.name]):
                 assert _results_value(out, r.name) == value
     FAULTS["runner_kill"] = ["SIGKILL of the reproduction runner at a random moment of a notebook (a graph of two), "
                              "twice with the first parameters, twice after they changed, each pair followed by a "

@@ -12,6 +12,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 from reproduce import graph, ledger, runner
 from reproduce.graph import Run
+from reproduce.runner import RunSettings
 
 TOY = '''
 import json, os, time
@@ -52,7 +53,7 @@ def _calls(out, name):
 
 def test_every_finished_run_leaves_a_record_that_names_its_code_and_no_machine_path(toy):
     out, records = toy
-    outcome = runner.run_all(_runs(), out, log=lambda *a: None, records=records)
+    outcome = runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
     assert {o["status"] for o in outcome.values()} == {"ok"}
     found = ledger.read_all(records)
     assert sorted(found) == ["eval/b", "eval/c", "pre/a"]
@@ -68,19 +69,20 @@ def test_every_finished_run_leaves_a_record_that_names_its_code_and_no_machine_p
 
 def test_a_recorded_run_is_done_without_its_folder(toy):
     out, records = toy
-    runner.run_all(_runs(), out, log=lambda *a: None, records=records)
+    runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
     shutil.rmtree(out)  # a fresh machine with the committed ledger only
-    outcome = runner.run_all(_runs(), out, log=lambda *a: None, records=records)
+    outcome = runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
     assert {o["status"] for o in outcome.values()} == {"skipped"}
     assert not any(_calls(out, r.name) for r in _runs())
 
 
 def test_a_recorded_run_executes_again_when_a_run_that_executes_reads_its_output(toy):
     out, records = toy
-    runner.run_all(_runs(), out, log=lambda *a: None, records=records)
+    runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
     shutil.rmtree(out)
     lines = []
-    outcome = runner.run_all(_runs(b=5), out, log=lines.append, records=records)  # b changed: it reads pre/a's folder
+    # b changed: it reads pre/a's folder
+    outcome = runner.run_all(_runs(b=5), out, RunSettings(records=records), log=lines.append)
     assert outcome["pre/a"]["status"] == "ok" and outcome["eval/b"]["status"] == "ok"
     assert outcome["eval/c"]["status"] == "skipped"
     assert any("pre/a: recorded, but eval/b reads its output" in line for line in lines)
@@ -90,18 +92,18 @@ def test_a_recorded_run_executes_again_when_a_run_that_executes_reads_its_output
 def test_runs_done_before_the_ledger_get_their_records_from_their_folders(toy):
     out, records = toy
     runner.run_all(_runs(), out, log=lambda *a: None)  # no ledger yet
-    outcome = runner.run_all(_runs(), out, log=lambda *a: None, records=records)
+    outcome = runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
     assert {o["status"] for o in outcome.values()} == {"skipped"}
     assert sorted(ledger.read_all(records)) == ["eval/b", "eval/c", "pre/a"]
 
 
 def test_a_time_budget_starts_no_run_past_it_and_the_next_call_finishes(toy):
     out, records = toy
-    first = runner.run_all(_runs(sleep=1.5), out, log=lambda *a: None, records=records, time_budget_s=0.5)
+    first = runner.run_all(_runs(sleep=1.5), out, RunSettings(records=records, time_budget_s=0.5), log=lambda *a: None)
     statuses = {n: o["status"] for n, o in first.items()}
     assert statuses["pre/a"] == "ok" and "left" in statuses.values()
     assert len(ledger.read_all(records)) < 3
-    second = runner.run_all(_runs(sleep=1.5), out, log=lambda *a: None, records=records)
+    second = runner.run_all(_runs(sleep=1.5), out, RunSettings(records=records), log=lambda *a: None)
     assert {o["status"] for o in second.values()} <= {"ok", "skipped"} and len(ledger.read_all(records)) == 3
 
 
@@ -110,7 +112,7 @@ def test_an_estimate_comes_from_the_run_s_last_record(toy):
     run = _runs()[1]
     assert ledger.estimate_seconds(run, records, "mini") == 0  # no record, and no default for a toy notebook
     assert ledger.estimate_seconds(Run("p", "pretrain", {}), records, "mini") == ledger.DEFAULT_SECONDS["mini"]["pretrain"]
-    runner.run_all(_runs(sleep=0.3), out, log=lambda *a: None, records=records)
+    runner.run_all(_runs(sleep=0.3), out, RunSettings(records=records), log=lambda *a: None)
     assert ledger.estimate_seconds(run, records, "mini") == ledger.read(records, "eval/b")["seconds"] >= 0.3
 
 
@@ -118,18 +120,18 @@ def test_an_estimate_comes_from_the_run_s_last_record(toy):
 def test_checkpoints_go_once_every_reader_is_recorded(toy, keep):
     out, records = toy
     lines = []
-    runner.run_all(_runs(checkpoint=True), out, log=lines.append, records=records, keep_checkpoints=keep)
+    runner.run_all(_runs(checkpoint=True), out, RunSettings(records=records, keep_checkpoints=keep), log=lines.append)
     folder = os.path.join(out, "pre", "a")
     assert os.path.isdir(os.path.join(folder, "checkpoints")) == keep
     assert os.path.isfile(os.path.join(folder, "done.json")) == keep
     assert any("checkpoints removed" in line for line in lines) != keep
-    again = runner.run_all(_runs(checkpoint=True), out, log=lambda *a: None, records=records)
+    again = runner.run_all(_runs(checkpoint=True), out, RunSettings(records=records), log=lambda *a: None)
     assert {o["status"] for o in again.values()} == {"skipped"}  # the records stand for the removed folder
 
 
 def test_provenance_lists_records_of_different_package_versions(toy):
     out, records = toy
-    runner.run_all(_runs(), out, log=lambda *a: None, records=records)
+    runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
     found = ledger.read_all(records)
     assert ledger.provenance(found) == f"From 3 run records of package {ledger.package_digest()}."
     found["eval/c"] = {**found["eval/c"], "code": {**found["eval/c"]["code"], "package": "0" * 16}}
@@ -139,7 +141,7 @@ def test_provenance_lists_records_of_different_package_versions(toy):
 
 def test_a_record_is_one_small_json_file(toy):
     out, records = toy
-    runner.run_all(_runs(), out, log=lambda *a: None, records=records)
+    runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
     with open(ledger.path(records, "pre/a")) as f:
         record = json.load(f)
     assert record["schema"] == ledger.SCHEMA and os.path.getsize(ledger.path(records, "pre/a")) < 4000
@@ -190,7 +192,7 @@ def test_a_time_budget_starts_no_run_whose_readers_could_not_follow_it(toy, monk
             Run("pre/short", "toy", {"output_dir": "{run:pre/short}"}),
             Run("eval/short", "toy", {"output_dir": "{run:eval/short}"}, deps=("pre/short",))]
     _estimates(monkeypatch, {"pre/long": 1, "eval/long": 1000, "pre/short": 1, "eval/short": 1})
-    outcome = runner.run_all(runs, out, log=lambda *a: None, records=records, time_budget_s=60)
+    outcome = runner.run_all(runs, out, RunSettings(records=records, time_budget_s=60), log=lambda *a: None)
     assert {n: o["status"] for n, o in outcome.items()} == {
         "pre/long": "left", "eval/long": "left", "pre/short": "ok", "eval/short": "ok"}
 
@@ -208,7 +210,7 @@ def test_a_seed_s_runs_start_before_the_next_seed_s(toy, monkeypatch):
 def test_without_its_own_record_a_run_is_estimated_from_the_same_run_of_another_seed(toy):
     out, records = toy
     runs = [Run("eval/b-s0", "toy", {"output_dir": "{run:eval/b-s0}", "sleep": 0.3}, labels={"seed": 0})]
-    runner.run_all(runs, out, log=lambda *a: None, records=records)
+    runner.run_all(runs, out, RunSettings(records=records), log=lambda *a: None)
     seed1, other = Run("eval/b-s1", "toy", {}, labels={"seed": 1}), Run("eval/bb-s1", "toy", {}, labels={"seed": 1})
     assert ledger.estimate_seconds(seed1, records, "mini") == ledger.read(records, "eval/b-s0")["seconds"] >= 0.3
     assert ledger.estimate_seconds(other, records, "mini") == 0  # another run's record is not its own
@@ -223,7 +225,7 @@ def test_a_finished_checkpoint_s_readers_go_before_a_longer_pretraining_run(toy,
             Run("pre/b", "toy", {"output_dir": "{run:pre/b}"}),
             Run("eval/b", "toy", {"output_dir": "{run:eval/b}"}, deps=("pre/b",))]
     _estimates(monkeypatch, {"pre/a": 1, "probe/a": 1, "pre/b": 100, "eval/b": 100})
-    runner.run_all(runs, out, log=lambda *a: None, only={"pre/a"})
+    runner.run_all(runs, out, RunSettings(only={"pre/a"}), log=lambda *a: None)
     lines = []
     runner.run_all(runs, out, log=lines.append)
     assert [line.split()[-1] for line in lines if " running " in line] == ["probe/a", "pre/b", "eval/b"]
@@ -254,10 +256,12 @@ def test_a_record_s_wall_time_adds_up_the_attempts_of_its_run(toy):
     how long the run took, not its last attempt (the reference run's records held the last attempt only)."""
     out, records = toy
     run = Run("eval/slow", "toy", {"output_dir": "{run:eval/slow}", "sleep": 3.0}, timeout_s=2)
-    assert runner.run_all([run], out, log=lambda *a: None, records=records)["eval/slow"]["status"] == "timeout"
+    outcome = runner.run_all([run], out, RunSettings(records=records), log=lambda *a: None)
+    assert outcome["eval/slow"]["status"] == "timeout"
     start = time.perf_counter()
     run = Run("eval/slow", "toy", {"output_dir": "{run:eval/slow}", "sleep": 3.0})  # the same key
-    assert runner.run_all([run], out, log=lambda *a: None, records=records)["eval/slow"]["status"] == "ok"
+    outcome = runner.run_all([run], out, RunSettings(records=records), log=lambda *a: None)
+    assert outcome["eval/slow"]["status"] == "ok"
     last_call = time.perf_counter() - start
     assert ledger.read(records, "eval/slow")["seconds"] >= last_call + 1.5  # the first attempt's 2 s
 
@@ -276,7 +280,7 @@ def test_an_attempt_whose_runner_was_stopped_counts_to_its_log_s_last_line(toy):
     with open(os.path.join(folder, "log.txt"), "w") as f:
         f.write("killed here\n")
     os.utime(os.path.join(folder, "log.txt"), (now - 40, now - 40))
-    runner.run_all([run], out, log=lambda *a: None, records=records)
+    runner.run_all([run], out, RunSettings(records=records), log=lambda *a: None)
     assert 67.0 <= ledger.read(records, "eval/b")["seconds"] < 67.0 + 60
-    runner.run_all([run], out, log=lambda *a: None, records=records)  # done: nothing added, nothing run
+    runner.run_all([run], out, RunSettings(records=records), log=lambda *a: None)  # done: nothing added, nothing run
     assert ledger.read(records, "eval/b")["seconds"] < 67.0 + 60

@@ -1,4 +1,5 @@
-"""reproduce.report: the paper's tables rebuilt from a small synthetic run index, byte for byte.
+"""reproduce.report and reproduce.compositionality_table: the paper's tables rebuilt from a small synthetic
+run index, byte for byte.
 
 The index mimics the registry's wiring (two seeds of the probe runs, Table 2's three scorers, two
 captioning runs); the expected digests are those of the tables the builders wrote before they

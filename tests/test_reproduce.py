@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from reproduce import cluster, graph, registry, runner
+from reproduce import attempt, cluster, folders, graph, registry, runner
 from reproduce.__main__ import main
 from reproduce.graph import Run
 
@@ -77,17 +77,18 @@ def test_a_cluster_job_keeps_its_lock_when_it_sets_an_old_run_aside(toy, monkeyp
     """``--run`` (one SLURM job) locks the run's own folder: moving the old run aside keeps the lock in place."""
     out = toy
     runner.run_all(_runs(), str(out), log=lambda *a: None)
-    held, execute = [], runner.execute
+    held, run_attempt = [], attempt.run_attempt
 
     def spy(out_, run, key, torchrun=None):
-        held.append(os.path.isfile(os.path.join(out_, run.name, runner.RUNNER_LOCK)))
-        return execute(out_, run, key, torchrun)
+        held.append(os.path.isfile(os.path.join(out_, run.name, folders.RUNNER_LOCK)))
+        return run_attempt(out_, run, key, torchrun)
 
-    monkeypatch.setattr(runner, "execute", spy)
-    assert runner.run_all(_runs(b=5), str(out), log=lambda *a: None, only={"b"})["b"]["status"] == "ok"
+    monkeypatch.setattr(attempt, "run_attempt", spy)
+    only_b = runner.RunSettings(only={"b"})
+    assert runner.run_all(_runs(b=5), str(out), only_b, log=lambda *a: None)["b"]["status"] == "ok"
     assert held == [True] and _calls(out, "b") == 1
     old = out / f"b.superseded-{graph.keys(_runs())['b']}"
-    assert _calls(out, old.name) == 1 and not (old / runner.RUNNER_LOCK).exists()
+    assert _calls(out, old.name) == 1 and not (old / folders.RUNNER_LOCK).exists()
 
 
 def test_a_run_stopped_half_way_continues_in_its_folder(toy):

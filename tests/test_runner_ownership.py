@@ -131,8 +131,8 @@ def test_runner_command_line_refuses_bad_values_in_one_line(argv, line, tmp_path
 
 def test_one_run_says_it_ran_that_run_not_the_whole_profile(tmp_path, capsys, monkeypatch):
     """``--run`` executes one job: its closing line names that run, and promises no tables or figures."""
-    def one(runs, out, only=None, **kwargs):
-        return {r.name: {"status": "ok" if r.name in only else "skipped"} for r in runs}
+    def one(runs, out, settings, **kwargs):
+        return {r.name: {"status": "ok" if r.name in settings.only else "skipped"} for r in runs}
     monkeypatch.setattr(runner, "run_all", one)
     assert main(["--profile", "smoke", "--out", str(tmp_path / "runs"), "--run", "data/descriptive"]) == 0
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Greedy confidence unmasking (Eq. 6) and ARC greedy / beam search."""
+"""mdc.autoregressive: ARC's teacher-forced loss, greedy and beam decoding, the exact Eq. 7 score."""
 import math
 
 import pytest
@@ -6,63 +6,26 @@ import torch
 import torch.nn.functional as F
 
 import mdc
-from conftest import small_model
-from mdc.absorbing import masked_row, mdc_sample
+import mdc.condition
+import mdc.distribution
+from conftest import CAPTIONS, small_model
 from mdc.autoregressive import _decode_step, arc_sample
-from mdc.distribution import banned_ids
+from mdc.distribution import banned_ids, caption_log_probs
+from mdc.tokenizer import trim_padding, valid_mask
 
 
-def _recording(model):
-    """Wrap model.hidden (every decoder pass) to record the token rows it is called with."""
-    calls, hidden = [], model.hidden
-    model.hidden = lambda x, ctx: (calls.append(x.clone()), hidden(x, ctx))[1]
-    return calls
-
-
-def test_one_token_revealed_per_step(images):
-    model = small_model().eval()
-    calls = _recording(model)
-    out = mdc_sample(model, images, length=7)
+def test_arc_loss_is_teacher_forced_mean(images):
+    model = small_model("arc").eval()
+    tokens = model.tokenizer(CAPTIONS)
     tok = model.tokenizer
-    assert len(calls) == 7  # N' steps
-    rows = calls + [out]
-    for before, after in zip(rows, rows[1:]):
-        was, now = before == tok.mask_id, after == tok.mask_id
-        assert ((was & ~now).sum(1) == 1).all()  # exactly one reveal per caption
-        assert (after[~was] == before[~was]).all()  # revealed tokens stay fixed
-    assert not (out == tok.mask_id).any()
-    assert (out[:, 0] == tok.sot_id).all() and (out[:, -1] == tok.eot_id).all()
-    assert not torch.isin(out[:, 1:-1], torch.tensor(banned_ids(tok))).any()
-
-
-def test_tokens_per_step(images):
-    model = small_model().eval()
-    calls = _recording(model)
-    mdc_sample(model, images, length=7, tokens_per_step=3)
-    assert [int((c == model.tokenizer.mask_id).sum(1)[0]) for c in calls] == [7, 4, 1]
-
-
-def test_cached_sampler_equals_plain_loop(images):
-    """Encoding once and caching cross-attention K/V changes nothing."""
-    model = small_model().eval()
-    tok = model.tokenizer
-    x = masked_row(tok, len(images), 9, images.device)
-    with torch.no_grad():
-        for _ in range(9):
-            logits = model(images, x)  # full model, image re-encoded every step
-            logits[..., banned_ids(tok)] = -math.inf
-            conf, pred = F.softmax(logits, -1).max(-1)
-            conf[x != tok.mask_id] = -1
-            pos = conf.argmax(-1)
-            x[torch.arange(len(x)), pos] = pred[torch.arange(len(x)), pos]
-    assert torch.equal(mdc_sample(model, images, length=9), x)
-
-
-def test_temperature_sampling_is_seeded(images):
-    model = small_model().eval()
-    a = mdc_sample(model, images, 6, temperature=1.0, generator=torch.Generator().manual_seed(3))
-    b = mdc_sample(model, images, 6, temperature=1.0, generator=torch.Generator().manual_seed(3))
-    assert torch.equal(a, b) and not (a == model.tokenizer.mask_id).any()
+    total, n = 0.0, 0
+    for b, cap in enumerate(CAPTIONS):
+        ids = tok([cap])[0]
+        L = int((ids == tok.eot_id).nonzero()[0]) + 1
+        logp = F.log_softmax(model(images[b : b + 1], ids[None, : L - 1]), -1)[0]
+        total -= logp[torch.arange(L - 1), ids[1:L]].sum()
+        n += L - 1
+    torch.testing.assert_close(model.loss(images, tokens), total / n)
 
 
 def _plain_greedy(model, images, max_length):
@@ -102,19 +65,6 @@ def test_beam_one_equals_greedy_and_beam_search_runs(images):
     assert all(len(r) <= 10 for r in _rows(beams, model.tokenizer.eot_id))
 
 
-def test_generate_api_and_errors(images):
-    model = small_model()
-    caps = mdc.generate(model, images, length=5)
-    assert len(caps) == 4 and all(isinstance(c, str) for c in caps)
-    assert model.training  # mode restored
-    with pytest.raises(ValueError, match="length"):
-        mdc.generate(model, images, length=0)
-    with pytest.raises(ValueError, match="23"):
-        mdc.generate(model, images, length=23)  # context 24 - SOT/EOT = 22
-    with pytest.raises(ValueError, match="CLIP"):
-        mdc.generate(small_model("clip"), images)
-
-
 def test_beam_search_equals_brute_force_when_the_beam_holds_everything():
     """A 3-word vocabulary, at most 3 words: a beam of 40 keeps every hypothesis alive, so beam
     search must return the best of all 40 captions under sum log p / length ** alpha."""
@@ -140,24 +90,6 @@ def test_beam_search_equals_brute_force_when_the_beam_holds_everything():
                         best, best_score = seq, s
         got = arc_sample(model, image, max_length=3, beam_size=40, length_penalty=alpha)
         assert _rows(got, tok.eot_id)[0] == best, alpha
-
-
-def test_generate_never_returns_banned_ids(images):
-    model = small_model().eval()
-    tok = model.tokenizer
-    with torch.no_grad():
-        model.head.weight[banned_ids(tok)] += 5.0 * model.head.weight.norm(dim=1).max()  # banned ids dominate
-    for objective_model in (model,):
-        out = mdc.generate(objective_model, images, length=6, return_tokens=True)
-        assert not torch.isin(out[:, 1:-1], torch.tensor(banned_ids(tok))).any()
-    arc = small_model("arc").eval()
-    with torch.no_grad():
-        arc.head.weight[banned_ids(tok)] += 5.0 * arc.head.weight.norm(dim=1).max()
-    for beam in (1, 3):
-        out = mdc.generate(arc, images, length=6, beam_size=beam, return_tokens=True)
-        body = [r[1 : r.index(tok.eot_id)] for r in out.tolist()]
-        assert not any(set(b) & set(banned_ids(tok)) for b in body)
-
 
 
 @torch.no_grad()
@@ -228,13 +160,70 @@ def test_vectorised_beam_search_equals_the_loop(beam, alpha):
     assert _rows(got, model.tokenizer.eot_id) == _rows(want, model.tokenizer.eot_id)
 
 
-def test_threshold_decoding_reveals_every_confident_position(images):
-    model = small_model().eval()
-    calls = _recording(model)
-    out = mdc_sample(model, images, length=8, threshold=1e-9)  # every position is confident enough
-    assert len(calls) == 1 and not (out == model.tokenizer.mask_id).any()
-    calls.clear()
-    strict = mdc_sample(model, images, length=8, threshold=1.0)  # none is: one per step, as greedy
-    assert len(calls) == 8 and torch.equal(strict, mdc_sample(model, images, length=8))
-    with pytest.raises(ValueError, match="threshold"):
-        mdc.generate(model, images, length=8, threshold=1.5)
+def test_arc_exact_equals_teacher_forced_sum(images):
+    model = small_model("arc").eval()
+    tok = model.tokenizer
+    expect = []
+    with torch.no_grad():
+        for img, cap in zip(images, CAPTIONS):
+            ids = tok([cap])[0].tolist()
+            ids = ids[: ids.index(tok.eot_id) + 1]
+            total = 0.0
+            for i in range(1, len(ids)):  # p(c_i | c_<i, I), one prefix at a time
+                logp = caption_log_probs(model(img[None], torch.tensor([ids[:i]]))[0, -1], tok, allow_eot=True)
+                total += float(logp[ids[i]])
+            expect.append(total)
+    torch.testing.assert_close(mdc.score(model, images, CAPTIONS), torch.tensor(expect), rtol=1e-5, atol=1e-4)
+
+
+class _LargestTensor:
+    """Context manager: the largest numel among the tensors the ops run inside it allocate (an output
+    that shares its storage with an input, a view or an in-place result, allocates nothing)."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+        self.numel = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                from torch.utils._pytree import tree_flatten
+
+                out = func(*args, **(kwargs or {}))
+                inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                          if isinstance(t, torch.Tensor)}
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                        outer.numel = max(outer.numel, t.numel())
+                return out
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+def test_exact_never_materialises_all_log_probs(images):
+    """ARC's exact score takes the target log-probabilities max_rows captions at a time, at their
+    caption and [EOT] targets only: no [R, L, V] tensor (2.4 GB at V = 49,409 and 160 rows of 77)."""
+    model = small_model("arc", vocab=None).eval()  # the full CLIP vocabulary: V = 49,409
+    V, L = model.tokenizer.vocab_size, trim_padding(model.tokenizer(CAPTIONS), model.tokenizer.eot_id).shape[1]
+    caps = CAPTIONS * 2
+    imgs = images.repeat(2, 1, 1, 1)
+    with _LargestTensor() as big:
+        whole = mdc.score(model, imgs, caps, max_rows=256)
+    assert big.numel >= V  # the head's output was seen
+    for max_rows in (1, 3):
+        with _LargestTensor() as big:
+            got = mdc.score(model, imgs, caps, max_rows=max_rows)
+        torch.testing.assert_close(got, whole, rtol=0, atol=1e-5)
+        assert big.numel <= max_rows * (L - 1) * V, (max_rows, big.numel / V)
+    with torch.no_grad():  # the full [R, L, V] computation it replaces
+        tok = model.tokenizer(caps)[:, :L]
+        logp = caption_log_probs(model(imgs, tok[:, :-1]), model.tokenizer, allow_eot=True)
+        ll = logp.gather(-1, tok[:, 1:, None]).squeeze(-1)
+        ref = ll.masked_fill(~valid_mask(tok, model.tokenizer.eot_id)[:, 1:], 0.0).sum(1)
+    torch.testing.assert_close(whole, ref, rtol=0, atol=1e-5)

@@ -1,0 +1,65 @@
+"""The ledger's book-keeping while a graph executes (:mod:`reproduce.ledger`): which runs are done and
+where (a run folder, a record), which must execute, the record each finished run writes, and the
+checkpoints no unrecorded run reads any more.
+
+A run whose record carries its current key counts as done even where no run folder exists; it executes
+again only when a run that will execute needs its output (a checkpoint, data). Once every run that reads
+a pretraining run's checkpoints has a record, its checkpoints are removed (unless kept) and its folder no
+longer counts as done: the record stands for it.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+
+from mdc.eval.results import read_results
+from reproduce import graph, ledger
+from reproduce.folders import is_done
+from reproduce.graph import Run, code_digest, run_dir
+
+READS_RECORDS_ONLY = ("figures",)  # notebooks that need their dependencies' records, not their folders
+
+
+class Book:
+    """What is done and where: run folders, the ledger, the records to write and the checkpoints to free."""
+
+    def __init__(self, runs, key, out, records, keep_checkpoints, log):
+        self.runs, self.key, self.out, self.records, self.keep, self.log = runs, key, out, records, keep_checkpoints, log
+        self.digest = {nb: code_digest(os.path.join(graph.NOTEBOOKS, f"{nb}.ipynb")) for nb in {r.notebook for r in runs}}
+        self.in_folder = {r.name for r in runs if is_done(out, r, key[r.name])}
+        self.recorded = {r.name for r in runs if ledger.done(records, r.name, key[r.name])}
+        self.needed = self._needed()
+
+    def _needed(self) -> set[str]:
+        """Runs to execute: those not done, and the recorded runs whose output (folder) one of them reads."""
+        needed = {r.name for r in self.runs if r.name not in self.in_folder | self.recorded}
+        for r in reversed(self.runs):  # dependants first
+            if r.name in needed and r.notebook not in READS_RECORDS_ONLY:
+                for d in r.deps:
+                    if d not in self.in_folder and d not in needed:
+                        needed.add(d)
+                        self.log(f"{d}: recorded, but {r.name} reads its output, which is not here: it executes again")
+        return needed
+
+    def record(self, r: Run, outcome: dict) -> None:
+        """Write ``r``'s record from its folder's results.json (a run just done, or done before the ledger)."""
+        if not self.records or r.notebook in READS_RECORDS_ONLY:  # the figures are built from records, not one
+            return
+        results = read_results(os.path.join(run_dir(self.out, r), "results.json"))
+        ledger.write(self.records, r, self.key[r.name], results, self.out, self.digest[r.notebook], outcome)
+        self.recorded.add(r.name)
+
+    def free_checkpoints(self) -> None:
+        """Remove the checkpoints of runs whose every reader has a record (unless kept)."""
+        if self.keep or not self.records:
+            return
+        for r in self.runs:
+            folder = os.path.join(run_dir(self.out, r), "checkpoints")
+            readers = [d.name for d in self.runs if r.name in d.deps and d.notebook not in READS_RECORDS_ONLY]
+            if readers and os.path.isdir(folder) and set(readers) <= self.recorded and r.name in self.recorded:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(run_dir(self.out, r), "done.json"))  # the record stands for it now
+                shutil.rmtree(folder)
+                self.in_folder.discard(r.name)
+                self.log(f"{r.name}: every run that reads its checkpoints is recorded; checkpoints removed")
