@@ -27,7 +27,7 @@ test: $(STAMP) browser
 # The fault suite (a few minutes on 2 cores): SIGKILLs of training runs and of the runner, a full disk,
 # lost gloo ranks, bad input on every command line; it rewrites the tables in docs/reliability.md.
 test-faults: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m faults tests/test_faults.py
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m faults tests/faults/test_faults.py
 
 test-tutorials: $(STAMP)
 	$(PY) -m pytest -q $(TUTORIALS) $(NBVAL)
@@ -35,7 +35,7 @@ test-tutorials: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
-# Debian's Chromium and ChromeDriver for tests/test_jupyterlab_browser.py (about a minute to
+# Debian's Chromium and ChromeDriver for tests/notebooks/test_jupyterlab_browser.py (about a minute to
 # install). Installed only when missing and apt-get is usable as root; otherwise the browser
 # test is skipped with its reason, and nothing here fails.
 browser:

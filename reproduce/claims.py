@@ -35,7 +35,7 @@ mean4 on the same test items (``reproduce/studies/learnability/runs.jsonl``, con
 CLIP at lr 1e-3 - CLIP at lr 3e-4, 2.62 points; ARC - CLIP 2.52, MDC - CLIP 2.05, MDC - ARC 1.26),
 rounded up. A one-seed verdict leans on it, so it says "provisional".
 
-Coverage (``tests/test_claims.py``: two models' outcomes on the same 4 x 1,000 items, correlated
+Coverage (``tests/reproduce/test_claims.py``: two models' outcomes on the same 4 x 1,000 items, correlated
 through item difficulty; seed SD of the difference 0.5 / 1 / 2 / 2.5 points; 400 replicates each):
 one seed 100 / 100 / 99 / 96%, three seeds 98 / 99 / 97 / 98%. The two-level bootstrap this replaced
 (seeds, then items within each drawn seed): 90 / 84 / 57 / 48% and 85 / 85 / 82 / 76%.

@@ -43,7 +43,7 @@ from reproduce.paper_profile import PER_GPU_BATCH, data_vars
 H100_BF16 = 989e12  # FLOP/s, H100 SXM dense bf16 tensor cores (benchmarks/gpu.py: PEAK_BF16)
 MFU = 0.35  # the utilisation assumed unless --mfu is given
 # Activations autograd saves per sample under autocast (fp32 weights) / with the model in bf16: 1.11-1.17
-# measured on CPU autocast for ViT-B/32, ViT-B/16 (depth cut) and tiny (tests/test_cost.py re-measures it).
+# measured on CPU autocast for ViT-B/32, ViT-B/16 (depth cut) and tiny (tests/reproduce/test_cost.py re-measures it).
 AUTOCAST_FACTOR = 1.15
 # Bytes per parameter held through a step: fp32 weights and gradients, AdamW's two fp32 moments, and
 # the bf16 copy of each weight that autocast keeps from the forward to the backward.

@@ -10,7 +10,7 @@ are scored and generated) is one :class:`ObjectiveCost` each (:data:`OBJECTIVES`
   positions from data, which meta tensors do not hold): the vision tower, the image projection and
   every decoder block's cross-attention keys/values, the decoder at the caption length and the
   vocabulary head at the supervised positions (captioners); both towers and their projections
-  (CLIP). Matrix products and attention only, as MFU counts them. ``tests/test_cost.py`` checks this
+  (CLIP). Matrix products and attention only, as MFU counts them. ``tests/reproduce/test_cost.py`` checks this
   count against the real loss of a small model and against :func:`analytic_forward_flops`.
 - Activation memory: the bytes autograd saves for backward in that meta pass, with the model in bf16
   (what autocast feeds the matrix products) and attention as a fused kernel (memory-efficient SDPA
@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from mdc.absorbing import ElboOptions
 from mdc.factory import create_model
 from mdc.flops import Meter
 from mdc.tokenizer import Tokenizer
@@ -69,7 +70,7 @@ def _mdc_train_positions(tokens: int, p: dict) -> int:
 
 def _mdc_score(row: float, head: float, n: int, p: dict) -> float:
     """ELBO (all ratios, trained ratios) and heuristic, each with and without the image."""
-    S = int(p.get("num_samples", 1024))
+    S = int(p.get("num_samples", ElboOptions.num_samples))
     elbo = S * (row + (n + 1) / 2 * head) + S * (row + 0.75 * n * head)
     heuristic = n * row + n * (n + 1) / 2 * head
     return 2 * (elbo + heuristic)

@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import os
 
+from mdc.absorbing import ElboOptions
 from reproduce.graph import Run
+
+ELBO_SAMPLES = ElboOptions.num_samples  # the paper's masked copies per caption
 
 BACKBONES = ("vit-b-32", "vit-b-16", "vit-l-14")
 DATA = {"alt": ("MDC_CC12M", "CC12M"), "descriptive": ("MDC_RECAP10M", "Recap-DataComp-10M")}
@@ -132,7 +135,7 @@ def _evaluation_runs(pre: list[Run], seed: int, probe_roots: dict) -> list[Run]:
     for objective in ("clip", "arc", "mdc"):
         tag = f"vit-b-16-{objective}-alt-s{seed}"
         runs.append(Run(f"compositionality/{tag}", "compositionality",
-                        dict(checkpoint=f"{{run:pretrain/{tag}}}", data_dir=None, num_samples=1024, device="cuda",
+                        dict(checkpoint=f"{{run:pretrain/{tag}}}", data_dir=None, num_samples=ELBO_SAMPLES, device="cuda",
                              sugarcrepe_dir=env("MDC_SUGARCREPE"), coco_val2017_dir=env("MDC_COCO_VAL2017"),
                              aro_dir=env("MDC_ARO"), vg_image_dir=env("MDC_VG_IMAGES"),
                              coco_order_json=env("MDC_COCO_ORDER"), coco_image_dir=env("MDC_COCO_IMAGES"),

@@ -3,6 +3,8 @@ import json
 import os
 import sys
 import tarfile
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 import torch
@@ -172,3 +174,32 @@ def write_records(folder, runs: dict) -> str:
         with open(path, "w") as f:
             json.dump(record, f)
     return str(folder)
+
+
+@pytest.fixture
+def fake_judge():
+    """An OpenAI-style chat server on 127.0.0.1 answering from a list, in turn."""
+    answers = ["A", "Answer: b", "hmm, hard to say", "(B)"]
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, body))
+            text = answers[(len(seen) - 1) % len(answers)]
+            reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/v1", seen
+    server.shutdown()
+    server.server_close()

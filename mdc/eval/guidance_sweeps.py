@@ -19,7 +19,7 @@ Cost: every setting captions the same images, so each batch is encoded once for 
 MCS's masked condition once for both MCS rules and every strength (its masks depend on the seed
 only), and the cross-attention keys/values once per condition pair (:func:`caption_sweep`); the
 CLIP embeds the images and references once for all runs (:func:`clipscore_sweep`). The numbers are
-those of running each setting alone (tests/test_guidance.py).
+those of running each setting alone (tests/mdc/test_guidance.py).
 
 Results of ``notebooks/guidance.ipynb`` (``kind="guidance"``, :mod:`mdc.eval.results`)::
 

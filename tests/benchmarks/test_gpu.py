@@ -1,5 +1,5 @@
 """``python -m benchmarks gpu`` without CUDA: the section is skipped with its reason (its CPU code
-path runs in tests/test_benchmarks.py::test_gpu_section_code_path_on_cpu, make test-slow)."""
+path runs in tests/benchmarks/test_benchmarks.py::test_gpu_section_code_path_on_cpu, make test-slow)."""
 import json
 
 import pytest

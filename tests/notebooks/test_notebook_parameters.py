@@ -13,7 +13,7 @@ import nbformat
 import papermill
 import pytest
 
-FOLDER = os.path.join(os.path.dirname(__file__), "..", "notebooks")
+FOLDER = os.path.join(os.path.dirname(__file__), "..", "..", "notebooks")
 NOTEBOOKS = sorted(glob.glob(os.path.join(FOLDER, "*.ipynb")))
 TUTORIALS = sorted(glob.glob(os.path.join(FOLDER, "tutorials", "*.ipynb")))
 

@@ -1,4 +1,4 @@
-"""What the fault suite (tests/test_faults.py) runs in its child processes: a training attempt through
+"""What the fault suite (tests/faults/test_faults.py) runs in its child processes: a training attempt through
 the command line's own entry point, optionally with a fault injected from inside.
 
 The children are forked from a multiprocessing forkserver that has imported mdc.train once, so an

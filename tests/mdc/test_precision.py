@@ -226,7 +226,7 @@ def check_bf16_evaluation(out: dict, records: dict) -> None:
         if "head" in record:
             assert record["head"] == {torch.float32}, what  # the vocabulary head stays fp32 under bf16
         bf16, fp32 = out[what, "bf16"], out[what, "fp32"]
-        if bf16.is_floating_point():  # scores: fp32, finite, near fp32's (tests/test_scoring.py bounds them)
+        if bf16.is_floating_point():  # scores: fp32, finite, near fp32's (tests/mdc/test_scoring.py bounds them)
             assert bf16.dtype == torch.float32 and torch.isfinite(bf16).all(), what
             torch.testing.assert_close(bf16, fp32, rtol=0.05, atol=0.5, msg=what)
         else:  # captions: token ids of the model's vocabulary

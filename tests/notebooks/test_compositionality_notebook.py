@@ -9,7 +9,7 @@ from conftest import committed_notebook, small_model
 from mdc.eval.compositionality import COLUMNS
 from mdc.eval.results import read_results
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 NOTEBOOK = os.path.join(ROOT, "notebooks", "compositionality.ipynb")
 
 

@@ -23,7 +23,7 @@ import pytest
 
 pytestmark = pytest.mark.browser
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TUTORIAL = os.path.join(ROOT, "notebooks", "tutorials", "01_quickstart.ipynb")
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 CHROMEDRIVER = shutil.which("chromedriver")

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SHARED = ("mdc.tokenizer", "mdc._compat", "mdc.errors", "mdc.cli", "mdc.lock")  # base modules below both
 
 

@@ -1,7 +1,5 @@
 """Captioning evaluation: pycocoevalcap metrics, fine-tuning, generation, the LLM judge, loaders, figure."""
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import numpy as np
 import pytest
@@ -58,7 +56,6 @@ def test_caption_metrics_equal_pycocoevalcap():
     assert 0 < got["bleu4"] < got["bleu1"] < 1 and got["cider"] > 0
     assert got["meteor"] is None and got["spice"] is None
     assert got["unavailable"] == {"meteor": "not requested", "spice": "not requested"}
-
 
 
 def test_descriptiveness_counts_grounded_and_repeated_words():
@@ -220,35 +217,6 @@ def test_parse_choice():
                            ("I cannot tell", None), ("(A) or (B)", None), ("E", None),
                            ("A man riding a horse", None), ("", None)]:
         assert parse_choice(answer, 4) == letter, answer
-
-
-@pytest.fixture
-def fake_judge():
-    """An OpenAI-style chat server on 127.0.0.1 answering from a list, in turn."""
-    answers = ["A", "Answer: b", "hmm, hard to say", "(B)"]
-    seen = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append((self.path, body))
-            text = answers[(len(seen) - 1) % len(answers)]
-            reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/v1", seen
-    server.shutdown()
-    server.server_close()
 
 
 def test_llm_judge_against_a_fake_server(tmp_path, fake_judge):

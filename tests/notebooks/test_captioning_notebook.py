@@ -6,7 +6,6 @@ import papermill
 import pytest
 
 from conftest import WORLD_SMALL, committed_notebook, small_model
-from test_eval_captioning import fake_judge  # noqa: F401 (fixture)
 
 @pytest.fixture
 def checkpoints(tmp_path):

@@ -9,7 +9,7 @@
   error in bounded time;
 - bad values on every command line: one line, exit status 2.
 
-Training attempts are forked from a forkserver that has imported mdc.train (tests/faultkit.py),
+Training attempts are forked from a forkserver that has imported mdc.train (tests/faults/faultkit.py),
 so a kill cycle takes about a second on 2 CPU cores. The suite writes what it did and saw into
 docs/reliability.md (between its markers) when all of it runs: run it and commit that file.
 ``MDC_FAULT_KILLS`` sets the number of trainer kills (default 24), ``MDC_FAULT_HANGS`` the number of hung
@@ -47,7 +47,7 @@ from conftest import SUBPROCESS_ENV, TRAIN_MODEL, alive, latest_weights, same_we
 
 pytestmark = pytest.mark.faults
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DOC = os.environ.get("MDC_FAULT_DOC", os.path.join(ROOT, "docs", "reliability.md"))
 BEGIN, END = "<!-- fault-suite:begin -->", "<!-- fault-suite:end -->"
 KILLS = int(os.environ.get("MDC_FAULT_KILLS", "24"))
@@ -537,7 +537,7 @@ def _write_doc(seconds: float) -> None:
     rows += [f"| `{command}` | {code} | `{message}` |" for command, code, message in INPUTS] or \
         ["| (not run) | - | - |"]
     kills = sum(int(FAULTS[k][1].split()[0]) for k in ("kill_random", "kill_save") if k in FAULTS)
-    head = (f"Written by `make test-faults` (tests/test_faults.py) in {seconds:.0f} s: {kills} trainer kills, "
+    head = (f"Written by `make test-faults` (tests/faults/test_faults.py) in {seconds:.0f} s: {kills} trainer kills, "
             f"{len(INPUTS)} bad inputs.")
     text = open(DOC).read()
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)

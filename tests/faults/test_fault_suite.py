@@ -4,7 +4,7 @@ import shutil
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def test_a_run_of_part_of_the_fault_suite_leaves_its_record_alone(tmp_path):
@@ -12,7 +12,7 @@ def test_a_run_of_part_of_the_fault_suite_leaves_its_record_alone(tmp_path):
     shutil.copy(os.path.join(ROOT, "docs", "reliability.md"), doc)
     before = doc.read_text()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "faults", "-k",
-                           "bad_values", os.path.join(ROOT, "tests", "test_faults.py")],
+                           "bad_values", os.path.join(ROOT, "tests", "faults", "test_faults.py")],
                           cwd=ROOT, env=os.environ | {"MDC_FAULT_DOC": str(doc)}, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "1 passed" in done.stdout

@@ -17,7 +17,7 @@ from conftest import write_records
 from mdc.eval.results import write_results
 from reproduce import registry
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PAPER_DIR = os.path.join(ROOT, "reproduce", "paper")
 TABLES = ["table1", "table2", "table3", "table4", "table5", "tables6-8"]
 TASKS = ("object", "shape", "texture", "count", "relation", "shape_texture", "colour", "background")

@@ -10,7 +10,7 @@ import re
 import nbformat
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FOLDER = os.path.join(ROOT, "notebooks", "tutorials")
 NOTEBOOKS = sorted(glob.glob(os.path.join(FOLDER, "*.ipynb")))
 ALLOWED_IMPORTS = {"mdc", "matplotlib", "torch", "os"}  # the package, display, tensors, paths
