@@ -22,7 +22,7 @@ def test_guidance_notebook_smoke(tmp_path, run_notebook):
                  synthetic_images=3, strengths=[1.0, 3.0], length=5, metrics=["bleu", "cider"], composition_items=3,
                  composition_strengths=[2.0], output_dir=str(out))
     record = json.loads((out / "results.json").read_text())
-    assert record["kind"] == "guidance" and record["model"]["cond_drop_prob"] == 0.1
+    assert record["kind"] == "guidance" and record["model"]["extensions"]["guidance"]["cond_drop_prob"] == 0.1
     results = record["results"]
     assert set(results) == {"dataset", "length", "runs", "clip", "unavailable", "compositionality", "files"}
     assert results["dataset"]["images"] == 3 and results["length"] == 5
