@@ -104,7 +104,7 @@ def one_sided_p(d: dict, excess: float) -> float:
         return 1.0 - one_sided_p(d, -excess)
     if excess == 0 or d["v_items"] + d["v_seeds"] == 0:
         return 0.5 if excess == 0 else 0.0
-    lo, hi = -40.0, math.log(0.5)  # bisection on log P: h(1 - P) falls as P grows
+    lo, hi = -30.0, math.log(0.5)  # bisection on log P: h(1 - P) falls as P grows
     if half_width(d, 1 - math.exp(lo)) < excess:
         return 0.0
     for _ in range(60):
