@@ -257,8 +257,8 @@ def summary(rows: list[dict]) -> str:
     verdicts = [r["verdict"] for r in rows]
     count = lambda prefix: sum(v.startswith(prefix) for v in verdicts)  # noqa: E731
     direction = sum(v.startswith("not resolved; ") for v in verdicts)
-    held = sum(r["verdict"].startswith("reproduced") and r["Holm p"] not in ("-", "") and float(r["Holm p"]) < 0.05
-               for r in rows)
+    held = sum(r["verdict"].startswith("reproduced") and r["Holm p"] not in ("-", "")
+               and float(r["Holm p"].lstrip("<")) < 0.05 for r in rows)  # "<0.001" included
     parts = [f"{count('reproduced')} reproduced", f"{count('contradicted')} contradicted",
              f"{count('no effect')} with no effect of the margin's size",
              f"{count('not resolved')} not resolved" + (f" ({direction} of them with a significant direction)"

@@ -286,7 +286,7 @@ def test_the_verdict_counts_are_written_by_the_build_not_typed(tmp_path, monkeyp
 
 
 def test_the_summary_counts_each_verdict_and_the_rows_holm_keeps():
-    rows = [{"verdict": v, "Holm p": h} for v, h in (("reproduced", "0.018"), ("reproduced", "0.052"),
+    rows = [{"verdict": v, "Holm p": h} for v, h in (("reproduced", "<0.001"), ("reproduced", "0.052"),
                                                      ("not resolved; MDC below ARC", "1.000"), ("no effect of 2.4 points", "1.000"),
                                                      ("contradicted: MDC below ARC", "0.010"), ("not resolved", "0.900"))]
     assert claims.summary(rows) == (
