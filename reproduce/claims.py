@@ -86,6 +86,7 @@ __all__ = ["CLAIMS", "Claim", "LEVEL", "SEED_SD", "TASKS", "build", "difference"
            "summary", "verdict", "write_block", "write_readme_table"]
 MARGIN_FRACTION = 0.10  # of the caption style's gain over random init (module docstring)
 FALLBACK_MARGIN = 2.0  # points, for a style whose records hold no random-init floor
+METHODS = ("CLIP", "ARC", "MDC")  # whose gains over random init anchor the margin
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 SUMMARY = ("<!-- claims-summary:begin -->", "<!-- claims-summary:end -->")
@@ -182,13 +183,11 @@ def margins(runs: list[dict]) -> dict[str, float]:
     without such runs is absent."""
     gains: dict[str, list[float]] = {}
     for r in runs:
-        style = r["labels"].get("style")
-        if r["notebook"] != "linear_probe" or not any(_matches(r["labels"], _main(m, style)) for m in ("CLIP", "ARC",
-                                                                                                     "MDC")):
+        style, record = r["labels"].get("style"), r["record"]
+        if r["notebook"] != "linear_probe" or not any(_matches(r["labels"], _main(m, style)) for m in METHODS):
             continue
-        trained = informative_mean(probe_top1(r["record"]))
-        floor = informative_mean(probe_top1(r["record"], floor=True)) if "random_init" in r["record"]["results"] \
-            else None
+        trained = informative_mean(probe_top1(record))
+        floor = informative_mean(probe_top1(record, floor=True)) if "random_init" in record["results"] else None
         if trained is not None and floor is not None:
             gains.setdefault(style, []).append(100 * (trained - floor))
     return {s: round(MARGIN_FRACTION * float(np.mean(g)), 1) for s, g in gains.items()}

@@ -286,9 +286,9 @@ def test_the_verdict_counts_are_written_by_the_build_not_typed(tmp_path, monkeyp
 
 
 def test_the_summary_counts_each_verdict_and_the_rows_holm_keeps():
-    rows = [{"verdict": v, "Holm p": h} for v, h in (("reproduced", "<0.001"), ("reproduced", "0.052"),
-                                                     ("not resolved; MDC below ARC", "1.000"), ("no effect of 2.4 points", "1.000"),
-                                                     ("contradicted: MDC below ARC", "0.010"), ("not resolved", "0.900"))]
+    verdicts = (("reproduced", "<0.001"), ("reproduced", "0.052"), ("not resolved; MDC below ARC", "1.000"),
+                ("no effect of 2.4 points", "1.000"), ("contradicted: MDC below ARC", "0.010"), ("not resolved", "0.900"))
+    rows = [{"verdict": v, "Holm p": h} for v, h in verdicts]
     assert claims.summary(rows) == (
         "Of the 6 claim rows, each tested at 5%: 2 reproduced, 1 contradicted, 1 with no effect of the margin's "
         "size, 2 not resolved (1 of them with a significant direction); 1 of the 2 reproduced rows keep p < 0.05 "
