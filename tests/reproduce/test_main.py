@@ -5,6 +5,8 @@ import json
 import os
 import shutil
 
+import pytest
+
 from reproduce.__main__ import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -71,3 +73,14 @@ def test_the_dry_run_of_a_seed_plan_shows_its_runs_and_run_hours(tmp_path, capsy
     assert would == ["pretrain/mdc-alt-s3", "probe/mdc-alt-s3", "figures"]  # the rest of seeds 0-2 is recorded
     assert "seed plan" in out and "4 seeds for mdc-alt, 3 elsewhere" in out
     assert "run-hours left" in out and "in this plan" in out
+
+
+def test_a_plan_and_seeds_together_or_a_bad_plan_are_one_line_errors(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"default": 3, "seeds": {"mdc-alt": 0}}))
+    for argv, code in ((["--seeds", "3", "--seed-plan", str(plan)], 2), (["--seed-plan", str(plan)], 1)):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--profile", "mini", "--dry-run", "--out", str(tmp_path / "runs"), *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == code and len(err) == 1 and err[0].startswith("error: "), err
+    assert "'mdc-alt'" in err[0] and str(plan) in err[0]
