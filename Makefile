@@ -58,12 +58,15 @@ smoke: $(STAMP)
 # SEEDS seeds of every run (the committed figures/ have 3), JOBS at a time, one thread each. A run that the
 # ledger RECORDS already holds is not executed again: with the committed ledger this rebuilds figures/ from it
 # in seconds; RECORDS=<a new folder> runs every seed on this machine (about 9 run-hours, 5 hours of wall time,
-# per seed on 2 cores at JOBS=2).
+# per seed on 2 cores at JOBS=2). SEED_PLAN=<file> runs the seeds per run of a plan instead (the power table's:
+# reproduce/presets/mini-seeds.json, from python -m reproduce.power --write-plan FILE).
 SEEDS ?= 3
 JOBS ?= 2
 RECORDS ?= reproduce/records/mini
+SEED_PLAN ?=
 reproduce: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m reproduce --profile mini --seeds $(SEEDS) --jobs $(JOBS) --records $(RECORDS)
+	OMP_NUM_THREADS=1 $(PY) -m reproduce --profile mini $(if $(SEED_PLAN),--seed-plan $(SEED_PLAN),--seeds $(SEEDS)) \
+		--jobs $(JOBS) --records $(RECORDS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

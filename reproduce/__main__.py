@@ -2,7 +2,9 @@
 
     python -m reproduce --list                              # the artifacts and what feeds them
     python -m reproduce --profile smoke                     # everything, a handful of steps (minutes)
-    python -m reproduce --profile mini [--seeds 3]          # the synthetic world at the frozen mini setup
+    python -m reproduce --profile mini                      # the synthetic world: the seeds the ledger holds
+    python -m reproduce --profile mini --seeds 3            # seeds 0-2 of every run
+    python -m reproduce --profile mini --seed-plan PLAN.json   # seeds per run from a plan (python -m reproduce.power)
     python -m reproduce --profile mini --only table2 fig4   # just these artifacts (and their runs)
     python -m reproduce --profile mini --dry-run            # what would run, what is done
     python -m reproduce --profile paper --gpus-per-node 8   # GPU node; data paths from MDC_* variables
@@ -10,11 +12,15 @@
     python -m reproduce --profile paper --dry-run [--mfu 0.4]  # the plan costed: commands, data, GPU-hours
     python -m reproduce --profile mini --seeds 3 --time-budget 150   # a part: stop starting runs after 150 min
     python -m reproduce --profile mini --seeds 3 --from-records      # every artifact from the ledger alone
+    python -m reproduce --profile mini --seeds 1 --overwrite-figures # let a build with fewer seeds replace figures/
 
 Completed runs are skipped (keyed by notebook, parameters and dependencies); a failed run is
 reported at the end and the exit status is non-zero. Every finished run writes a small record into
 the ledger (--records; for mini the committed reproduce/records/mini/), from which the tables and
-figures are built; a run whose record carries its key is done even with no run folder. One runner per output folder: a second one
+figures are built; a run whose record carries its key is done even with no run folder. Without --seeds
+or --seed-plan a build takes the seeds the ledger holds (reproduce/seed_plan.py). A build with fewer
+seeds of some claim row than the figures folder's claims.csv holds goes to OUT/<profile>/figures
+instead, in one line, unless --overwrite-figures. One runner per output folder: a second one
 on the same OUT/<profile>/ is refused, naming the first. A bad value prints one line,
 ``error: --jobs must be >= 1, got 0``, and exits 2; --debug (or MDC_DEBUG=1) shows the traceback.
 """
@@ -27,13 +33,13 @@ import sys
 
 from mdc.cli import ArgumentParser, report
 from mdc.errors import ConfigError, RunError, must
-from reproduce import book, cluster, cost, cost_table, ledger, registry, runner
+from reproduce import book, cluster, cost, cost_table, ledger, registry, runner, seed_plan
 
 
 def check(args: argparse.Namespace) -> None:
     """Refuse (ConfigError) bad values and contradictory flags before anything runs."""
     for name, least in (("seeds", 1), ("jobs", 1), ("nodes", 1), ("gpus_per_node", 0)):
-        if getattr(args, name) < least:
+        if getattr(args, name) is not None and getattr(args, name) < least:
             raise must(name, getattr(args, name), f">= {least}")
     if not 0 < args.mfu <= 1:
         raise must("mfu", args.mfu, "in (0, 1]")
@@ -43,6 +49,9 @@ def check(args: argparse.Namespace) -> None:
         raise must("time_budget", args.time_budget, "> 0 minutes")
     if args.from_records and (args.run or args.slurm or args.dry_run):
         raise ConfigError("from_records builds the artifacts from the ledger; it runs nothing", "from_records")
+    if args.seed_plan and (args.seeds is not None or args.profile == "paper"):
+        raise ConfigError("seed_plan gives the seeds of a synthetic profile's runs; give it or seeds, not both",
+                          "seed_plan", "seeds")
     if args.run and args.slurm:
         raise ConfigError("run executes one job here; slurm writes job scripts instead", "run", "slurm")
     unknown = [a for a in args.only or () if a not in registry.ARTIFACTS]
@@ -58,7 +67,11 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="+", metavar="ARTIFACT", help=f"artifacts: {', '.join(registry.ARTIFACTS)}")
     p.add_argument("--list", action="store_true", help="list the artifacts and their runs, then stop")
     p.add_argument("--dry-run", action="store_true", help="say what would run and what is done")
-    p.add_argument("--seeds", type=int, default=1, help="seeds per pretraining run (0 .. N-1)")
+    p.add_argument("--seeds", type=int, help="seeds per run (0 .. N-1; default: the seeds the ledger holds)")
+    p.add_argument("--seed-plan", metavar="FILE", help="seeds per run from a plan (python -m reproduce.power "
+                   "--write-plan FILE)")
+    p.add_argument("--overwrite-figures", action="store_true",
+                   help="build into the figures folder even where its claims.csv holds more seeds than this build")
     p.add_argument("--jobs", type=int, default=1, help="runs executed at the same time")
     p.add_argument("--out", default=os.path.join("reproduce", "runs"), help="runs go to OUT/<profile>/")
     p.add_argument("--figures", help="where tables and figures go (default: figures/ for mini, else OUT/<profile>/figures)")
@@ -88,8 +101,12 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     figures = args.figures or ("figures" if args.profile == "mini" else os.path.join(out, "figures"))
     records = args.records or (os.path.join("reproduce", "records", "mini") if args.profile == "mini"
                                else os.path.join(out, "records"))
-    runs = registry.with_figures(registry.build(args.profile, args.seeds), os.path.abspath(figures), args.profile,
-                                 os.path.abspath(records))
+    planned = _planned_runs(args, records)
+    richer = None if args.overwrite_figures else seed_plan.richer_figures(figures, planned)
+    if richer:
+        figures = os.path.join(out, "figures")
+        print(f"{richer}: tables and figures go to {figures} instead (--overwrite-figures writes there)")
+    runs = registry.with_figures(planned, os.path.abspath(figures), args.profile, os.path.abspath(records))
     runs = registry.select(runs, args.only)
     if args.list:
         for name, artifact in registry.ARTIFACTS.items():
@@ -134,6 +151,26 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def _planned_runs(args: argparse.Namespace, records: str) -> list:
+    """The profile's runs for ``--seeds``, ``--seed-plan`` or the seeds the ledger holds (one line naming the
+    plan where it came from a file or the ledger)."""
+    if args.profile == "paper":
+        return registry.build("paper", args.seeds or 1)
+    if args.seeds is not None:
+        return registry.build(args.profile, args.seeds)
+    if args.seed_plan:
+        plan, source = seed_plan.read(args.seed_plan), args.seed_plan
+    else:
+        plan, source = seed_plan.from_ledger(records, registry.build(args.profile, 1)), f"the ledger {records}"
+    if not args.list:
+        print(f"seed plan ({source}): {plan.describe()}")
+    return seed_plan.apply(registry.build(args.profile, plan.most), plan)
+
+
+def _seeds_flag(args: argparse.Namespace) -> str:
+    return f"--seeds {args.seeds} " if args.seeds else f"--seed-plan {args.seed_plan} " if args.seed_plan else ""
+
+
 def _flops(run) -> float | None:
     """A synthetic-world run's FLOPs for --dry-run: counted for pretraining runs (reproduce/cost.py)."""
     return cost.synthetic_pretrain_flops(run) if run.notebook == "pretrain" else None
@@ -145,8 +182,8 @@ def _from_records(runs: list, records: str, figures: str, args: argparse.Namespa
     missing = [r.name for r in runs if r.notebook not in book.READS_RECORDS_ONLY and r.name not in found]
     if missing:
         raise RunError(f"no record of run {missing[0]} in {records} ({len(missing)} of {len(runs) - 1} missing); "
-                       f"make them with: python -m reproduce --profile {args.profile} --seeds {args.seeds} "
-                       f"--records {records}")
+                       f"make them with: python -m reproduce --profile {args.profile} "
+                       f"{_seeds_flag(args)}--records {records}")
     wanted = {r.name: found[r.name] for r in runs if r.notebook not in book.READS_RECORDS_ONLY}  # registry order
     files = registry.build_from_records(wanted, figures, only=args.only)
     print(f"{sum(map(len, files.values()))} files of {len(files)} artifacts in {figures}, from "

@@ -95,15 +95,17 @@ def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), lo
 
 def dry_run(runs: list[Run], out: str, settings: RunSettings = RunSettings(), log=print, flops=None) -> None:
     """What :func:`run_all` would do, without a lock and writing nothing: each run's state, estimated minutes
-    (and FLOPs, ``flops(run)`` where it counts them), and the run-hours left, by kind (pretraining, evaluation)."""
+    (and FLOPs, ``flops(run)`` where it counts them), the run-hours left, by kind (pretraining, evaluation),
+    and the run-hours of all ``runs`` (a seed plan's, done or not)."""
     runs = order(runs)
     key = keys(runs)
-    records, left = settings.records, {"pretraining": 0.0, "evaluation": 0.0}
+    records, left, total = settings.records, {"pretraining": 0.0, "evaluation": 0.0}, 0.0
     for r in runs:
         done = is_done(out, r, key[r.name]) or ledger.done(records, r.name, key[r.name])
         minutes = ledger.estimate_seconds(r, records, settings.profile) / 60
         kind = "pretraining" if r.notebook == "pretrain" else "evaluation"
         left[kind] += 0 if done else minutes / 60
+        total += minutes / 60
         count = flops(r) if flops else None
         aside = "; its folder holds a run with other parameters, to be moved aside" if superseded_key(
             run_dir(out, r), key[r.name]) else ""
@@ -111,7 +113,7 @@ def dry_run(runs: list[Run], out: str, settings: RunSettings = RunSettings(), lo
         log(f"{'done' if done else 'would run':9s} {r.name}  ({r.notebook}; ~{minutes:.0f} min"
             f"{f'; {count / 1e12:.1f} TFLOP' if count else ''}; needs {needs}{aside})")
     log(f"about {sum(left.values()):.1f} run-hours left: {left['pretraining']:.1f} pretraining, "
-        f"{left['evaluation']:.1f} evaluation")
+        f"{left['evaluation']:.1f} evaluation; {total:.1f} run-hours in this plan, {len(runs)} runs")
 
 
 def _write_csv(out: str, runs: list[Run], outcome: dict, key: dict) -> None:

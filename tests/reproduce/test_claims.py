@@ -130,23 +130,41 @@ def test_the_interval_carries_the_seed_spread_and_the_shared_items():
     assert agree["v_seeds"] == 0.0 and agree["v_items"] == pytest.approx(one["v_items"])
 
 
-def test_verdicts_follow_from_the_intervals():
-    def d(low, high, seeds=3, tost=None):
-        tost_low, tost_high = tost or (low, high)
-        return dict(seeds=seeds, low=low, high=high, tost_low=tost_low, tost_high=tost_high)
+def _d(low, high, seeds=3, tost=None):
+    tost_low, tost_high = tost or (low, high)
+    return dict(seeds=seeds, low=low, high=high, tost_low=tost_low, tost_high=tost_high)
 
-    assert verdict("greater", d(0.4, 3.0)) == "reproduced" and verdict("greater", d(-3.0, -0.2)) == "contradicted"
+
+def test_verdicts_follow_from_the_intervals():
+    d, ab = _d, ("MDC", "ARC")
+    assert verdict("greater", d(0.4, 3.0)) == "reproduced"
+    assert verdict("greater", d(-3.0, -0.2), 2.0, ab) == "contradicted: MDC below ARC"
     assert verdict("greater", d(-0.5, 3.0)) == "not resolved"
     assert verdict("greater", d(0.4, 3.0, seeds=1)) == "reproduced (provisional)"
     assert verdict("greater", d(-0.5, 3.0, seeds=1)) == "not resolved (provisional)"
-    # comparable: TOST at 5% reads the 90% interval; contradicted needs the 95% interval outside the margin
+    # comparable: TOST at 5% reads the 90% interval; contradicted needs the 95% interval beyond the margin
     assert verdict("equal", d(-2.1, 1.9, tost=(-1.5, 1.5))) == "reproduced"
     assert verdict("equal", d(-2.1, 1.9, tost=(-1.5, 1.5), seeds=1)) == "reproduced (provisional)"
     assert verdict("equal", d(-1.5, 2.5, tost=(-1.0, 2.1))) == "not resolved"
-    assert verdict("equal", d(2.0, 6.0)) == "contradicted" and verdict("equal", d(-7.0, -2.5)) == "contradicted"
-    assert verdict("equal", d(1.9, 6.0, tost=(2.2, 5.7))) == "not resolved"
+    assert verdict("equal", d(2.1, 6.0), 2.0, ab) == "contradicted: MDC above ARC by more than 2"
+    assert verdict("equal", d(-7.0, -2.5), 2.0, ab) == "contradicted: MDC below ARC by more than 2"
+    assert verdict("equal", d(1.9, 6.0, tost=(2.2, 5.7))) == "not resolved; a above b"
     with pytest.raises(ValueError, match="expect"):
         Claim("x", {}, {}, expect="less")
+
+
+def test_a_significant_direction_is_named_where_the_margin_is_not_resolved():
+    """The reference run's MDC - ARC on descriptive captions: 95% [-8.4, -0.9], 90% [-7.2, -2.0]."""
+    row = _d(-8.4, -0.9, tost=(-7.2, -2.0))
+    assert verdict("equal", row, 2.4, ("MDC", "ARC")) == "not resolved; MDC below ARC"
+    assert verdict("equal", row, 0.8, ("MDC", "ARC")) == "contradicted: MDC below ARC by more than 0.8"
+
+
+def test_a_beats_claim_inside_the_margin_reads_as_no_effect_of_that_size():
+    """The reference run's MDC - CLIP: 95% [-1.1, +1.8], 90% [-0.8, +1.5]."""
+    assert verdict("greater", _d(-1.1, 1.8, tost=(-0.8, 1.5)), 2.4) == "no effect of 2.4 points"
+    assert verdict("greater", _d(-1.1, 1.8, tost=(-0.8, 1.5)), 1.4) == "not resolved"
+    assert verdict("greater", _d(0.2, 1.8, tost=(0.4, 1.5)), 2.4) == "reproduced, by less than 2.4"
 
 
 def test_pairs_need_one_run_per_seed_and_the_same_items():
@@ -178,7 +196,8 @@ def test_the_claims_table_from_records_shaped_as_the_registry_writes_them(tmp_pa
         rate = {"MDC": 0.6, "ARC": 0.6, "CLIP": 0.3}.get(r.labels["method"], 0.45)
         path = str(tmp_path / r.name / "results.json")
         datasets = {f"wds/{t}": {"top1": rate, "correct": _outcomes(rate, rng)} for t in TASKS}
-        write_results(path, "linear_probe", {"datasets": datasets})
+        floor = {"datasets": {f"wds/{t}": {"top1": 0.25} for t in TASKS}}  # gains: 35, 35 and 5 points
+        write_results(path, "linear_probe", {"datasets": datasets, "random_init": floor})
         index[r.name] = {"notebook": r.notebook, "labels": r.labels, "artifacts": list(r.artifacts), "results": path}
     assert all("claims" in v["artifacts"] for v in index.values())
     records = write_records(tmp_path / "records", index)
@@ -190,9 +209,12 @@ def test_the_claims_table_from_records_shaped_as_the_registry_writes_them(tmp_pa
     verdicts = {what: row[-1].rstrip(" |") for what, row in by_what.items()}
     assert verdicts["MDC - CLIP, descriptive"] == "reproduced" and verdicts["MDC - BERT 15%, alt"] == "reproduced"
     assert verdicts["MDC - ARC, descriptive"] in ("reproduced", "not resolved")
-    assert by_what["MDC - ARC, descriptive"][5].startswith("[") and by_what["MDC - CLIP, descriptive"][5] == "-"
-    assert all(row[2] == "3" for row in rows)  # every claim found its runs, in all three seeds
-    assert verdicts["all pairs - 25% of them, descriptive"] == "not resolved"  # both sides at the same rate
+    assert by_what["MDC - ARC, descriptive"][2] == "TOST; margin +-2.5"  # 10% of the mean gain, 25 points
+    assert by_what["MDC - CLIP, descriptive"][2] == "two-sided at 0; margin +-2.5"
+    assert all(row[6].startswith("[") and row[7] != "-" and row[8] != "-" for row in rows)  # 90% interval, p, Holm
+    assert all(row[3] == "3" for row in rows)  # every claim found its runs, in all three seeds
+    # both sides at the same rate: the 90% interval within the margin
+    assert verdicts["all pairs - 25% of them, descriptive"] == "no effect of 2.5 points"
 
 
 def test_a_claim_without_runs_says_so(tmp_path):
@@ -244,3 +266,44 @@ def test_only_a_build_into_the_repositorys_figures_rewrites_its_readme(tmp_path,
     table = "".join(line for line in open(files[0]) if line.startswith("|"))
     assert table.count("not run (") == len(claims.CLAIMS)
     assert claims.BEGIN + "\n" + table + claims.END in (tmp_path / "README.md").read_text()
+
+
+def test_the_verdict_counts_are_written_by_the_build_not_typed(tmp_path, monkeypatch):
+    """The README's and docs/results.md's summary sentence between the summary markers is the table's."""
+    monkeypatch.setattr(claims, "ROOT", str(tmp_path))
+    stale = "Five rows are reproduced and seven not resolved."
+    block = f"{claims.SUMMARY[0]}\n{stale}\n{claims.SUMMARY[1]}\n"
+    (tmp_path / "README.md").write_text(README + "\n" + block)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "results.md").write_text("# Results\n\n" + block + "More.\n")
+    claims.build([], "unused", str(tmp_path / "figures"))
+    want = (f"Of the {len(claims.CLAIMS)} claim rows, each tested at 5%: 0 reproduced, 0 contradicted, 0 with no "
+            f"effect of the margin's size, 0 not resolved, {len(claims.CLAIMS)} not run; 0 of the 0 reproduced rows "
+            f"keep p < 0.05 after Holm's adjustment over the {len(claims.CLAIMS)} rows.")
+    for doc in (tmp_path / "README.md", tmp_path / "docs" / "results.md"):
+        assert stale not in doc.read_text() and f"{claims.SUMMARY[0]}\n{want}\n{claims.SUMMARY[1]}" in doc.read_text()
+    assert (tmp_path / "docs" / "results.md").read_text().endswith(claims.SUMMARY[1] + "\nMore.\n")
+
+
+def test_the_summary_counts_each_verdict_and_the_rows_holm_keeps():
+    verdicts = (("reproduced", "<0.001"), ("reproduced", "0.052"), ("not resolved; MDC below ARC", "1.000"),
+                ("no effect of 2.4 points", "1.000"), ("contradicted: MDC below ARC", "0.010"), ("not resolved", "0.900"))
+    rows = [{"verdict": v, "Holm p": h} for v, h in verdicts]
+    assert claims.summary(rows) == (
+        "Of the 6 claim rows, each tested at 5%: 2 reproduced, 1 contradicted, 1 with no effect of the margin's "
+        "size, 2 not resolved (1 of them with a significant direction); 1 of the 2 reproduced rows keep p < 0.05 "
+        "after Holm's adjustment over the 6 rows.")
+
+
+def test_the_margin_is_a_tenth_of_the_styles_gain_over_random_init():
+    rng = np.random.default_rng(0)
+
+    def run(method, style, rate, floor, **extra):
+        r = _run(f"probe/{method}-{style}", dict(claims._main(method, style), seed=0, **extra),
+                 {t: rate for t in TASKS}, rng)
+        r["record"]["results"]["random_init"] = {"datasets": {f"wds/{t}": {"top1": floor} for t in TASKS}}
+        return r
+
+    runs = [run("MDC", "alt", 0.40, 0.25), run("ARC", "alt", 0.45, 0.25), run("CLIP", "alt", 0.35, 0.25),
+            run("MDC", "descriptive", 0.55, 0.25), run("BERT", "alt", 0.9, 0.1, mask_ratio=0.15)]  # BERT: no anchor
+    assert claims.margins(runs) == {"alt": 1.5, "descriptive": 3.0}

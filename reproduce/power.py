@@ -1,0 +1,182 @@
+"""How many seeds (and test items) each claim row needs: a power table read from the run records, and the
+seed plan it implies.
+
+    python -m reproduce.power [--records DIR] [--write-plan FILE] [--max-seeds 10]
+
+Per claim row (:data:`reproduce.claims.CLAIMS`), from the records (default ``reproduce/records/mini``):
+the per-seed differences d_1 .. d_k (mean4 points, paired by seed), their mean d, their SD s (sample SD,
+k - 1 df; with one seed the claims' SEED_SD), the test items' variance v_items at the current N items
+per task (:func:`reproduce.claims_stats.difference`: the same estimate the claim's interval uses) and
+the row's margin m (:func:`reproduce.claims.margins`).
+
+The tests a row could be resolved by, at 5%, from its current mean (as the claim's verdict reads it):
+- "A beats B": the difference is 0, two-sided (p = 0.975 quantiles), effect e = |d| (reproduced or
+  contradicted); and where |d| < m, two one-sided tests at +-m (p = 0.95 quantiles), e = m - |d| (no
+  effect of m points); the row shows the one that needs fewer seeds;
+- "comparable", |d| < m: two one-sided tests at +-m (p = 0.95 quantiles); effect e = m - |d|;
+- "comparable", |d| >= m: the difference lies beyond +-m, two-sided (p = 0.975); effect e = |d| - m.
+
+The claims' variance decomposition at K seeds and N items per task (seeds part and items part):
+V(K, N) = v_items * N0 / N + s^2 / K, N0 the current items per task; the test rejects when e exceeds
+h(K, N) = sqrt(z_p^2 v_items N0 / N + q_p(K - 1)^2 s^2 / K) (z_p normal, q_p Student's t with K - 1 df,
+as the interval). Power at the current mean, treating d as normal with variance V:
+power(K, N) = Phi((e - h(K, N)) / sqrt(V(K, N))). Seeds needed: the smallest K >= 2 with power >= 80% at
+N = N0 (K up to 10,000). As K grows h -> z_p sqrt(v_items N0 / N) and V -> v_items N0 / N, so where
+e <= (z_p + z_0.8) sqrt(v_items) (z_0.8 = 0.8416) no number of seeds reaches 80% at N0 items: the row
+says "never", with the items per task that unlimited seeds would need, N* = N0 v_items (z_p + z_0.8)^2
+/ e^2, and the seeds needed at 2 N* items. e = 0 is "never" at any number of items.
+
+v_items is the claims' estimate, which also holds each seed's own item noise (conservative, by about
+that noise / k), and both s and d come from k seeds: with 3 seeds s is uncertain by a factor of about 2,
+so the seeds needed are a plan, not a promise.
+
+The seed plan (``--write-plan``, read by ``python -m reproduce --seed-plan FILE``): a row is resolvable
+when its seeds needed are finite and at most ``--max-seeds``; each pretraining run that feeds one or more
+resolvable rows (a probe on either side) gets the most seeds those rows need, at least FLOOR_SEEDS;
+every other run gets FLOOR_SEEDS.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from statistics import NormalDist
+
+from mdc.cli import ArgumentParser, report
+from reproduce import claims, ledger, registry
+from reproduce.claims_stats import difference, t_quantile
+from reproduce.seed_plan import SeedPlan, write
+
+POWER = 0.80
+FLOOR_SEEDS = 3  # every run of a plan, at least
+MAX_SEEDS = 10  # a row that needs more is left at the floor
+SEARCH = 10_000  # the most seeds searched
+
+
+def needed_seeds(e: float, s: float, v_items: float, p: float, scale: float = 1.0) -> int | None:
+    """The smallest K >= 2 (up to SEARCH) with power >= POWER (module docstring) for effect ``e``, seed SD
+    ``s``, items variance ``v_items`` times ``scale`` (N0 / N), quantile ``p``; None if none."""
+    z, zb = NormalDist().inv_cdf(p), NormalDist().inv_cdf(POWER)
+    vi = v_items * scale
+    if e <= 0 or e <= (z + zb) * math.sqrt(vi):
+        return None
+
+    def enough(k: int) -> bool:
+        h = math.sqrt(z**2 * vi + t_quantile(p, k - 1) ** 2 * s**2 / k)
+        return e - h >= zb * math.sqrt(vi + s**2 / k)
+
+    if not enough(SEARCH):
+        return None
+    lo, hi = 1, SEARCH  # enough(hi); power grows with k
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
+
+
+def targets(claim: claims.Claim, mean: float, margin: float) -> list[tuple[str, float, float]]:
+    """The (test, effect e, quantile p) a row could be resolved by from its current ``mean`` (module docstring)."""
+    if claim.expect == "greater":
+        return [("differs from 0", abs(mean), 0.975)] + (
+            [(f"TOST at +-{margin:g}", margin - abs(mean), 0.95)] if abs(mean) < margin else [])
+    if abs(mean) < margin:
+        return [(f"TOST at +-{margin:g}", margin - abs(mean), 0.95)]
+    return [(f"beyond +-{margin:g}", abs(mean) - margin, 0.975)]
+
+
+def row_power(claim: claims.Claim, d: dict, margin: float) -> dict:
+    """One row of the power table from a :func:`reproduce.claims_stats.difference` ``d``: the row's test
+    that needs the fewest seeds (the fewest items where no number of seeds will do)."""
+    k, n0 = d["seeds"], d["items"] // len(claims.TASKS)
+    s = float(math.sqrt(d["v_seeds"] * k)) if k > 1 else claims.SEED_SD
+    options = [_option(test, e, p, s, d["v_items"], n0) for test, e, p in targets(claim, d["mean"], margin)]
+    best = min(options, key=lambda o: (o["_seeds"] is None, o["_seeds"] or 0, o["_items"]))
+    row = {"claim row": claim.what, "margin": f"+-{margin:g}",
+           "per-seed differences": ", ".join(f"{x:+.2f}" for x in d["per_seed"]), "mean": f"{d['mean']:+.2f}",
+           "seed SD": f"{s:.2f}", "items SD": f"{math.sqrt(d['v_items']):.2f}"}
+    return {**row, **{key: v for key, v in best.items() if key != "_items"}}
+
+
+def _option(test: str, e: float, p: float, s: float, v_items: float, n0: int) -> dict:
+    """Seeds (and items) for 80% power of one test of effect ``e`` at quantile ``p``."""
+    z, zb = NormalDist().inv_cdf(p), NormalDist().inv_cdf(POWER)
+    seeds = needed_seeds(e, s, v_items, p)
+    out = {"test at 5%": test, "effect": f"{e:.2f}", "_seeds": seeds, "_items": n0}
+    if seeds is not None:
+        return {**out, "seeds for 80% power": str(seeds), "items per task": f"{n0:,}"}
+    if e <= 0:
+        return {**out, "seeds for 80% power": "never (the mean sits on the boundary)", "items per task": "-",
+                "_items": math.inf}
+    n_star = math.ceil(n0 * v_items * (z + zb) ** 2 / e**2)
+    at_double = needed_seeds(e, s, v_items, p, n0 / (2 * n_star))
+    return {**out, "seeds for 80% power": f"never at {n0:,} items", "_items": n_star,
+            "items per task": f"> {n_star:,} (at {2 * n_star:,}: "
+                              f"{f'{at_double} seeds' if at_double else f'more than {SEARCH:,} seeds'})"}
+
+
+def power_table(runs: list[dict]) -> list[dict]:
+    """Every claim row's power row (module docstring); ``_seeds`` holds the seeds needed (None: never)."""
+    margin = claims.margins(runs)
+    rows = []
+    for c in claims.CLAIMS:
+        try:
+            d = difference(claims.paired_items(runs, c))
+        except ValueError as exn:
+            rows.append({"claim row": c.what, "seeds for 80% power": f"not run ({exn})", "_seeds": None})
+            continue
+        rows.append(row_power(c, d, margin.get(c.a.get("style"), claims.FALLBACK_MARGIN)))
+    return rows
+
+
+def plan_from(rows: list[dict], profile: str = "mini", max_seeds: int = MAX_SEEDS) -> SeedPlan:
+    """The seed plan the power ``rows`` imply (module docstring)."""
+    want: dict[str, int] = {}
+    probes = [r for r in registry.build(profile, 1) if r.notebook == "linear_probe"]
+    for c, row in zip(claims.CLAIMS, rows):
+        k = row["_seeds"]
+        if k is None or k > max_seeds:
+            continue
+        for r in probes:
+            if any(all(r.labels.get(key) == v for key, v in side.items()) for side in (c.a, c.b)):
+                name = r.deps[0].split("/", 1)[1].rsplit("-s", 1)[0]  # pretrain/<name>-s0
+                want[name] = max(want.get(name, FLOOR_SEEDS), k)
+    return SeedPlan(FLOOR_SEEDS, tuple(sorted((n, k) for n, k in want.items() if k > FLOOR_SEEDS)))
+
+
+def markdown(rows: list[dict]) -> str:
+    columns = [c for c in dict.fromkeys(k for r in rows for k in r) if not c.startswith("_")]
+    return "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+                     + ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows])
+
+
+def main(argv=None) -> int:
+    p = ArgumentParser(prog="python -m reproduce.power", description=__doc__.split("\n\n")[0])
+    p.add_argument("--records", default=os.path.join("reproduce", "records", "mini"), help="the ledger")
+    p.add_argument("--profile", default="mini", help="the profile whose runs the plan names")
+    p.add_argument("--write-plan", metavar="FILE", help="write the seed plan the table implies")
+    p.add_argument("--max-seeds", type=int, default=MAX_SEEDS, help="a row needing more is left at the floor")
+    p.add_argument("--debug", action="store_true")
+    args = p.parse_args(argv)
+    return report(lambda: _main(args), p, debug=args.debug)
+
+
+def _main(args: argparse.Namespace) -> int:
+    found = ledger.read_all(args.records)
+    if not found:
+        raise ValueError(f"--records {args.records}: no run records there")
+    rows = power_table(ledger.for_build(found))
+    print(markdown(rows))
+    plan = plan_from(rows, args.profile, args.max_seeds)
+    print(f"\nseed plan (rows needing at most {args.max_seeds} seeds; at least {FLOOR_SEEDS} everywhere): "
+          f"{plan.describe()}")
+    if args.write_plan:
+        write(args.write_plan, plan, f"python -m reproduce.power --records {args.records}: seeds for 80% power at "
+                                     f"each resolvable claim row's current mean, at least {FLOOR_SEEDS}")
+        print(f"wrote {args.write_plan}; run it with: python -m reproduce --profile {args.profile} "
+              f"--seed-plan {args.write_plan}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""python -m reproduce (reproduce/__main__.py): no build overwrites a richer figures/ unless asked; without
+--seeds a build takes the seeds the ledger holds; --seed-plan runs as many seeds per run as its plan says."""
+import csv
+import json
+import os
+import shutil
+
+import pytest
+
+from reproduce.__main__ import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RECORDS = os.path.join(ROOT, "reproduce", "records", "mini")
+
+
+def _seeds(figures) -> set[str]:
+    with open(os.path.join(figures, "claims.csv")) as f:
+        return {row["seeds"] for row in csv.DictReader(f)}
+
+
+def _three_seed_figures(tmp_path):
+    """A figures folder holding the committed three-seed claims table."""
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    for ext in ("md", "csv", "tex"):
+        shutil.copy(os.path.join(ROOT, "figures", f"claims.{ext}"), figures)
+    assert _seeds(figures) == {"3"}
+    return figures
+
+
+def _build(tmp_path, figures, *extra):
+    return main(["--profile", "mini", "--from-records", "--records", RECORDS, "--only", "claims",
+                 "--figures", str(figures), "--out", str(tmp_path / "runs"), *extra])
+
+
+def test_a_one_seed_build_leaves_a_three_seed_figures_folder_alone(tmp_path, capsys):
+    figures = _three_seed_figures(tmp_path)
+    before = (figures / "claims.csv").read_bytes()
+    assert _build(tmp_path, figures, "--seeds", "1") == 0
+    assert (figures / "claims.csv").read_bytes() == before
+    elsewhere = tmp_path / "runs" / "mini" / "figures"
+    assert _seeds(elsewhere) == {"1"}
+    said = [line for line in capsys.readouterr().out.splitlines() if "--overwrite-figures" in line]
+    assert len(said) == 1 and "3 seeds" in said[0] and str(elsewhere) in said[0]
+
+
+def test_asked_explicitly_a_one_seed_build_overwrites(tmp_path):
+    figures = _three_seed_figures(tmp_path)
+    assert _build(tmp_path, figures, "--seeds", "1", "--overwrite-figures") == 0
+    assert _seeds(figures) == {"1"}
+
+
+def test_without_seeds_a_build_takes_the_seeds_the_ledger_holds(tmp_path):
+    figures = _three_seed_figures(tmp_path)
+    before = (figures / "claims.csv").read_bytes()
+    assert _build(tmp_path, figures) == 0
+    assert (figures / "claims.csv").read_bytes() == before  # the same three seeds, the same table
+
+
+def test_a_richer_build_writes_into_figures(tmp_path):
+    figures = tmp_path / "figures"
+    assert _build(tmp_path, figures, "--seeds", "1") == 0 and _seeds(figures) == {"1"}
+    assert _build(tmp_path, figures, "--seeds", "3") == 0 and _seeds(figures) == {"3"}
+
+
+def test_the_dry_run_of_a_seed_plan_shows_its_runs_and_run_hours(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"default": 3, "seeds": {"mdc-alt": 4}}))
+    assert main(["--profile", "mini", "--seed-plan", str(plan), "--dry-run", "--records", RECORDS,
+                 "--out", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    would = [line.split()[2] for line in out.splitlines() if line.startswith("would run")]
+    assert would == ["pretrain/mdc-alt-s3", "probe/mdc-alt-s3", "figures"]  # the rest of seeds 0-2 is recorded
+    assert "seed plan" in out and "4 seeds for mdc-alt, 3 elsewhere" in out
+    assert "run-hours left" in out and "in this plan" in out
+
+
+def test_a_plan_and_seeds_together_or_a_bad_plan_are_one_line_errors(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"default": 3, "seeds": {"mdc-alt": 0}}))
+    for argv, code in ((["--seeds", "3", "--seed-plan", str(plan)], 2), (["--seed-plan", str(plan)], 1)):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--profile", "mini", "--dry-run", "--out", str(tmp_path / "runs"), *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == code and len(err) == 1 and err[0].startswith("error: "), err
+    assert "'mdc-alt'" in err[0] and str(plan) in err[0]

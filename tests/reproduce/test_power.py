@@ -1,0 +1,100 @@
+"""reproduce.power: the seeds (and test items) a claim row needs for 80% power, recomputed here from the
+records by the docstring's formula, and the seed plan they imply."""
+import math
+import os
+from statistics import NormalDist
+
+import pytest
+
+from reproduce import claims, ledger, power, seed_plan
+from reproduce.claims_stats import difference, t_quantile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RECORDS = os.path.join(ROOT, "reproduce", "records", "mini")
+
+
+def _power(e, s, v_items, p, k):
+    """Power at k seeds, written out as the module docstring states it."""
+    z, q = NormalDist().inv_cdf(p), t_quantile(p, k - 1)
+    h = math.sqrt(z**2 * v_items + q**2 * s**2 / k)
+    return NormalDist().cdf((e - h) / math.sqrt(v_items + s**2 / k))
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return ledger.for_build(ledger.read_all(RECORDS))
+
+
+def test_seeds_needed_is_the_first_k_with_80_percent_power():
+    for e, s, vi, p in ((2.23, 1.45, 0.26, 0.975), (8.3, 4.96, 0.24, 0.975), (1.0, 0.5, 0.05, 0.95)):
+        k = power.needed_seeds(e, s, vi, p)
+        assert _power(e, s, vi, p, k) >= 0.8 > _power(e, s, vi, p, k - 1) or k == 2
+
+
+def test_never_where_the_item_noise_alone_leaves_too_little():
+    z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)
+    assert power.needed_seeds(0.99 * z * 0.5, 0.1, 0.25, 0.975) is None  # e below (z + z_0.8) items SD
+    assert power.needed_seeds(1.2 * z * 0.5, 0.1, 0.25, 0.975) is not None
+    assert power.needed_seeds(0.0, 1.0, 0.01, 0.975) is None
+
+
+def test_the_table_recomputed_from_the_records(runs):
+    rows = {r["claim row"]: r for r in power.power_table(runs)}
+    assert list(rows) == [c.what for c in claims.CLAIMS]
+    margins = claims.margins(runs)
+    for c in claims.CLAIMS:
+        d = difference(claims.paired_items(runs, c))
+        row, m = rows[c.what], margins[c.a["style"]]
+        s = math.sqrt(sum((x - d["mean"]) ** 2 for x in d["per_seed"]) / (d["seeds"] - 1))
+        assert row["per-seed differences"] == ", ".join(f"{x:+.2f}" for x in d["per_seed"])
+        assert row["seed SD"] == f"{s:.2f}" and row["items SD"] == f"{math.sqrt(d['v_items']):.2f}"
+        tests = [("differs from 0", abs(d["mean"]), 0.975)] if c.expect == "greater" else []
+        if abs(d["mean"]) < m:
+            tests.append((f"TOST at +-{m:g}", m - abs(d["mean"]), 0.95))
+        elif c.expect == "equal":
+            tests.append((f"beyond +-{m:g}", abs(d["mean"]) - m, 0.975))
+        need = {}
+        for name, e, p in tests:
+            z = NormalDist().inv_cdf(p) + NormalDist().inv_cdf(0.8)
+            if e <= z * math.sqrt(d["v_items"]):  # more seeds cannot get there: the limit as k grows
+                need[name] = None
+                continue
+            need[name] = next(k for k in range(2, 10_001) if _power(e, s, d["v_items"], p, k) >= 0.8)
+        finite = {n: k for n, k in need.items() if k is not None}
+        if finite:
+            assert row["seeds for 80% power"] == str(min(finite.values())), c.what
+            assert row["test at 5%"] in [n for n, k in finite.items() if k == min(finite.values())]
+        else:
+            assert row["seeds for 80% power"] == "never at 1,000 items" and row["items per task"].startswith("> ")
+
+
+def test_the_reference_rows_that_cannot_resolve_at_1000_items(runs):
+    rows = {r["claim row"]: r for r in power.power_table(runs)}
+    row = rows["MDC - ARC, alt"]  # |mean| 1.72 just beyond the margin: the item noise alone is too large
+    d = difference(claims.paired_items(runs, claims.CLAIMS[1]))
+    e = abs(d["mean"]) - claims.margins(runs)["alt"]
+    z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)
+    n_star = math.ceil(1000 * d["v_items"] * z**2 / e**2)
+    assert row["items per task"].startswith(f"> {n_star:,} (at {2 * n_star:,}: ")
+
+
+def test_the_plan_gives_the_runs_of_resolvable_rows_their_seeds_and_three_elsewhere(runs):
+    rows = power.power_table(runs)
+    plan = power.plan_from(rows)
+    assert plan.default == power.FLOOR_SEEDS and all(n > 3 for _, n in plan.seeds)
+    need = {r["claim row"]: r["_seeds"] for r in rows}
+    assert plan.of("arc-descriptive") == plan.of("mdc-descriptive") == need["MDC - ARC, descriptive"]
+    assert plan.of("mdc-t0.0-1.0-alt") == need["[0.5, 1] - [0, 1], alt"]
+    assert plan.of("bert-r1.00-alt") == 3  # needs more than MAX_SEEDS: left at the floor
+    assert plan.of("cliplb-descriptive") == 3  # feeds no claim row
+
+
+def test_the_command_prints_the_table_and_writes_a_plan_the_runner_reads(tmp_path, capsys):
+    path = str(tmp_path / "plan.json")
+    assert power.main(["--records", RECORDS, "--write-plan", path]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| claim row | margin | per-seed differences |") and "seed plan" in out
+    assert seed_plan.read(path) == power.plan_from(power.power_table(ledger.for_build(ledger.read_all(RECORDS))))
+    with pytest.raises(SystemExit) as exit_:
+        power.main(["--records", str(tmp_path / "none")])
+    assert exit_.value.code == 1 and "no run records" in capsys.readouterr().err

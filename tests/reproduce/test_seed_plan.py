@@ -1,0 +1,52 @@
+"""reproduce.seed_plan: seeds per run from a plan file or the ledger, and the claim-row seeds a build holds."""
+import json
+import os
+
+import pytest
+
+from reproduce import registry, seed_plan
+from reproduce.seed_plan import SeedPlan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RECORDS = os.path.join(ROOT, "reproduce", "records", "mini")
+
+
+def test_a_plan_gives_a_pretraining_run_and_its_probe_more_seeds_and_the_rest_the_default():
+    plan = SeedPlan(2, (("mdc-alt", 4),))
+    runs = seed_plan.apply(registry.build("mini", plan.most), plan)
+    names = {r.name for r in runs}
+    assert {"pretrain/mdc-alt-s3", "probe/mdc-alt-s3", "pretrain/arc-alt-s1", "captioning/alt-s1"} <= names
+    assert not names & {"pretrain/arc-alt-s2", "probe/arc-alt-s2", "captioning/alt-s2", "captioning/alt-s3",
+                        "compositionality/mdc-descriptive-pairs-s2"}
+    assert all(d in names for r in runs for d in r.deps)  # every run keeps what it reads
+    assert len(registry.build("mini", 2)) + 2 * 2 == len(runs)  # seeds 2 and 3 of mdc-alt and its probe
+    counts = seed_plan.claim_seeds(runs)
+    assert counts["MDC - BERT 15%, alt"] == 2 and counts["MDC - ARC, descriptive"] == 2
+
+
+def test_the_ledgers_plan_is_the_seeds_it_recorded():
+    plan = seed_plan.from_ledger(RECORDS, registry.build("mini", 1))
+    assert plan == SeedPlan(3, ()) and plan.describe() == "3 for every run"
+    assert seed_plan.from_ledger("no-such-folder", registry.build("mini", 1)) == SeedPlan(1, ())
+
+
+def test_a_plan_file_round_trips_and_a_bad_one_names_its_field(tmp_path):
+    path = str(tmp_path / "plan.json")
+    plan = SeedPlan(3, (("arc-descriptive", 6), ("mdc-alt", 6), ("mdc-wot-alt", 4)))
+    seed_plan.write(path, plan, "from the power table")
+    assert seed_plan.read(path) == plan
+    assert plan.describe() == "6 seeds for arc-descriptive, mdc-alt, 4 seeds for mdc-wot-alt, 3 elsewhere"
+    for bad, word in (({"default": 0}, "'default'"), ({"seeds": {"mdc-alt": "six"}}, "'mdc-alt'"),
+                      ({"sedes": {}}, "unknown field 'sedes'"), ([3], "want")):
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=word):
+            seed_plan.read(str(tmp_path / "bad.json"))
+
+
+def test_richer_figures_names_the_rows_a_build_would_lose(tmp_path):
+    (tmp_path / "claims.csv").write_text(open(os.path.join(ROOT, "figures", "claims.csv")).read())
+    one = registry.build("mini", 1)
+    why = seed_plan.richer_figures(str(tmp_path), one)
+    assert why.startswith(f"{tmp_path} holds 3 seeds of 12 claim row(s)") and why.endswith("this build 1")
+    assert seed_plan.richer_figures(str(tmp_path), registry.build("mini", 3)) is None
+    assert seed_plan.richer_figures(str(tmp_path / "empty"), one) is None
