@@ -213,10 +213,11 @@ def step_mini_eval(work: str, budget: float) -> dict:
     if time.perf_counter() - start > budget:
         return {**out, "ok": False, "error": f"the evaluation sets alone took more than the step's {budget:.0f} s"}
     checkpoint = ckpt.latest(os.path.join(work, "mini-run"))
-    source = "this session's mini run"
-    if checkpoint is None:
-        checkpoint, source = os.path.join(ROOT, "reproduce", "weights", "mini", "pretrain", "mdc-descriptive-s0"), \
-            "the committed seed-0 weights (the mini run left no checkpoint)"
+    if checkpoint:
+        source = f"this session's mini run, {os.path.basename(checkpoint)}"
+    else:
+        checkpoint = os.path.join(ROOT, "reproduce", "weights", "mini", "pretrain", "mdc-descriptive-s0")
+        source = "the committed seed-0 weights (the mini run left no checkpoint)"
     start = time.perf_counter()
     probe = _probe(checkpoint, evalsets, work)
     out["probe"] = {**beside(time.perf_counter() - start, "probe/mdc-descriptive-s0"), **probe, "checkpoint": source}
