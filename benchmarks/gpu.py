@@ -1,10 +1,11 @@
 """GPU: what the first GPU session fills in with one command, ``python -m benchmarks gpu``.
 
-- Training, ViT-B/32 MDC at the paper's micro-batch (128 per GPU, Sec. 4.1), through the training
-  loop's own code (:class:`mdc.train.LossModule`, :func:`mdc.train.accumulate`, bf16 autocast as
+- Training, ViT-B/32 MDC, ARC and CLIP in turn at the paper's micro-batch (128 per GPU, Sec. 4.1),
+  through the training loop's own code (:class:`mdc.train.LossModule`, :func:`mdc.train.accumulate`, bf16 autocast as
   ``precision="auto"`` gives on CUDA, :func:`mdc.optim.optimizer_step`): images/s, achieved TFLOP/s,
   model FLOPs utilisation (MFU), peak memory, and the same step under ``torch.compile`` (the
-  loop's ``--compile``: caption lengths bucketed to 16) with its speed-up over eager.
+  loop's ``--compile``: caption lengths bucketed to 16) with its speed-up over eager; each row is named
+  after its objective (``MDC training, batch 128``, ``ARC model FLOPs utilisation``, ...).
 - Sampling: MDC greedy unmasking (20 tokens) and ARC beam search (beam 6, 20 tokens), captions/s.
 - Scoring: every scorer's throughput (ELBO with 1024 samples, heuristic, ARC exact, CLIP cosine) in
   fp32 (the scorers' default) and bf16 (``precision="bf16"``), and the bf16 - fp32 score error.
@@ -38,6 +39,7 @@ from benchmarks.common import Context, Section, batch, interleaved, median, smal
 PEAK_BF16 = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("GH200", 989e12),
              ("A100", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12), ("RTX 4090", 165e12))
 PAPER_MICRO_BATCH = 128  # per GPU, ViT-B (paper Sec. 4.1)
+OBJECTIVES = ("mdc", "arc", "clip")  # the training rows, in this order
 GiB = 2**30
 
 
@@ -73,48 +75,71 @@ def _trainer(model, device: torch.device, compiled: bool, backend: str | None):
     return step
 
 
-def _training(sec: Section, ctx: Context, device: torch.device, name: str) -> None:
-    torch.manual_seed(0)
-    model = mdc.create_model("vit-b-32", "mdc", **small("vit-b-32", ctx.quick)).to(device)
-    B = ctx.pick(PAPER_MICRO_BATCH, 2)
-    images, tokens = batch(model, B, device)
-    eager = _trainer(model, device, False, None)
-    eager(images, tokens)  # optimizer state allocated before counting
+def _count_flops(model, images, tokens, device: torch.device) -> float:
+    """FLOPs of one forward and backward of ``model``'s loss in bf16, counted by :mod:`mdc.flops`'s meter."""
     with Meter() as meter:
         with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = model.loss(images, tokens)
         loss.backward()
     model.zero_grad(set_to_none=True)
-    flops = meter.flops
+    return meter.flops
+
+
+def _eager(sec: Section, ctx: Context, device: torch.device, name: str, objective: str):
+    """One objective's eager training step: its rows (images/s, TFLOP/s, MFU, peak memory); returns the
+    step, its batch and the FLOPs counted."""
+    torch.manual_seed(0)
+    model = mdc.create_model("vit-b-32", objective, **small("vit-b-32", ctx.quick)).to(device)
+    B = ctx.pick(PAPER_MICRO_BATCH, 2)
+    images, tokens = batch(model, B, device)
+    eager = _trainer(model, device, False, None)
+    eager(images, tokens)  # optimizer state allocated before counting
+    flops = _count_flops(model, images, tokens, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t = median(interleaved({"step": lambda: eager(images, tokens)}, rounds=ctx.pick(10, 1), warmup=ctx.pick(3, 1),
                            device=device)["step"])
-    peak = peak_flops(name)
+    peak, label = peak_flops(name), objective.upper()
     depth = " (depth 1: quick)" if ctx.quick else ""
-    sec.add(f"training, batch {B}{depth}", round(B / t, 1), "images/s",
+    sec.add(f"{label} training, batch {B}{depth}", round(B / t, 1), "images/s",
             f"{flops / 1e12:.2f} TFLOP per step counted, {1000 * t:.0f} ms/step")
-    sec.add("achieved", round(flops / t / 1e12, 2), "TFLOP/s")
-    sec.add("model FLOPs utilisation", round(flops / t / peak, 3) if peak else None, "of peak",
-            f"peak {peak / 1e12:.0f} TFLOP/s dense bf16; reproduce/cost.py assumes 0.35" if peak
+    sec.add(f"{label} achieved", round(flops / t / 1e12, 2), "TFLOP/s")
+    sec.add(f"{label} model FLOPs utilisation", round(flops / t / peak, 3) if peak else None, "of peak",
+            f"{name}: peak {peak / 1e12:.0f} TFLOP/s dense bf16; reproduce/cost.py assumes 0.35" if peak
             else f"no peak known for {name!r}")
     if device.type == "cuda":
-        sec.add("peak memory, training", round(torch.cuda.max_memory_allocated(device) / GiB, 2), "GiB",
+        sec.add(f"{label} peak memory, training", round(torch.cuda.max_memory_allocated(device) / GiB, 2), "GiB",
                 "weights, gradients, AdamW state and activations; compare the dry run's estimate")
+    return eager, images, tokens
 
-    # the loop's --compile: a second copy of the model, timed beside the eager one
+
+def _compiled(sec: Section, ctx: Context, device: torch.device, objective: str, eager, images, tokens) -> None:
+    """The loop's --compile: a second copy of the model, its steps interleaved with the eager ones."""
     torch.manual_seed(0)
-    twin = mdc.create_model("vit-b-32", "mdc", **small("vit-b-32", ctx.quick)).to(device)
+    twin = mdc.create_model("vit-b-32", objective, **small("vit-b-32", ctx.quick)).to(device)
     backend = ctx.pick(None, "aot_eager")
     compiled = _trainer(twin, device, True, backend)
     compiled(images, tokens)  # compiles
     times = interleaved({"eager": lambda: eager(images, tokens), "compiled": lambda: compiled(images, tokens)},
                         rounds=ctx.pick(10, 1), warmup=ctx.pick(3, 1), device=device)
-    sec.add(f"training, torch.compile{' (aot_eager: quick)' if backend else ''}",
+    label, B = objective.upper(), len(images)
+    sec.add(f"{label} training, torch.compile{' (aot_eager: quick)' if backend else ''}",
             round(B / median(times["compiled"]), 1), "images/s", f"{1000 * median(times['compiled']):.0f} ms/step")
-    sec.add("torch.compile speed-up", round(speedup(times, "compiled", "eager"), 3), "x",
+    sec.add(f"{label} torch.compile speed-up", round(speedup(times, "compiled", "eager"), 3), "x",
             f"steps interleaved: eager {1000 * median(times['eager']):.0f} ms, compiled "
             f"{1000 * median(times['compiled']):.0f} ms")
+
+
+def _training(sec: Section, ctx: Context, device: torch.device, name: str) -> None:
+    """MDC, ARC and CLIP in turn, eager then compiled; each objective's rows are printed as soon as they are
+    measured, so that a run stopped by a time limit still leaves them in its log."""
+    for objective in OBJECTIVES:
+        first = len(sec.rows)
+        _compiled(sec, ctx, device, objective, *_eager(sec, ctx, device, name, objective))
+        for row in sec.rows[first:]:
+            print(f"  gpu: {row.name}: {row.value} {row.unit}  {row.note}", flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _models(ctx: Context, device: torch.device) -> dict:
@@ -159,7 +184,7 @@ def _scoring(sec: Section, ctx: Context, device: torch.device, models: dict) -> 
 def measure(ctx: Context, device: torch.device) -> Section:
     """The section's figures on ``device`` (tests run it on the CPU)."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    sec = Section("gpu", f"GPU ({name}): vit-b-32 training in bf16, sampling, scoring")
+    sec = Section("gpu", f"GPU ({name}): vit-b-32 MDC, ARC and CLIP training in bf16, sampling, scoring")
     _training(sec, ctx, device, name)
     models = _models(ctx, device)
     _sampling(sec, ctx, device, models)

@@ -69,9 +69,11 @@ def test_features_are_cached_per_weights(tmp_path, monkeypatch, images):
 def test_agrees_with_clip_benchmark_on_cuda(tmp_path):
     """Top-1 of this module and of clip_benchmark.metrics.linear_probe.evaluate on the same data and
     protocol agree within the probe's run-to-run noise (their shuffling RNGs differ)."""
-    from clip_benchmark.metrics.linear_probe import evaluate
-
     from mdc.eval.probe import extract_features
+
+    # a GPU machine's own PyTorch image may lack clip-benchmark: the comparison is then skipped, saying so
+    evaluate = pytest.importorskip("clip_benchmark.metrics.linear_probe",
+                                   reason="clip-benchmark is not installed: nothing to compare with").evaluate
 
     torch.manual_seed(0)
     images, labels = torch.randn(600, 3, 32, 32), torch.arange(600) % 3

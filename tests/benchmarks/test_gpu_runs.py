@@ -1,0 +1,82 @@
+"""benchmarks/gpu_runs.py on the CPU: the records it reads, the runs it times and ends, the commands it builds
+(the mini run is the reference run's), and a failing step reported as its result."""
+import json
+import os
+import sys
+
+from benchmarks import gpu_runs
+from mdc.train.cli import parse_args
+from mdc.train.config import TrainConfig
+
+
+def test_times_are_put_beside_the_committed_cpu_records():
+    cpu = gpu_runs.record("pretrain/mdc-descriptive-s0")
+    assert cpu["seconds"] > 0 and cpu["cpu_seconds"] > 0 and cpu["device"].startswith("cpu")
+    here = gpu_runs.beside(cpu["seconds"] / 4, "pretrain/mdc-descriptive-s0")
+    assert here["record"] == cpu and here["record_over_here"] == 4.0
+    assert gpu_runs.beside(10, "pretrain/no-such-run") == {"seconds": 10, "record": None, "record_over_here": None}
+
+
+def test_each_step_adds_its_figures_to_one_json_file(tmp_path):
+    path = str(tmp_path / "runs.json")
+    gpu_runs.update(path, "torchrun", {"ok": True})
+    gpu_runs.update(path, "mini-train", {"ok": False})
+    assert json.loads(open(path).read()) == {"torchrun": {"ok": True}, "mini-train": {"ok": False}}
+
+
+def test_a_run_is_ended_by_its_budget_or_its_condition_with_its_children():
+    sleeper = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+               "'import time; time.sleep(60)']); time.sleep(60)"]
+    assert gpu_runs.run(sleeper, budget=1.0)["ended"] == "budget"
+    ended = gpu_runs.run(sleeper, budget=30.0, until=lambda: True)
+    assert ended["ended"] == "killed" and ended["seconds"] < 10 and ended["rc"] != 0
+    exited = gpu_runs.run([sys.executable, "-c", "raise SystemExit(3)"], budget=30.0)
+    assert exited["rc"] == 3 and exited["ended"] == "exited"
+
+
+def test_checkpoints_and_metrics_of_a_run_folder(tmp_path):
+    assert gpu_runs.latest_step(str(tmp_path)) == 0 and gpu_runs.metrics(str(tmp_path)) == []
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest.json").write_text(json.dumps({"step": 200, "path": "step_000200"}))
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.0}\n')
+    assert gpu_runs.latest_step(str(tmp_path)) == 200 and gpu_runs.metrics(str(tmp_path))[-1]["loss"] == 2.0
+
+
+def _config(command: list[str], tmp_path) -> TrainConfig:
+    """The resolved configuration of a ``... -m mdc.train ARGS`` command, on one empty shard."""
+    argv = command[command.index("mdc.train") + 1:]
+    data = argv[argv.index("--train-data") + 1]
+    os.makedirs(data, exist_ok=True)
+    open(os.path.join(data, "000000.tar"), "w").close()
+    return TrainConfig(**parse_args(argv)).resolved(world_size=1)
+
+
+def test_the_mini_run_is_the_reference_runs_recipe(tmp_path):
+    c = _config(gpu_runs.mini_train_command(str(tmp_path)), tmp_path)
+    params = json.loads(open(os.path.join(gpu_runs.RECORDS, "pretrain", "mdc-descriptive-s0.json")).read())["params"]
+    for name in ("model", "objective", "steps", "batch_size", "lr", "weight_decay", "warmup_steps", "seed",
+                 "save_every", "keep_last"):
+        assert getattr(c, name) == params[name], name
+    assert c.steps == gpu_runs.MINI_STEPS
+    data = json.loads(open(os.path.join(gpu_runs.RECORDS, "data", "descriptive.json")).read())["params"]
+    assert {k: data[k] for k in gpu_runs.MINI_DATA} == gpu_runs.MINI_DATA
+
+
+def test_the_torchrun_command_runs_one_process_that_resumes(tmp_path):
+    command = gpu_runs.torchrun_command(str(tmp_path))
+    assert command[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert command[command.index("--nproc_per_node") + 1] == "1"
+    c = _config(command, tmp_path)
+    assert c.resume and c.steps == gpu_runs.TORCHRUN_STEPS and c.steps % c.save_every == 0
+
+
+def test_a_failing_step_is_reported_as_its_result(tmp_path, monkeypatch, capsys):
+    def broken(work, budget):
+        raise RuntimeError("no shards")
+
+    monkeypatch.setitem(gpu_runs.STEPS, "torchrun", broken)
+    path = tmp_path / "runs.json"
+    assert gpu_runs.main(["torchrun", "--work", str(tmp_path / "w"), "--json", str(path)]) == 1
+    result = json.loads(path.read_text())["torchrun"]
+    assert result["ok"] is False and result["error"] == "RuntimeError: no shards"
+    assert "RuntimeError: no shards" in capsys.readouterr().err
