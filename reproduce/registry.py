@@ -68,7 +68,8 @@ T_INTERVALS = ((0.0, 1.0), (0.3, 0.8), (0.4, 0.9))  # Table 5 besides the defaul
 # followed its pretraining run inside a time-boxed part; measured, its parts took 48 and 11 minutes (seed 0),
 # side by side. Per suite, the numbers are those of one run over all suites (each suite is scored and
 # resampled on its own, from the same seed).
-TABLE2_PARTS = {"order": ("aro_coco_order",), "pairs": ("aro_relation", "aro_attribute", "sugarcrepe")}
+TABLE2_PARTS = {"order": ("aro_coco_order",), "pairs": ("aro_relation", "aro_attribute", "sugarcrepe"),
+               "own": ("own",)}  # own: the in-distribution suites (mdc.world.caption_edits)
 
 # Environment variables of the paper profile (shard patterns and evaluation data roots).
 PAPER_ENV = {
