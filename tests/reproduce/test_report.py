@@ -250,6 +250,7 @@ def test_table2_puts_the_in_distribution_columns_first_with_their_controls_and_v
     rows = {r[0]: dict(zip(header, r)) for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines[4:])
             if len(r) > 2}
     assert rows["ARC"]["own_replace (in-distribution)"].endswith("↑ / 50.0 / 50.0")
+    assert rows["ARC"]["own_replace (in-distribution)"].startswith("100.0 [100.0, 100.0]")  # from the sub-files' records
     assert rows["ARC"]["own_swap (in-distribution)"].endswith(" / 58.0 / 50.0")
     control = rows["control (own - shuffled >= margin, some scorer)"]
     assert control["own_replace (in-distribution)"] == "passed (margin 15)"  # 2 sqrt(0.5 / 100) = 14.1 points
