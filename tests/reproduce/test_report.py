@@ -231,7 +231,7 @@ def test_table2_puts_the_in_distribution_columns_first_with_their_controls_and_v
     runs without them (records written before the controls) say "not run", never a made-up number."""
     import mdc.eval.compositionality as C
 
-    n, rng = 100, np.random.default_rng(0)
+    n = 100
     suites = {f"own_sugarcrepe/{f}": C.Suite(f"own_sugarcrepe/{f}", "synthetic", [{"id": i} for i in range(n)],
                                              [["a", "b"]] * n, [""] * n, [f], n) for f in ("replace_att", "swap_att")}
     p = {"own_sugarcrepe/replace_att": {"exact": 1.0, "exact_shuffled": 0.5, "exact_blind": 0.5},  # the image decides

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections import Counter
 
 import numpy as np
 import pytest
