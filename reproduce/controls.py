@@ -28,8 +28,8 @@ computation, plain so that it can be redone independently:
   rounded up to a whole point (N = 20: 32 points); else "control failed".
 
 ``controls.md`` also holds the binding diagnostic of the MDC model on the in-distribution swap suites
-(:func:`mdc.eval.controls.binding_accuracy`). The default run takes about 7 minutes on one CPU core,
-nearly all of it the MDC scorers (the heuristic unmasks one token per forward pass).
+(:func:`mdc.eval.controls.binding_accuracy`). The default run takes about 6 minutes on one CPU core
+(``--items 60``: 16), nearly all of it the MDC scorers (the heuristic unmasks one token per forward pass).
 """
 from __future__ import annotations
 
