@@ -13,7 +13,7 @@ import numpy as np
 
 from mdc.eval.accuracy import over_seeds
 from mdc.eval.compositionality import OWN_COLUMNS, TEMPLATE_COLUMNS
-from mdc.eval.controls import control_margin, control_status
+from mdc.eval.positive_controls import control_margin, control_status
 from reproduce.tables import cell, paper_cell, paper_table, write_table
 
 # Table 2: the paper's row (reproduce/paper/table2_compositionality.csv) of each scorer
@@ -50,7 +50,7 @@ TABLE2_RULES = {
                                  "without an image; 'not run' where the run scored no such control (records "
                                  "written before the controls)",
     "control": "passed when some scorer's own-image accuracy beats its shuffled-image accuracy by 2 sqrt(0.5 / n) "
-               "(rounded up to a whole point, n the column's items; mdc.eval.controls), fixed before any model was "
+               "(rounded up to a whole point, n the column's items; mdc.eval.positive_controls), fixed before any model was "
                "scored; 'control failed': the image does not decide the column for any scorer, which is then no "
                "verdict on any method",
 }
@@ -71,7 +71,7 @@ def _controls_cell(results: list[dict], column: str, base: str) -> str:
 
 
 def _control_row(by_variant: dict, columns: list[str]) -> dict:
-    """Per column the control's verdict (mdc.eval.controls.control_status) over the scorers' seed means,
+    """Per column the control's verdict (mdc.eval.positive_controls.control_status) over the scorers' seed means,
     with the margin (points) for the column's items."""
     row = {"method": "control (own - shuffled >= margin, some scorer)", "seeds": ""}
     scorers = [v for v in ("cosine", "exact", "elbo", "heuristic") if v in by_variant]

@@ -23,12 +23,12 @@ computation, plain so that it can be redone independently:
   scorer's image-free estimate, the log-mean-exp of its score over ``K`` other images of the suite
   (default 2, :func:`mdc.eval.suites.reference_images` with seed ``S``; none of these models learned a
   null condition); CLIP's cosine has none (null).
-- Verdict (:mod:`mdc.eval.controls`, the rule fixed before any model was scored): a suite's control
+- Verdict (:mod:`mdc.eval.positive_controls`, the rule fixed before any model was scored): a suite's control
   passes when some model's own-image accuracy beats its shuffled-image accuracy by 2 sqrt(0.5 / N),
   rounded up to a whole point (N = 20: 32 points); else "control failed".
 
 ``controls.md`` also holds the binding diagnostic of the MDC model on the in-distribution swap suites
-(:func:`mdc.eval.controls.binding_accuracy`). The default run takes about 6 minutes on one CPU core
+(:func:`mdc.eval.positive_controls.binding_accuracy`). The default run takes about 6 minutes on one CPU core
 (``--items 60``: 16), nearly all of it the MDC scorers (the heuristic unmasks one token per forward pass).
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from argparse import ArgumentParser
 import numpy as np
 
 import mdc
-from mdc.eval.controls import binding_accuracy, control_margin, control_status
+from mdc.eval.positive_controls import binding_accuracy, control_margin, control_status
 from mdc.eval.suite_scoring import SuiteOptions, score_suite
 from mdc.eval.suites import OWN_SUITES, load_suites, shuffled_images, synthetic_data
 

@@ -5,7 +5,7 @@ Suites (``SUITES``, read by :mod:`mdc.eval.suites`): ARO VG-Relation, VG-Attribu
 COCO-Order, Flickr30k-Order and the seven SugarCrepe sub-files, published or synthetic (written in
 templates: "unseen phrasing" for the descriptive models), and ``OWN_SUITES``, their in-distribution
 analogues in the training captions' own words (:mod:`mdc.world.caption_edits`), Table 2's primary
-columns ``OWN_COLUMNS``. Positive controls (:mod:`mdc.eval.controls`): with ``shuffled`` every variant
+columns ``OWN_COLUMNS``. Positive controls (:mod:`mdc.eval.positive_controls`): with ``shuffled`` every variant
 is also scored with another item's image (``<variant>_shuffled``), beside its image-free ``_blind``.
 Scorers (:data:`mdc.scoring.METHODS`): "exact" (ARC), "elbo" and "heuristic" (MDC), "cosine"
 (CLIP). Each scored method is reported raw and length-normalised; "elbo" also as
@@ -77,7 +77,7 @@ import numpy as np
 from mdc.data import aro_sugarcrepe as comp
 from mdc.eval.accuracy import (BLIND_WARNING, MACRO_SUITES, TIES_WIN, correct_and_ties, encode_outcomes,
                                interval, paired_difference, resample_stats, same_words, suite_accuracy)
-from mdc.eval.controls import cell_controls, control_margin, control_status
+from mdc.eval.positive_controls import cell_controls, control_margin, control_status
 from mdc.eval.suite_scoring import (SuiteOptions, SuiteScores, method_variants, resolve_methods, save_item_scores,
                                     score_suite, score_variants, suite_options, trained_t_interval, variants,
                                     with_blind)
@@ -239,7 +239,7 @@ def image_table(results: dict) -> str:
 
 def controls_table(results: dict) -> str:
     """The positive controls as Markdown: per Table 2 column each scorer's accuracy (%) with the item's own
-    image / another item's image / no image, and the control's verdict (:mod:`mdc.eval.controls`: some
+    image / another item's image / no image, and the control's verdict (:mod:`mdc.eval.positive_controls`: some
     scorer's own - shuffled accuracy at least the margin for the column's items)."""
     entries, names = results["columns"], results["settings"]["variants"]
     cols = [c for c in COLUMNS if c in entries]

@@ -27,7 +27,7 @@ EXPECTED = {
     "table1_linear_probe.md": "ea38e754a6a55962",
     "table1_linear_probe.tex": "500ea74387799ecb",
     "table2_compositionality.csv": "f1591da84e06d5d0",
-    "table2_compositionality.md": "82fd74d9b93b9ada",
+    "table2_compositionality.md": "68c1ebd9be665829",
     "table2_compositionality.tex": "847f483f07b9abdb",
     "table3_captioning.csv": "2e6384557db7f151",
     "table3_captioning.md": "b718a96f50e4b5d5",

@@ -8,7 +8,7 @@ import torch
 
 from conftest import small_model
 from mdc.distribution import encode
-from mdc.eval import controls as K
+from mdc.eval import positive_controls as K
 
 
 def test_the_margin_is_two_standard_errors_of_a_difference_at_fifty_percent_rounded_up():
