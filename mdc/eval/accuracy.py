@@ -118,13 +118,16 @@ def decode_outcomes(text: str) -> np.ndarray:
 
 def item_outcomes(results: dict, column: str, variant: str, macro: bool = False) -> tuple[np.ndarray, list, list | None, list]:
     """(outcomes [N] bool, image clusters [N], groups [N] or None, item ids [N]) of ``variant`` (may end in
-    "_lengthnorm") in ``column`` of a results dict, from its records; a pooled SugarCrepe column from its
+    "_lengthnorm") in ``column`` of a results dict, from its records; a pooled SugarCrepe column (or its
+    in-distribution ``own_*`` analogue) from its
     sub-files' (ids prefixed by the sub-file; ``macro``: groups = sub-files, for the mean over sub-files)."""
     if column in results["columns"] and "records" in results["columns"][column]:
         r = results["columns"][column]["records"]
         return decode_outcomes(r["correct"][variant]), r["clusters"], r.get("groups"), r["ids"]
-    files = [f for f in comp.SUGARCREPE_COLUMNS[column.removeprefix("sugarcrepe_")] if f in results["sugarcrepe_subsets"]]
-    recs = [(f, results["sugarcrepe_subsets"][f]["records"]) for f in files]
+    prefix, section = ("own_", "own_subsets") if column.startswith("own_") else ("sugarcrepe_", "sugarcrepe_subsets")
+    subsets = results.get(section, {})  # the in-distribution sub-files: own_subsets
+    files = [f for f in comp.SUGARCREPE_COLUMNS[column.removeprefix(prefix)] if f in subsets]
+    recs = [(f, subsets[f]["records"]) for f in files]
     if not recs:
         raise KeyError(f"{column}: no sub-file was evaluated")
     return (np.concatenate([decode_outcomes(r["correct"][variant]) for _, r in recs]),

@@ -2,7 +2,11 @@
 item with the model's likelihood (or CLIP's cosine) and count the items whose true caption wins.
 
 Suites (``SUITES``, read by :mod:`mdc.eval.suites`): ARO VG-Relation, VG-Attribution,
-COCO-Order, Flickr30k-Order and the seven SugarCrepe sub-files, published or synthetic.
+COCO-Order, Flickr30k-Order and the seven SugarCrepe sub-files, published or synthetic (written in
+templates: "unseen phrasing" for the descriptive models), and ``OWN_SUITES``, their in-distribution
+analogues in the training captions' own words (:mod:`mdc.world.caption_edits`), Table 2's primary
+columns ``OWN_COLUMNS``. Positive controls (:mod:`mdc.eval.positive_controls`): with ``shuffled`` every variant
+is also scored with another item's image (``<variant>_shuffled``), beside its image-free ``_blind``.
 Scorers (:data:`mdc.scoring.METHODS`): "exact" (ARC), "elbo" and "heuristic" (MDC), "cosine"
 (CLIP). Each scored method is reported raw and length-normalised; "elbo" also as
 ``elbo_trained_t``, the ELBO summed only over the mask ratios the model was trained on
@@ -23,11 +27,14 @@ Results schema (the ``results`` part of a ``kind="compositionality"`` results fi
     {
       "settings": {"methods": [...], "variants": [...], "num_samples": int, "max_samples": int | None, "paired": bool,
                    "stratified": bool, "seed": int, "t_interval_trained": [w_l, w_u], "blind_images": K,
-                   "resamples": int, "level": 0.95, "attribute_min_count": 25, "debias_alpha": float},
+                   "resamples": int, "level": 0.95, "attribute_min_count": 25, "debias_alpha": float,
+                   "shuffled": bool},
       "columns": {                  # Table 2 columns that were evaluated, keys from COLUMNS:
         "aro_relation" | "aro_attribute" | "aro_coco_order" | "aro_flickr30k_order" |
-        "sugarcrepe_add" | "sugarcrepe_replace" | "sugarcrepe_swap": ENTRY},
+        "sugarcrepe_add" | "sugarcrepe_replace" | "sugarcrepe_swap" |
+        "own_relation" | "own_attribute" | "own_add" | "own_replace" | "own_swap": ENTRY},   # in-distribution
       "sugarcrepe_subsets": {"add_att" | ... | "swap_obj": ENTRY},
+      "own_subsets": {"add_att" | ... | "swap_obj": ENTRY},  # the in-distribution sub-files (may be empty)
       "table2": {variant: {column: accuracy}},  # variant and variant + "_lengthnorm", for figures
       "item_scores": "item_scores.npz",  # written by the notebook: per-item scores (save_item_scores)
     }
@@ -41,7 +48,8 @@ Results schema (the ``results`` part of a ``kind="compositionality"`` results fi
       "candidates": int, "ties": "win" | "error",  # the suite's tie rule (mdc.eval.accuracy)
       "aggregation": str, "tagger": "spacy" | "builtin" (order suites only), "seconds": float,
       "same_words": int,            # items whose false caption has the true one's words (bag-of-words ties)
-      "scores": {variant: {         # variant: a method or "elbo_trained_t", each also + "_blind", "_debiased"
+      "scores": {variant: {         # variant: a method or "elbo_trained_t", each also + "_blind", "_debiased",
+                                    # and + "_shuffled" (another item's image; runs before the controls: none)
           "accuracy": float, "ci": [lo, hi], "ties": int,   # ties: items decided by a tie
           "accuracy_lengthnorm": float, "ci_lengthnorm": [lo, hi], "ties_lengthnorm": int,
           "above_chance": bool,     # the interval lies above chance
@@ -69,18 +77,24 @@ import numpy as np
 from mdc.data import aro_sugarcrepe as comp
 from mdc.eval.accuracy import (BLIND_WARNING, MACRO_SUITES, TIES_WIN, correct_and_ties, encode_outcomes,
                                interval, paired_difference, resample_stats, same_words, suite_accuracy)
+from mdc.eval.positive_controls import cell_controls, control_margin, control_status
 from mdc.eval.suite_scoring import (SuiteOptions, SuiteScores, method_variants, resolve_methods, save_item_scores,
                                     score_suite, score_variants, suite_options, trained_t_interval, variants,
                                     with_blind)
-from mdc.eval.suites import SUGARCREPE, SUITES, Suite, describe, load_suites, synthetic_data
+from mdc.eval.suites import OWN_SUITES, SUGARCREPE, SUITES, Suite, describe, load_suites, synthetic_data
 
 __all__ = [  # the suites' and the scoring's names are part of this module's API: notebooks read them from here
-    "COLUMNS", "SUGARCREPE", "SUITES", "Suite", "SuiteOptions", "SuiteScores", "describe", "image_table",
+    "COLUMNS", "OWN_COLUMNS", "OWN_SUITES", "SUGARCREPE", "SUITES", "TEMPLATE_COLUMNS", "controls_table", "Suite", "SuiteOptions", "SuiteScores", "describe", "image_table",
     "load_suites", "markdown_table", "method_variants", "resolve_methods", "save_item_scores", "score_suite",
     "score_variants", "suite_options", "summarise", "synthetic_data", "trained_t_interval", "variants", "with_blind"]
 
-COLUMNS = ("aro_relation", "aro_attribute", "aro_coco_order", "aro_flickr30k_order",
-           "sugarcrepe_add", "sugarcrepe_replace", "sugarcrepe_swap")
+TEMPLATE_COLUMNS = ("aro_relation", "aro_attribute", "aro_coco_order", "aro_flickr30k_order",
+                    "sugarcrepe_add", "sugarcrepe_replace", "sugarcrepe_swap")
+#: Table 2's in-distribution columns (mdc.world.caption_edits): the primary ones for claim 3
+OWN_COLUMNS = ("own_relation", "own_attribute", "own_add", "own_replace", "own_swap")
+COLUMNS = (*TEMPLATE_COLUMNS, *OWN_COLUMNS)
+# SugarCrepe-style sub-files: (suite prefix, results section of the sub-files, column prefix)
+SUBFILES = (("sugarcrepe", "sugarcrepe_subsets", "sugarcrepe"), ("own_sugarcrepe", "own_subsets", "own"))
 def _outcomes(parts: list[SuiteScores], v: str, suffix: str) -> tuple[np.ndarray, np.ndarray]:
     """Per-item outcomes and ties [N] of variant ``v`` (``suffix`` "_lengthnorm": per token) under the suite's tie rule."""
     s0 = parts[0].suite
@@ -134,21 +148,17 @@ def _entry(parts: list[SuiteScores], variant_names, resamples, level, seed, name
     return entry
 
 
-def summarise(scored: dict[str, SuiteScores], *, settings: dict | None = None, attribute_min_count=25,
-              resamples=1000, level=0.95, seed=0) -> dict:
-    """The ``results`` part of the results file (module docstring) from the scored suites.
-    ``attribute_min_count`` names the filter the suites were read with (:func:`load_suites`)."""
-    if not scored:
-        raise ValueError("no suite was scored")
-    names = list(next(iter(scored.values())).scores)
-    args = (names, resamples, level, seed)
-    columns = {n: _entry([scored[n]], *args, n, attribute_min_count) for n in COLUMNS[:4] if n in scored}
-    subsets = {s.split("/")[1]: _entry([scored[s]], *args, s, attribute_min_count) for s in SUGARCREPE if s in scored}
+def _subfiles(scored, columns, args, min_count, prefix, column_prefix) -> dict:
+    """The SugarCrepe-style sub-files of ``prefix`` scored (their ENTRY each) and, into ``columns``, their
+    add / replace / swap columns ``<column_prefix>_<column>`` (items pooled, the sub-file mean beside)."""
+    names, resamples, level, seed = args
+    subsets = {s: _entry([scored[f"{prefix}/{s}"]], *args, f"{prefix}/{s}", min_count)
+               for s in comp.SUGARCREPE_SUBSETS if f"{prefix}/{s}" in scored}
     for column, files in comp.SUGARCREPE_COLUMNS.items():
-        parts = [scored[f"sugarcrepe/{s}"] for s in files if f"sugarcrepe/{s}" in scored]
+        parts = [scored[f"{prefix}/{s}"] for s in files if f"{prefix}/{s}" in scored]
         if parts:
-            name = f"sugarcrepe_{column}"
-            entry = columns[name] = _entry(parts, *args, name, attribute_min_count)
+            name = f"{column_prefix}_{column}"
+            entry = columns[name] = _entry(parts, *args, name, min_count)
             files_of = [p.suite.name for p in parts for _ in p.suite.items]
             clusters = [c for p in parts for c in p.suite.clusters]
             for v, result in entry["scores"].items():  # SugarCrepe's own number: the mean over sub-files
@@ -157,12 +167,28 @@ def summarise(scored: dict[str, SuiteScores], *, settings: dict | None = None, a
                 result["accuracy_macro"] = float(np.mean([subsets[p.suite.name.split("/")[1]]["scores"][v]["accuracy"]
                                                           for p in parts]))
                 result["ci_macro"] = list(interval(stats[:, 0], level))
+    return subsets
+
+
+def summarise(scored: dict[str, SuiteScores], *, settings: dict | None = None, attribute_min_count=25,
+              resamples=1000, level=0.95, seed=0) -> dict:
+    """The ``results`` part of the results file (module docstring) from the scored suites.
+    ``attribute_min_count`` names the filter the suites were read with (:func:`load_suites`)."""
+    if not scored:
+        raise ValueError("no suite was scored")
+    names = list(next(iter(scored.values())).scores)
+    args = (names, resamples, level, seed)
+    singles = (*TEMPLATE_COLUMNS[:4], *OWN_COLUMNS[:2])
+    columns = {n: _entry([scored[n]], *args, n, attribute_min_count) for n in singles if n in scored}
+    sections = {}
+    for prefix, section, column_prefix in SUBFILES:
+        sections[section] = _subfiles(scored, columns, args, attribute_min_count, prefix, column_prefix)
     table = {f"{v}{suffix}": {c: e["scores"][v][f"accuracy{suffix}"] for c, e in columns.items()}
              for v in names for suffix in ("", "_lengthnorm")}
     return {"settings": {**(settings or {}), "variants": names, "resamples": resamples, "level": level,
                          "attribute_min_count": attribute_min_count,
                          "interval": "percentile cluster bootstrap, the image the resampling unit"},
-            "columns": columns, "sugarcrepe_subsets": subsets, "table2": table}
+            "columns": columns, **sections, "table2": table}
 
 
 def markdown_table(results: dict, variants: Sequence[str] | None = None, section: str = "columns") -> str:
@@ -208,4 +234,22 @@ def image_table(results: dict) -> str:
     lines.append("| chance | " + " | ".join(f"{100 * entries[c]['chance']:.0f}" for c in cols) + " |")
     lines.append("| same-word pairs | " + " | ".join(f"{entries[c]['same_words']} of {entries[c]['items']}"
                                                      for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def controls_table(results: dict) -> str:
+    """The positive controls as Markdown: per Table 2 column each scorer's accuracy (%) with the item's own
+    image / another item's image / no image, and the control's verdict (:mod:`mdc.eval.positive_controls`: some
+    scorer's own - shuffled accuracy at least the margin for the column's items)."""
+    entries, names = results["columns"], results["settings"]["variants"]
+    cols = [c for c in COLUMNS if c in entries]
+    scorers = [v for v in names if f"{v}_shuffled" in names]
+    pct = lambda x: "-" if x is None or np.isnan(x) else f"{100 * x:.1f}"  # noqa: E731
+    lines = ["| own / shuffled / no image | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+    for v in scorers:
+        lines.append(f"| {v} | " + " | ".join(" / ".join(pct(x) for x in cell_controls(entries[c], v).values())
+                                              for c in cols) + " |")
+    lines.append("| control | " + " | ".join(
+        f"{control_status([cell_controls(entries[c], v) for v in scorers], entries[c]['items'])} "
+        f"(margin {100 * control_margin(entries[c]['items']):.0f})" for c in cols) + " |")
     return "\n".join(lines)

@@ -16,7 +16,7 @@ from mdc.absorbing import ElboOptions
 from mdc.api import score_candidates
 from mdc.data.formats import load_image
 from mdc.distribution import encode_null
-from mdc.eval.suites import Suite, reference_images
+from mdc.eval.suites import Suite, reference_images, shuffled_images
 from mdc.options import with_options
 from mdc.scoring import METHODS
 from mdc.tokenizer import caption_mask
@@ -89,6 +89,7 @@ class SuiteOptions:
     paired: bool = True  # an item's candidates share their noise (common random numbers)
     elbo_trained_t: bool = True  # also the ELBO over the mask ratios the model was trained on
     blind: bool = True  # image-free and debiased scores beside each likelihood
+    shuffled: bool = False  # the shuffled-image control beside each variant: another item's image (Table 2 runs: on)
     blind_images: int = 8  # reference images of a "marginal" image-free score
     debias_alpha: float = 1.0  # v_debiased = v - alpha v_blind
     batch_size: int = 32  # items per scoring call
@@ -114,7 +115,20 @@ def method_variants(model, methods, options: SuiteOptions | None = None, **kw) -
     intervals = {"elbo": (0.0, 1.0), "elbo_trained_t": trained_t_interval(model.config)}
     scoring = {v: dict(elbo, t_interval=intervals[v]) if v in intervals else dict(method=v)
                for v in variants(resolve_methods(model.config.objective, methods), o.elbo_trained_t)}
-    return with_blind(model, scoring) if o.blind else scoring
+    scoring = with_blind(model, scoring) if o.blind else scoring
+    return with_shuffled(scoring) if o.shuffled else scoring
+
+
+def with_shuffled(scoring: dict[str, dict]) -> dict[str, dict]:
+    """``scoring`` with ``<variant>_shuffled`` after each variant scored with an image: the same scorer and
+    noise keys with another item's image (keyword ``image`` = "shuffled", the fixed derangement of
+    :func:`mdc.eval.suites.shuffled_images`), the positive control of "the image decides"."""
+    out = {}
+    for v, kw in scoring.items():
+        out[v] = kw
+        if kw.get("image") is None:
+            out[f"{v}_shuffled"] = dict(kw, image="shuffled")
+    return out
 
 
 def with_blind(model, scoring: dict[str, dict]) -> dict[str, dict]:
@@ -183,6 +197,7 @@ def score_variants(model, transform, suite: Suite, scoring: dict[str, dict], opt
     tokens = []
     dataset = _Images(suite.items, transform)
     pool, chosen = reference_images(suite, o.blind_images, o.seed)
+    other = shuffled_images(suite, o.seed)  # [N] the shuffled-image control's pairing
     if any(kw.get("image") == "marginal" for kw in scoring.values()) and pool:
         pool_images = torch.stack([dataset[i] for i in pool]).to(o.device)  # [P, 3, S, S]
     calls = _calls(scoring)
@@ -200,7 +215,11 @@ def score_variants(model, transform, suite: Suite, scoring: dict[str, dict], opt
             if image == "null":
                 kw["encode"] = encode_null
             score = lambda x: score_candidates(model, x, cands, paired=o.paired, item_keys=keys[rows], **kw)  # noqa: E731
-            if image != "marginal":
+            if image == "shuffled" and (other[rows] < 0).any():  # a suite of one image has no other image
+                s = torch.full((len(cands), len(cands[0])), math.nan, dtype=torch.float64)
+            elif image == "shuffled":
+                s = score(torch.stack([dataset[j] for j in other[rows].tolist()]).to(o.device)).double()
+            elif image != "marginal":
                 s = score(images).double()
             elif chosen.shape[1] == 0:  # a suite of one image has no other image
                 s = torch.full((len(cands), len(cands[0])), math.nan, dtype=torch.float64)

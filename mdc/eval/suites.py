@@ -3,12 +3,16 @@ candidate captions, the true caption first.
 
 Suites (``SUITES``): ARO VG-Relation, VG-Attribution, COCO-Order, Flickr30k-Order and the seven
 SugarCrepe sub-files, read as published (:mod:`mdc.data.aro_sugarcrepe`) or from the synthetic
-sets of :mod:`mdc.world.evalsets` (same formats). :mod:`mdc.eval.compositionality` scores them.
+sets of :mod:`mdc.world.evalsets` (same formats), whose items are written in templates ("unseen
+phrasing" for a model trained on descriptive captions); and ``OWN_SUITES``, the in-distribution
+analogues of VG-Relation, VG-Attribution and the SugarCrepe sub-files, each scene's own descriptive
+caption edited (:mod:`mdc.world.caption_edits`), read from the synthetic sets' ``own/`` folder. :mod:`mdc.eval.compositionality` scores them.
 """
 from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections import Counter
 from dataclasses import dataclass, fields
 
@@ -19,7 +23,12 @@ from mdc.options import with_options
 from mdc.world.evalsets import write_evalsets
 
 SUGARCREPE = tuple(f"sugarcrepe/{s}" for s in comp.SUGARCREPE_SUBSETS)
-SUITES = ("aro_relation", "aro_attribute", "aro_coco_order", "aro_flickr30k_order", *SUGARCREPE)
+TEMPLATE_SUITES = ("aro_relation", "aro_attribute", "aro_coco_order", "aro_flickr30k_order", *SUGARCREPE)
+#: the in-distribution suites (mdc.world.caption_edits): the scene's own descriptive caption, edited
+OWN_SUGARCREPE = tuple(f"own_sugarcrepe/{s}" for s in comp.SUGARCREPE_SUBSETS)
+OWN_SUITES = ("own_relation", "own_attribute", *OWN_SUGARCREPE)
+SUITES = (*TEMPLATE_SUITES, *OWN_SUITES)
+ALIASES = {"sugarcrepe": SUGARCREPE, "own_sugarcrepe": OWN_SUGARCREPE, "own": OWN_SUITES}
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,7 @@ REAL_DATA = ((("aro_relation", "aro_attribute"), "aro_dir", "vg_image_dir"),
 @dataclass
 class Suite:
     """One benchmark file ready to score: items, their candidate captions (true first) and groups."""
-    name: str  # one of SUITES
+    name: str  # one of SUITES (OWN_SUITES: in the training captions' words)
     data: str  # "synthetic" | "real"
     items: list  # [N] dicts with image_path (+ bbox) and id
     candidates: list  # [N][K] captions, the true caption first
@@ -90,6 +99,11 @@ def _pairs(name, data, loaded, kept, true, false, groups, image_dir) -> Suite:
 
 def _suite(name: str, data: str, path: str, image_dir: str | None, o: LoadOptions) -> Suite:
     """Read one suite's file; ``path`` is the JSON file (a SugarCrepe folder for sugarcrepe/*)."""
+    if name in ("own_relation", "own_attribute"):  # micro averages: every item, no group filter
+        items = (comp.load_vg_relation if name == "own_relation" else comp.load_vg_attribution)(
+            path, image_dir, o.on_missing)
+        groups = [it["relation_name"] if name == "own_relation" else "_".join(it["attributes"]) for it in items]
+        return _pairs(name, data, items, items, "true_caption", "false_caption", groups, image_dir)
     if name == "aro_relation":
         items = comp.load_vg_relation(path, image_dir, o.on_missing)
         kept = [it for it in items if it["relation_name"] not in comp.ARO_SYMMETRIC_RELATIONS]
@@ -115,10 +129,10 @@ def _suite(name: str, data: str, path: str, image_dir: str | None, o: LoadOption
 
 def _expand(suites) -> list[str]:
     names = SUITES if suites == "all" else [suites] if isinstance(suites, str) else list(suites)
-    out = [s for n in names for s in (SUGARCREPE if n == "sugarcrepe" else [n])]
+    out = [s for n in names for s in ALIASES.get(n, [n])]
     unknown = [n for n in out if n not in SUITES]
     if unknown:
-        raise ValueError(f"unknown suite(s) {unknown}; choose from {SUITES + ('sugarcrepe',)} or 'all'")
+        raise ValueError(f"unknown suite(s) {unknown}; choose from {SUITES + tuple(ALIASES)} or 'all'")
     return out
 
 
@@ -139,6 +153,14 @@ def _sources(data_dir: str | None, o: LoadOptions) -> dict[str, list[tuple]]:
             sources.setdefault(name, []).append(("synthetic", os.path.join(aro, file), aro))
         for name in SUGARCREPE:
             sources.setdefault(name, []).append(("synthetic", sugar, os.path.join(sugar, "images")))
+        own = os.path.join(data_dir, "own")
+        if os.path.isdir(own):  # sets written before the in-distribution suites have none
+            for name, file in (("own_relation", "visual_genome_relation.json"),
+                               ("own_attribute", "visual_genome_attribution.json")):
+                sources.setdefault(name, []).append(("synthetic", os.path.join(own, file), own))
+            for name in OWN_SUGARCREPE:
+                sources.setdefault(name, []).append(("synthetic", os.path.join(own, "sugarcrepe"),
+                                                     os.path.join(own, "images")))
     files = {"aro_relation": "visual_genome_relation.json", "aro_attribute": "visual_genome_attribution.json"}
     for names, data_field, image_field in REAL_DATA:
         data_path, image_dir = getattr(o, data_field), getattr(o, image_field)
@@ -156,7 +178,8 @@ def load_suites(data_dir: str | None = None, suites="all", options: LoadOptions 
     """The suites to evaluate: the synthetic sets under ``data_dir`` (None: none) and the real
     benchmarks whose paths ``options`` give (a :class:`LoadOptions`, or its fields as keywords:
     ``aro_dir=..., vg_image_dir=...``). ``suites``: "all" (every suite with data) or names from
-    ``SUITES`` ("sugarcrepe" = its seven sub-files). An unknown option, a given path that does not
+    ``SUITES`` ("sugarcrepe" = its seven sub-files, "own_sugarcrepe" = theirs in the training captions'
+    words, "own" = every in-distribution suite). An unknown option, a given path that does not
     exist, a path without its partner, a suite asked for without data, or a suite given both
     synthetic and real data is a ValueError naming it."""
     o = with_options(LoadOptions, options, kw, "load_suites")
@@ -191,6 +214,20 @@ def reference_images(suite: Suite, K: int, seed: int = 0) -> tuple[list[int], np
     return pool, np.array(chosen, dtype=np.int64).reshape(len(suite.items), max(k, 0))
 
 
+def shuffled_images(suite: Suite, seed: int = 0) -> np.ndarray:
+    """The shuffled-image control's pairing: per item [N] the item whose image it is shown instead, a fixed
+    derangement of the suite's distinct images (one random cycle through them, drawn from ``seed`` and the
+    suite's name), so no item sees its own image; each item gets the first item of the next image. A suite
+    of one image has none to give: every entry is -1."""
+    distinct = list(dict.fromkeys(suite.clusters))
+    first = {c: suite.clusters.index(c) for c in distinct}
+    if len(distinct) < 2:
+        return np.full(len(suite.items), -1, dtype=np.int64)
+    cycle = np.random.default_rng([seed, zlib.crc32(suite.name.encode())]).permutation(len(distinct))
+    after = {distinct[cycle[k]]: distinct[cycle[(k + 1) % len(cycle)]] for k in range(len(cycle))}
+    return np.array([first[after[c]] for c in suite.clusters], dtype=np.int64)
+
+
 def describe(suites: dict[str, Suite]) -> str:
     """One line per suite: data, items evaluated out of the file's, skipped and excluded items."""
     return "\n".join(f"{n}: {s.data}, {len(s.items)} of {s.total} items evaluated ({s.missing} missing images, "
@@ -205,7 +242,8 @@ def synthetic_data(out_dir: str, seed: int, image_size: int, n_items: int) -> st
     if os.path.isfile(summary):
         with open(summary) as f:
             s = json.load(f)
-        if (s["seed"], s["image_size"], s["aro"]["vg_relation"]) == (seed, image_size, n_items):
+        if (s["seed"], s["image_size"], s["aro"]["vg_relation"], s.get("own", {}).get("relation")) == (
+                seed, image_size, n_items, n_items):
             return out_dir
     write_evalsets(out_dir, seed, image_size, n_probe_train=1, n_probe_test=1, n_items=n_items, n_caption_train=1)
     return out_dir

@@ -12,6 +12,8 @@ held out even when the seed value is the same. Layout under ``out``::
     aro/images/*.png
     sugarcrepe/{add_att,...,swap_obj}.json          SugarCrepe; filenames relative to images/
     sugarcrepe/images/*.png
+    own/...                                         the same suites in the descriptive captions' own words
+                                                    (mdc.world.caption_edits; the suites above are templates)
     captions/dataset_scenes.json                    Karpathy split file (train/val/test)
     captions/images/*.png
     summary.json                                    sizes and chance levels
@@ -36,6 +38,7 @@ from mdc.data.writer import png_bytes, write_tar
 from mdc.cli import ArgumentParser, report
 from mdc.errors import must
 from mdc.lock import FolderLock
+from mdc.world.caption_edits import write_own_suites
 from mdc.world.render import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES, render
 from mdc.world.scenes import SHARDS_LOCK, sample_scene
 from mdc.world.streams import STREAM_ARO, STREAM_CAPTIONS, STREAM_PROBE, STREAM_SUGARCREPE, stream_rng
@@ -285,6 +288,7 @@ def _write_all(out_dir, seed, image_size, n_probe_train, n_probe_test, n_items, 
                                   "chance": 1 / len(names), "analogue": analogue}
     summary["aro"] = _aro(out_dir, seed, n_items, image_size)
     summary["sugarcrepe"] = _sugarcrepe(out_dir, seed, n_items, image_size)
+    summary["own"] = write_own_suites(out_dir, seed, n_items, image_size)  # the same, in the training captions' words
     summary["captions"] = _captions(out_dir, seed, {"train": n_caption_train, "val": n_items, "test": n_items},
                                     image_size)
     _dump(os.path.join(out_dir, "summary.json"), summary)

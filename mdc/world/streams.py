@@ -19,6 +19,7 @@ STREAM_PROBE = 1000  # probe task t, split s: stream STREAM_PROBE + 16 t + s (it
 STREAM_ARO = 2000  # ARO's scenes; STREAM_ARO + 1: the items drawn from them
 STREAM_SUGARCREPE = 3000  # SugarCrepe's scenes; STREAM_SUGARCREPE + 1 + k: sub-file k's items
 STREAM_CAPTIONS = 4000  # the captioning sets' scenes; STREAM_CAPTIONS + 1: their references
+STREAM_OWN = 3500  # in-distribution suites' scenes; + 1: each scene's caption; + 2 + k: sub-task k's edits
 
 # Tutorials (mdc.tutorial), 6000-6199: stream + 1 captions the scenes of stream; + 50 (and + 51)
 # are the scenes (and captions) of write_example_dataset.

@@ -167,24 +167,48 @@ def _alt(scene: dict, rng) -> str:
     return body
 
 
-def _descriptive(scene: dict, rng) -> str:
+def descriptive_plan(scene: dict, rng) -> dict:
+    """Every random choice of the scene's descriptive caption, as data :func:`render_descriptive`
+    writes out: ``words`` [n] per object its size, texture and colour words and its shape, ``order``
+    the listing order, ``relations`` [(subject, verb, object)] (object indices), ``short`` whether
+    relations name objects by shape only. Editing the plan's words edits every mention at once."""
     objs = scene["objects"]
     order = rng.permutation(len(objs)).tolist()
-    listed = join_list([with_article(object_phrase(objs[i], rng)) for i in order])
-    bg = _background_word(scene, rng)
+    words = [None] * len(objs)
+    for i in order:
+        o = objs[i]
+        words[i] = {"size": pick(rng, SIZE_WORDS[o["size"]]), "texture": pick(rng, TEXTURE_ADJ[o["texture"]]),
+                    "colour": o["colour"], "shape": o["shape"]}
+    plan = {"words": words, "order": order, "bg": _background_word(scene, rng), "relations": [], "short": True}
     if len(objs) == 1:
-        return pick(rng, DESCRIPTIVE_ONE).format(bg=bg, objs=listed, region=region_of(objs[0]))
-    text = [pick(rng, DESCRIPTIVE_MANY).format(count=COUNT_WORDS[len(objs) - 1], bg=bg, objs=listed)]
+        plan |= {"template": pick(rng, DESCRIPTIVE_ONE), "region": region_of(objs[0])}
+        return plan
+    plan |= {"template": pick(rng, DESCRIPTIVE_MANY), "count": COUNT_WORDS[len(objs) - 1]}
     compact = len(objs) == MAX_OBJECTS  # shape-only names and the shortest verbs: fits 64 tokens
-    short = compact or rng.random() < 0.5  # refer by shape only (unique within a scene)
-    name = (lambda o: o["shape"]) if short else (lambda o: f"{o['colour']} {o['shape']}")
+    plan["short"] = compact or rng.random() < 0.5  # refer by shape only (unique within a scene)
     for a, b in zip(order[:-1], order[1:]):
         if rng.random() < 0.5:
             a, b = b, a
         verbs = REL_VERB[relation_of(scene, a, b)]
-        rel = verbs[0] if compact else pick(rng, verbs)
-        text.append(DESCRIPTIVE_RELATION.format(a=name(objs[a]), rel=rel, b=name(objs[b])))
+        plan["relations"].append((a, verbs[0] if compact else pick(rng, verbs), b))
+    return plan
+
+
+def render_descriptive(plan: dict) -> str:
+    """The descriptive caption a :func:`descriptive_plan` spells (its words as they stand)."""
+    w = plan["words"]
+    listed = join_list([with_article(" ".join(w[i][k] for k in ("size", "texture", "colour", "shape")))
+                        for i in plan["order"]])
+    if "region" in plan:
+        return plan["template"].format(bg=plan["bg"], objs=listed, region=plan["region"])
+    text = [plan["template"].format(count=plan["count"], bg=plan["bg"], objs=listed)]
+    name = (lambda i: w[i]["shape"]) if plan["short"] else (lambda i: f"{w[i]['colour']} {w[i]['shape']}")
+    text += [DESCRIPTIVE_RELATION.format(a=name(a), rel=rel, b=name(b)) for a, rel, b in plan["relations"]]
     return " ".join(text)
+
+
+def _descriptive(scene: dict, rng) -> str:
+    return render_descriptive(descriptive_plan(scene, rng))
 
 
 def _reference(scene: dict, rng, template: str) -> str:

@@ -32,13 +32,16 @@ def test_compositionality_notebook_smoke(tmp_path, run_notebook):
     assert record["parameters"]["num_samples"] == 2 and record["model"]["objective"] == "mdc"
     assert set(record["parameters"]) == set(papermill.inspect_notebook(NOTEBOOK))  # every parameter, as run
     assert record["checkpoint_id"] and record["runtime_s"] > 0
-    assert set(results) >= {"settings", "columns", "sugarcrepe_subsets", "table2", "item_scores"}
+    assert set(results) >= {"settings", "columns", "sugarcrepe_subsets", "own_subsets", "table2", "item_scores"}
     assert set(results["columns"]) == set(COLUMNS) - {"aro_flickr30k_order"}  # no Flickr30k in the synthetic world
-    raw = ["elbo", "elbo_trained_t", "heuristic"]  # each with its image-free and debiased scores
+    assert {"own_relation", "own_attribute", "own_add", "own_replace", "own_swap"} <= set(results["columns"])
+    raw = ["elbo", "elbo_trained_t", "heuristic"]  # each with its shuffled-image, image-free and debiased scores
     debiased = ["elbo", "elbo_trained_t"]  # the heuristic has none: without the image it reveals in another order
-    assert results["settings"]["variants"] == [x for v in raw for x in (v, f"{v}_blind")] + [f"{v}_debiased" for v in debiased]
+    kinds = ("", "_shuffled", "_blind")
+    assert results["settings"]["variants"] == [f"{v}{k}" for v in raw for k in kinds] + [f"{v}_debiased" for v in debiased]
     assert results["settings"]["debias_alpha"] == 1.0 and results["settings"]["blind_images"] == 8
-    assert set(results["table2"]) == {f"{v}{k}{s}" for v in raw for k in ("", "_blind") for s in ("", "_lengthnorm")} \
+    assert results["settings"]["shuffled"] is True
+    assert set(results["table2"]) == {f"{v}{k}{s}" for v in raw for k in kinds for s in ("", "_lengthnorm")} \
         | {f"{v}_debiased{s}" for v in debiased for s in ("", "_lengthnorm")}
     entry = results["columns"]["aro_relation"]
     assert entry["items"] == entry["total"] == 4 and entry["chance"] == 0.5 and entry["data"] == "synthetic"

@@ -26,9 +26,9 @@ EXPECTED = {
     "table1_linear_probe.csv": "8ab3633616d2fc06",
     "table1_linear_probe.md": "ea38e754a6a55962",
     "table1_linear_probe.tex": "500ea74387799ecb",
-    "table2_compositionality.csv": "8c0ffcab9788aded",
-    "table2_compositionality.md": "76eeb96e18a0aa53",
-    "table2_compositionality.tex": "f8d0d496e7c080e6",
+    "table2_compositionality.csv": "f1591da84e06d5d0",
+    "table2_compositionality.md": "68c1ebd9be665829",
+    "table2_compositionality.tex": "847f483f07b9abdb",
     "table3_captioning.csv": "2e6384557db7f151",
     "table3_captioning.md": "b718a96f50e4b5d5",
     "table3_captioning.tex": "6b1cf536494604a9",
@@ -157,8 +157,10 @@ def test_table2_cells_carry_cluster_bootstrap_intervals_and_what_the_image_adds(
     lines = (tmp_path / "figures" / "table2_compositionality.md").read_text().splitlines()
     header = [c.strip() for c in lines[2].strip("|").split("|")]
     rows = {r[0]: dict(zip(header, r)) for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines[4:8])}
-    raw, adds = rows["ARC"]["sugarcrepe_add"], rows["ARC, the image adds (points)"]["sugarcrepe_add"]
-    assert raw.endswith("]↑") and adds.startswith("+") and rows["ARC"]["seeds"] == "2"
+    column = "sugarcrepe_add (unseen phrasing)"
+    raw, adds = rows["ARC"][column], rows["ARC, the image adds (points)"][column]
+    assert " / not run / " in raw and adds.startswith("+") and rows["ARC"]["seeds"] == "2"
+    raw = raw.split(" / ")[0]  # the controls beside it: no shuffled image in these runs, the blind accuracy
     acc, lo, hi = (float(x) for x in raw.rstrip("]↑").replace("[", "").replace(",", "").split())
     assert lo < acc < hi and lo > 50
     assert rows["ARC"]["sugarcrepe_add (sub-file mean)"].count("[") == 1
@@ -221,3 +223,36 @@ def test_table2_joins_a_model_s_parts_into_the_table_of_one_run_over_all_suites(
     whole = build({"all": list(scored)}, "whole")
     assert build({"pairs": ["sugarcrepe/add_att", "sugarcrepe/add_obj"], "swap": ["sugarcrepe/swap_att"]}, "parts") == whole
     assert "| ARC | 1 |" in whole and whole.count("[") >= 2
+
+
+def test_table2_puts_the_in_distribution_columns_first_with_their_controls_and_verdicts(tmp_path):
+    """Runs with the controls: each scorer's cell own [interval] / shuffled / no image, the control row says
+    "passed" where some scorer loses the margin with another item's image and "control failed" where none does;
+    runs without them (records written before the controls) say "not run", never a made-up number."""
+    import mdc.eval.compositionality as C
+
+    n = 100
+    suites = {f"own_sugarcrepe/{f}": C.Suite(f"own_sugarcrepe/{f}", "synthetic", [{"id": i} for i in range(n)],
+                                             [["a", "b"]] * n, [""] * n, [f], n) for f in ("replace_att", "swap_att")}
+    p = {"own_sugarcrepe/replace_att": {"exact": 1.0, "exact_shuffled": 0.5, "exact_blind": 0.5},  # the image decides
+         "own_sugarcrepe/swap_att": {"exact": 0.6, "exact_shuffled": 0.58, "exact_blind": 0.5}}  # it does not
+    scored = {name: C.SuiteScores(s, {v: np.where((np.arange(n) < q * n)[:, None], [[0.0, -1.0]], [[-1.0, 0.0]])
+                                      for v, q in p[name].items()}, np.full((n, 2), 3),
+                                  methods={v: "exact" for v in p[name]}) for name, s in suites.items()}
+    path = tmp_path / "run" / "results.json"
+    write_results(str(path), "compositionality", C.summarise(scored, resamples=20))
+    records = write_records(tmp_path / "records", {"c": {"notebook": "compositionality", "labels": {"seed": 0},
+                                                         "artifacts": ["table2"], "results": str(path)}})
+    registry.build_artifacts(records, str(tmp_path / "figures"), PAPER_DIR, ["table2"])
+    lines = (tmp_path / "figures" / "table2_compositionality.md").read_text().splitlines()
+    header = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert header[2:4] == ["own_replace (in-distribution)", "own_swap (in-distribution)"]  # before the templates
+    rows = {r[0]: dict(zip(header, r)) for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines[4:])
+            if len(r) > 2}
+    assert rows["ARC"]["own_replace (in-distribution)"].endswith("↑ / 50.0 / 50.0")
+    assert rows["ARC"]["own_replace (in-distribution)"].startswith("100.0 [100.0, 100.0]")  # from the sub-files' records
+    assert rows["ARC"]["own_swap (in-distribution)"].endswith(" / 58.0 / 50.0")
+    control = rows["control (own - shuffled >= margin, some scorer)"]
+    assert control["own_replace (in-distribution)"] == "passed (margin 15)"  # 2 sqrt(0.5 / 100) = 14.1 points
+    assert control["own_swap (in-distribution)"] == "control failed (margin 15)"
+    assert control["aro_relation (unseen phrasing)"] == "-"  # not scored at all

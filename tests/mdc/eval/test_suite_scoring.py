@@ -125,3 +125,27 @@ def test_the_image_free_elbo_keeps_the_first_budget():
     assert scoring["elbo"]["max_samples"] == 64 and scoring["elbo_trained_t"]["max_samples"] == 64
     assert "max_samples" not in scoring["elbo_blind"] and "max_samples" not in scoring["elbo_trained_t_blind"]
     assert scoring["elbo_blind"]["num_samples"] == 8
+
+
+def test_the_shuffled_image_control_scores_each_item_with_another_items_image(evalsets):
+    """<variant>_shuffled: the same scorer and noise keys with the image of shuffled_images(suite)[i], a fixed
+    derangement (never the item's own image); the order suites' items of one image move together."""
+    from mdc.eval.suites import shuffled_images
+    suite = C.load_suites(evalsets, ["aro_relation"])["aro_relation"]
+    other = shuffled_images(suite, seed=0)
+    assert (other >= 0).all() and all(suite.clusters[j] != suite.clusters[i] for i, j in enumerate(other))
+    assert (other == shuffled_images(suite, seed=0)).all() and not (other == shuffled_images(suite, seed=1)).all()
+    order = C.load_suites(evalsets, ["aro_coco_order"])["aro_coco_order"]
+    moved = shuffled_images(order, seed=0)
+    assert all(order.clusters[j] != order.clusters[i] for i, j in enumerate(moved))
+    model = small_model("arc")
+    out = _score(model, suite, ["exact"], shuffled=True)
+    assert {"exact", "exact_shuffled", "exact_blind", "exact_debiased"} <= set(out.scores)
+    assert "exact_blind_shuffled" not in out.scores  # an image-free score has no image to shuffle
+    images = torch.stack([suite_scoring._Images(suite.items, image_transform(32, train=False))[j] for j in other])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = mdc.score_candidates(model, images, suite.candidates, "exact").double().numpy()
+    np.testing.assert_allclose(out.scores["exact_shuffled"], expected, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(out.scores["exact_shuffled"], out.scores["exact"])
+    assert "exact_shuffled" not in _score(model, suite, ["exact"]).scores  # off unless asked for (Table 2 runs ask)

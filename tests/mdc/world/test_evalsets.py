@@ -206,9 +206,13 @@ def test_vocabulary_covers_every_evalset_text(out):
         for item in _load(os.path.join(root, "aro", f"{name}.json")):
             texts += [item["true_caption"], item["false_caption"]]
     texts += [c for o in _load(os.path.join(root, "aro", "coco_order_test.json")) for c in o["caption"]]
-    for name in evalsets.SUGARCREPE_FILES:
-        for item in _load(os.path.join(root, "sugarcrepe", f"{name}.json")).values():
-            texts += [item["caption"], item["negative_caption"]]
+    for folder in ("sugarcrepe", os.path.join("own", "sugarcrepe")):  # the template and in-distribution files
+        for name in evalsets.SUGARCREPE_FILES:
+            for item in _load(os.path.join(root, folder, f"{name}.json")).values():
+                texts += [item["caption"], item["negative_caption"]]
+    for name in ("visual_genome_relation", "visual_genome_attribution"):
+        texts += [c for item in _load(os.path.join(root, "own", f"{name}.json"))
+                  for c in (item["true_caption"], item["false_caption"])]
     texts += [s["raw"] for i in _load(os.path.join(root, "captions", "dataset_scenes.json"))["images"]
               for s in i["sentences"]]
     for task in evalsets.PROBE_TASKS:
