@@ -56,6 +56,11 @@ PROBE_TASKS = {
     "relation": (list(RELATIONS), ""),  # where the large object is relative to the small one
     "background": (list(BACKGROUNDS), ""),  # background kind
 }
+#: Test images per probe task. The rule (reproduce.probe_records.claim_test_items): no claim row's 95% interval
+#: may be more item noise than seed noise, at the item variance and seed spread of the three-seed reference
+#: run's records; its largest need, MDC - CLIP on descriptive captions, is 2,389 items, rounded up to a
+#: multiple of every task's class count (64 and 5: 320). The reference run probed 1,000.
+PROBE_TEST_ITEMS = 2560
 INVERSE_SIZE = dict(zip(SIZES, reversed(list(SIZES))))
 SUGARCREPE_FILES = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
 # attributes of the (only) large object that a class name spells, in class-name word order
@@ -247,7 +252,7 @@ def _captions(out: str, seed: int, splits: dict, image_size: int) -> dict:
 
 
 def write_evalsets(out_dir: str, seed: int, image_size: int = 64, n_probe_train: int = 3000,
-                   n_probe_test: int = 1000, n_items: int = 500, n_caption_train: int = 2000) -> dict:
+                   n_probe_test: int = PROBE_TEST_ITEMS, n_items: int = 500, n_caption_train: int = 2000) -> dict:
     """Write every evaluation set under ``out_dir``; returns (and writes) the summary.
 
     ``n_items`` is the size of each ARO/SugarCrepe file and of the captioning val and test splits.
@@ -297,7 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0, help="world seed (streams disjoint from training shards)")
     parser.add_argument("--image-size", type=int, default=64, help="image side in pixels")
     parser.add_argument("--n-probe-train", type=int, default=3000, help="training images per probe task")
-    parser.add_argument("--n-probe-test", type=int, default=1000, help="test images per probe task")
+    parser.add_argument("--n-probe-test", type=int, default=PROBE_TEST_ITEMS, help="test images per probe task")
     parser.add_argument("--n-items", type=int, default=500, help="items per ARO/SugarCrepe file, captioning val/test")
     parser.add_argument("--n-caption-train", type=int, default=2000, help="captioning fine-tuning images")
     parser.add_argument("--debug", action="store_true", help="on an error, show the traceback (or set MDC_DEBUG=1)")

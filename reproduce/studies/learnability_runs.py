@@ -47,7 +47,7 @@ def evalsets(root: str, image_size: int) -> str:
 
     out = os.path.join(root, f"eval-{image_size}px")
     if not os.path.isfile(os.path.join(out, "summary.json")):
-        write_evalsets(out, seed=1, image_size=image_size, n_items=200, n_caption_train=100)
+        write_evalsets(out, seed=1, image_size=image_size, n_probe_test=1000, n_items=200, n_caption_train=100)
     return out
 
 
