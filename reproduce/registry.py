@@ -24,7 +24,6 @@ from typing import Callable, Sequence
 
 from mdc.factory import model_config
 from mdc.optim import preset_values
-from mdc.world.evalsets import PROBE_TEST_ITEMS
 from reproduce import claims, compositionality_table, ledger, paper_figures, report
 from reproduce.graph import Run
 from reproduce.paper_profile import build_paper
@@ -105,8 +104,9 @@ PROFILES = {
                   guidance=dict(max_images=4, strengths=[1.0, 2.0], metrics=["bleu", "cider"], composition_items=4),
                   bert_ratios=(0.15, 1.0), fig5_fractions=(0.5,), timeout_s=600),
     "mini": dict(data=dict(num=None, image_size=None, shard_size=1000), evalsets=dict(n_probe_train=3000,
-                 n_probe_test=PROBE_TEST_ITEMS, n_items=300, n_caption_train=1000), model="mini", model_overrides={},
+                 n_probe_test=None, n_items=300, n_caption_train=1000), model="mini", model_overrides={},
                  train={}, workers=1, probe=dict(epochs=10),
+                 # probe test images: None, mdc.world.evalsets.PROBE_TEST_ITEMS (2,560 on the claims' tasks, 1,000 else)
                  # attribute pairs: ARO drops those under 25 items of real VG; 300 synthetic items spread
                  # over ~70 pairs, so the synthetic suite keeps pairs of at least 5. ELBO samples: 32 paired
                  # (stratified, common random numbers), doubled up to 256 where an item's decision with the

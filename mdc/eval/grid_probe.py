@@ -10,12 +10,15 @@ cells, flattened in cell order, [B, grid^2 * D]; then exactly the pooled probe's
 recipe). The cells keep a coarse layout (at ``grid`` = 4, a quadrant of a quadrant) and the feature stays
 4,096-dimensional or less at the encoder widths of ``mini`` and ``tiny`` (128, 256).
 
-Features are cached as the pooled ones are (:func:`mdc.eval.probe.cached_features`), under keys that
-name the grid, so a grid feature and a pooled one never share a file; the random-initialised floor's
-go to the shared cache under :func:`mdc.eval.probe.feature_key` of a name that holds the grid.
+Both probes read one forward pass (:class:`PooledAndGrid`: the pooled features, exactly
+``model.encode_image``'s, and the grid's side by side), so the grid probe adds a classifier per task and
+no extraction. The features are cached as the pooled probe's are (:func:`mdc.eval.probe.cached_features`),
+under keys that name the grid; the random-initialised floor's go to the shared cache under
+:func:`mdc.eval.probe.feature_key` of a name that holds the grid.
 
-Results of :func:`probe_grid` are :func:`mdc.eval.probe.probe_datasets`'s dict plus ``"grid"``; the
-linear-probe notebook writes them as ``results["grid"]``, with the floor's as ``results["grid"]["random_init"]``.
+:func:`probe_with_grid` returns ``{"pooled": ..., "grid": ...}``, each :func:`mdc.eval.probe.probe_datasets`'s
+dict (the grid's with ``"grid"``); the linear-probe notebook writes the pooled one as its results, as before,
+and the grid's as ``results["grid"]``, with the floor's as ``results["grid"]["random_init"]``.
 """
 from __future__ import annotations
 
@@ -45,45 +48,52 @@ def token_grid(tokens: torch.Tensor, grid: int = GRID) -> torch.Tensor:
     return cells.flatten(2).transpose(1, 2).reshape(b, grid * grid * d)  # [B, grid^2 * D], cell-major
 
 
-class GridFeatures:
-    """The probe's feature function: ``features(model, images [B, 3, S, S])`` -> [B, grid^2 * D]."""
+class PooledAndGrid:
+    """One forward pass, both probes' features: ``features(model, images [B, 3, S, S])`` ->
+    [B, D + grid^2 * D], the pooled features (``model.encode_image``'s, from the same tokens) then the grid's."""
 
     def __init__(self, grid: int = GRID):
         self.grid = grid
 
     def __call__(self, model, images: torch.Tensor) -> torch.Tensor:
-        return token_grid(model.forward_features(images), self.grid)
+        tokens = model.forward_features(images)  # [B, T, D]
+        pooled = model.visual.forward_head(tokens, pre_logits=True)  # [B, D], as model.encode_image
+        return torch.cat([pooled, token_grid(tokens, self.grid)], 1)
 
 
-def probe_grid(model, datasets: Mapping[str, tuple[Callable[[], Iterable], Callable[[], Iterable]]],
-               cfg: ProbeConfig = ProbeConfig(), *, grid: int = GRID, cache_dir: str | None = None,
-               transform_key: str = "", keys: Mapping[str, tuple[str, str]] | None = None, **extract) -> dict:
-    """The grid probe of ``model`` on every dataset (``{name: (train_fn, test_fn)}``, as
-    :func:`mdc.eval.probe.probe_datasets`); ``extract``: ``batch_size`` and ``device`` of the extraction."""
-    features, device = GridFeatures(grid), extract.get("device", "cpu")
-    out = {}
+def probe_with_grid(model, datasets: Mapping[str, tuple[Callable[[], Iterable], Callable[[], Iterable]]],
+                    cfg: ProbeConfig = ProbeConfig(), *, grid: int = GRID, cache_dir: str | None = None,
+                    transform_key: str = "", keys: Mapping[str, tuple[str, str]] | None = None, **extract) -> dict:
+    """``{"pooled": ..., "grid": ...}``: the pooled probe (the numbers of :func:`mdc.eval.probe.probe_datasets`)
+    and the grid probe of ``model`` on every dataset (``{name: (train_fn, test_fn)}``), from one extraction per
+    split, cached as one file; ``extract``: ``batch_size`` and ``device``."""
+    features, device = PooledAndGrid(grid), extract.get("device", "cpu")
+    out = {"pooled": {}, "grid": {}}
     for name, (train_fn, test_fn) in datasets.items():
-        stem = f"{name.replace('/', '-')}__grid{grid}"
-        train_key, test_key = keys[name] if keys else (f"{stem}__train__{transform_key}", f"{stem}__test__{transform_key}")
-        train = cached_features(model, train_fn, train_key, cache_dir, features=features, **extract)
-        test = cached_features(model, test_fn, test_key, cache_dir, features=features, **extract)
-        out[name] = linear_probe(train, test, cfg, device)
-    return {"datasets": out, "average": float(np.mean([r["top1"] for r in out.values()])) if out else None,
-            "protocol": asdict(cfg), "grid": grid}
+        stem = f"{name.replace('/', '-')}__pooled+grid{grid}"
+        default = (f"{stem}__train__{transform_key}", f"{stem}__test__{transform_key}")
+        train_key, test_key = keys[name] if keys else default
+        (x, y), (xt, yt) = (cached_features(model, fn, key, cache_dir, features=features, **extract)
+                            for fn, key in ((train_fn, train_key), (test_fn, test_key)))
+        d = x.shape[1] // (1 + grid * grid)  # [N, D + grid^2 D]: the pooled D columns first
+        out["pooled"][name] = linear_probe((x[:, :d], y), (xt[:, :d], yt), cfg, device)
+        out["grid"][name] = linear_probe((x[:, d:], y), (xt[:, d:], yt), cfg, device)
+    return {kind: {"datasets": res, "average": float(np.mean([r["top1"] for r in res.values()])) if res else None,
+                   "protocol": asdict(cfg), **({"grid": grid} if kind == "grid" else {})} for kind, res in out.items()}
 
 
-def probe_grid_random_init(model, roots: Mapping[str, str], transform, cfg: ProbeConfig = ProbeConfig(), *,
-                           seed: int = 0, shared_cache: str = "", grid: int = GRID, **kw) -> dict:
-    """:func:`probe_grid` of ``model``'s architecture at its random initialisation ``seed``; with
+def probe_with_grid_random_init(model, roots: Mapping[str, str], transform, cfg: ProbeConfig = ProbeConfig(), *,
+                                seed: int = 0, shared_cache: str = "", grid: int = GRID, **kw) -> dict:
+    """:func:`probe_with_grid` of ``model``'s architecture at its random initialisation ``seed``; with
     ``shared_cache`` its features are shared between runs as the pooled floor's are
     (:func:`mdc.eval.probe.probe_random_init`). ``kw``: ``cache_dir``, ``transform_key``, ``batch_size``, ``device``."""
     floor = random_init_like(model, seed).to(kw.get("device", "cpu"))
     datasets = dataset_fns(roots, transform)
     extract = {k: kw[k] for k in ("batch_size", "device") if k in kw}
     if not shared_cache:
-        return probe_grid(floor, datasets, cfg, grid=grid, cache_dir=kw.get("cache_dir"),
-                          transform_key=kw.get("transform_key", ""), **extract)
-    keys = {name: tuple(feature_key(floor, f"{name}__grid{grid}", root, split, transform,
+        return probe_with_grid(floor, datasets, cfg, grid=grid, cache_dir=kw.get("cache_dir"),
+                               transform_key=kw.get("transform_key", ""), **extract)
+    keys = {name: tuple(feature_key(floor, f"{name}__pooled+grid{grid}", root, split, transform,
                                     extract.get("batch_size", 256), extract.get("device", "cpu"), seed)
                         for split in ("train", "test")) for name, root in roots.items()}
-    return probe_grid(floor, datasets, cfg, grid=grid, cache_dir=shared_cache, keys=keys, **extract)
+    return probe_with_grid(floor, datasets, cfg, grid=grid, cache_dir=shared_cache, keys=keys, **extract)

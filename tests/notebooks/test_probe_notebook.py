@@ -21,8 +21,8 @@ def test_linear_probe_notebook_smoke(tmp_path, run_notebook):
     assert res["datasets"]["wds/shape"]["n_train"] == 40 and res["datasets"]["wds/count"]["classes"] == 4
     assert 0.0 <= res["average"] <= 1.0 and rec["model"]["objective"] == "arc" and rec["checkpoint_id"]
     assert len(os.listdir(out / "features")) == 1  # the trained encoder's cache (pooled and grid features)
-    assert len(list((out / "features").rglob("*grid4*.safetensors"))) == 4
-    assert len(list((tmp_path / "shared").rglob("*.safetensors"))) == 8  # the random init's, shared by runs
+    assert len(list((out / "features").rglob("*pooled+grid4*.safetensors"))) == 4  # one file per split for both
+    assert len(list((tmp_path / "shared").rglob("*.safetensors"))) == 4  # the random init's, shared by runs
     assert "random_init_cache" not in rec["parameters"]  # it changes no number
     grid = res["grid"]  # the grid probe beside the pooled one, with its own floor
     assert grid["grid"] == rec["parameters"]["grid"] == 4

@@ -1,11 +1,12 @@
-"""The grid probe: tokens pooled to cells in place, a task of position alone that the mean cannot read, caching."""
+"""The grid probe: tokens pooled to cells in place, a task of position alone that the mean cannot read, one
+extraction for both probes (the pooled numbers unchanged), caching."""
 import pytest
 import torch
 
 from conftest import small_model
 from mdc.eval import probe
-from mdc.eval.grid_probe import probe_grid, probe_grid_random_init, token_grid
-from mdc.eval.probe import ProbeConfig, dataset_fns, linear_probe, synthetic_roots
+from mdc.eval.grid_probe import probe_with_grid, probe_with_grid_random_init, token_grid
+from mdc.eval.probe import ProbeConfig, dataset_fns, linear_probe, probe_datasets, probe_random_init, synthetic_roots
 
 
 def test_token_grid_averages_cells_in_place_and_drops_the_cls_token():
@@ -49,22 +50,28 @@ def roots(tmp_path_factory):
     return synthetic_roots(out, ("relation", "count"))
 
 
-def test_grid_features_are_cached_apart_from_pooled_ones_and_the_floor_is_shared(tmp_path, monkeypatch, roots):
+def test_one_extraction_serves_both_probes_the_pooled_numbers_unchanged_and_the_floor_shared(tmp_path, monkeypatch,
+                                                                                               roots):
     from mdc import image_transform
 
     model, cfg = small_model("clip"), ProbeConfig(epochs=2)  # CLIP: a [CLS] token before the 4 x 4 patches
+    transform = image_transform(model)
+    pooled = probe_datasets(model, dataset_fns(roots, transform), cfg)  # the pooled probe alone
     calls, real = [], probe.extract_features
     monkeypatch.setattr(probe, "extract_features", lambda *a, **k: (calls.append(a[0]), real(*a, **k))[1])
-    transform = image_transform(model)
-    res = probe_grid(model, dataset_fns(roots, transform), cfg, grid=2, cache_dir=str(tmp_path / "f"),
-                     transform_key="eval32")
-    assert res["grid"] == 2 and set(res["datasets"]) == set(roots) and len(calls) == 4
-    assert all(r["n_test"] == 8 and len(r["correct"]) == 8 for r in res["datasets"].values())
-    assert probe_grid(model, dataset_fns(roots, transform), cfg, grid=2, cache_dir=str(tmp_path / "f"),
-                      transform_key="eval32") == res and len(calls) == 4  # read back, not extracted
-    train = probe.cached_features(model, None, "wds-count__grid2__train__eval32", str(tmp_path / "f"))[0]
-    assert train.shape == (16, 4 * model.config.vision_width)
+    both = probe_with_grid(model, dataset_fns(roots, transform), cfg, grid=2, cache_dir=str(tmp_path / "f"),
+                           transform_key="eval32")
+    assert len(calls) == 4  # 2 tasks x (train, test), once for both probes
+    assert both["pooled"] == pooled  # every number and per-item outcome
+    assert both["grid"]["grid"] == 2 and set(both["grid"]["datasets"]) == set(roots)
+    assert all(r["n_test"] == 8 and len(r["correct"]) == 8 for r in both["grid"]["datasets"].values())
+    assert probe_with_grid(model, dataset_fns(roots, transform), cfg, grid=2, cache_dir=str(tmp_path / "f"),
+                           transform_key="eval32") == both and len(calls) == 4  # read back, not extracted
+    x = probe.cached_features(model, None, "wds-count__pooled+grid2__train__eval32", str(tmp_path / "f"))[0]
+    assert x.shape == (16, 5 * model.config.vision_width)  # [N, D + 2 x 2 x D]
     kw = dict(seed=3, grid=2, transform_key="eval32")
-    floor = probe_grid_random_init(model, roots, transform, cfg, shared_cache=str(tmp_path / "shared"), **kw)
-    again = probe_grid_random_init(small_model("clip"), roots, transform, cfg, shared_cache=str(tmp_path / "shared"), **kw)
+    floor = probe_with_grid_random_init(model, roots, transform, cfg, shared_cache=str(tmp_path / "shared"), **kw)
+    again = probe_with_grid_random_init(small_model("clip"), roots, transform, cfg, shared_cache=str(tmp_path / "shared"),
+                                        **kw)
     assert floor == again and len(calls) == 8  # the second run's floor read from the shared folder
+    assert floor["pooled"] == probe_random_init(model, roots, transform, cfg, seed=3)
