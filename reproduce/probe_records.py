@@ -29,9 +29,13 @@ def records_by(runs: Iterable[dict], notebook: str, artifact: str, key: Callable
     return out
 
 
-def probe_top1(record: dict, floor: bool = False) -> dict[str, float]:
-    """{column or task: top-1} of a linear_probe record (its random-init floor with ``floor``)."""
-    res = record["results"]["random_init"] if floor else record["results"]
+def probe_top1(record: dict, floor: bool = False, grid: bool = False) -> dict[str, float] | None:
+    """{column or task: top-1} of a linear_probe record (its random-init floor with ``floor``); with ``grid``
+    the grid probe's (:mod:`mdc.eval.grid_probe`), None for a record made without it."""
+    res = record["results"].get("grid") if grid else record["results"]
+    if res is None:
+        return None
+    res = res["random_init"] if floor else res
     out = {}
     for name, r in res["datasets"].items():
         task = name.split("/", 1)[1] if name.startswith("wds/") else name
@@ -51,4 +55,30 @@ def probe_rows(runs, artifact: str, key, columns: dict[str, Callable[[dict], flo
     for k, records in records_by(runs, "linear_probe", artifact, key).items():
         tops = [probe_top1(r) for r in records]
         out[k] = {c: [f(t) for t in tops] for c, f in columns.items()}
+    return out
+
+
+def claim_test_items(runs: list[dict]) -> dict[str, dict]:
+    """Per claim row of :data:`reproduce.claims.CLAIMS` with probe records: the test items per task at which
+    its items' part of the 95% half-width (z^2 v_items, :func:`reproduce.claims.difference`) would equal the
+    seeds' part (q^2 v_seeds) at the same seeds. v_items falls as 1 / N (the items' own variance read from
+    the records), so ``needed`` = N z^2 v_items / (q^2 v_seeds). The rule that sizes the probe tasks'
+    test sets (:data:`mdc.world.evalsets.PROBE_TEST_ITEMS`): at least the largest ``needed`` over the rows, so
+    that no row's interval is mostly item noise and the next thing a row needs is seeds."""
+    import math
+
+    from reproduce import claims
+
+    out = {}
+    for c in claims.CLAIMS:
+        try:
+            pairs = claims.paired_items(runs, c)
+            d = claims.difference(pairs)
+        except ValueError:
+            continue
+        n, k = len(pairs[0][0][claims.TASKS[0]]), d["seeds"]
+        z, q = claims._t_quantile(0.975, math.inf), claims._t_quantile(0.975, math.inf if k == 1 else k - 1)
+        items, seeds = z * math.sqrt(d["v_items"]), q * math.sqrt(d["v_seeds"])
+        out[c.what] = {"n": n, "seeds": k, "items_half": items, "seeds_half": seeds,
+                       "needed": math.ceil(n * (items / seeds) ** 2) if seeds > 0 else None}
     return out

@@ -77,13 +77,16 @@ def fingerprint(model: nn.Module) -> str:
 
 
 @torch.no_grad()
-def extract_features(model, dataset: Iterable, batch_size: int = 256, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """(features [N, D] float32, labels [N] int64) of ``(image tensor, label)`` items, in order."""
+def extract_features(model, dataset: Iterable, batch_size: int = 256, device="cpu",
+                     features: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features [N, D] float32, labels [N] int64) of ``(image tensor, label)`` items, in order;
+    ``features(model, images)`` -> [B, D] (default ``model.encode_image``, the pooled features)."""
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size)
     model.eval()
     feats, labels = [], []
     for images, y in loader:
-        feats.append(model.encode_image(images.to(device)).float().cpu())
+        images = images.to(device)
+        feats.append((features(model, images) if features else model.encode_image(images)).float().cpu())
         labels.append(torch.as_tensor(y, dtype=torch.long))
     if not feats:
         raise ValueError("the dataset yielded no images")
@@ -125,17 +128,18 @@ def _write(path: str, key: str, feats: torch.Tensor, labels: torch.Tensor) -> No
 
 
 def cached_features(model, dataset_fn: Callable[[], Iterable], key: str, cache_dir: str | None,
-                    batch_size: int = 256, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+                    batch_size: int = 256, device="cpu", features: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`extract_features` of ``dataset_fn()``, stored as ``cache_dir/<fingerprint>/<key>.safetensors``.
 
     ``key`` names the dataset, split and transform (e.g. ``"wds-object__train__eval64"``), or is a
-    :func:`feature_key`. Files are written atomically and verified on read.
+    :func:`feature_key`; it must also name ``features`` where they are not the pooled ones. Files are
+    written atomically and verified on read.
     """
     path = os.path.join(cache_dir, fingerprint(model), f"{key}.safetensors") if cache_dir else None
     cached = _read(path, key) if path and os.path.isfile(path) else None
     if cached is not None:
         return cached
-    feats, labels = extract_features(model, dataset_fn(), batch_size, device)
+    feats, labels = extract_features(model, dataset_fn(), batch_size, device, features)
     if path:
         _write(path, key, feats, labels)
     return feats, labels

@@ -59,6 +59,13 @@ PROBE_TASKS = {
     "relation": (list(RELATIONS), ""),  # where the large object is relative to the small one
     "background": (list(BACKGROUNDS), ""),  # background kind
 }
+#: Test images of the probe tasks the paper's claims read (mean4: reproduce/claims.py). The rule
+#: (reproduce.probe_records.claim_test_items): no claim row's 95% interval may be more item noise than seed
+#: noise, at the item variance and seed spread of the three-seed reference run's records; the largest need,
+#: MDC - CLIP on descriptive captions, is 2,389 items, rounded up to a multiple of every task's class count
+#: (64 and 5: 320). The reference run probed 1,000, which the other tasks keep (PROBE_TEST_OTHER).
+PROBE_TEST_ITEMS = {"object": 2560, "shape": 2560, "texture": 2560, "count": 2560}
+PROBE_TEST_OTHER = 1000
 INVERSE_SIZE = dict(zip(SIZES, reversed(list(SIZES))))
 SUGARCREPE_FILES = ("add_att", "add_obj", "replace_att", "replace_obj", "replace_rel", "swap_att", "swap_obj")
 # attributes of the (only) large object that a class name spells, in class-name word order
@@ -250,16 +257,18 @@ def _captions(out: str, seed: int, splits: dict, image_size: int) -> dict:
 
 
 def write_evalsets(out_dir: str, seed: int, image_size: int = 64, n_probe_train: int = 3000,
-                   n_probe_test: int = 1000, n_items: int = 500, n_caption_train: int = 2000) -> dict:
+                   n_probe_test: int | None = None, n_items: int = 500, n_caption_train: int = 2000) -> dict:
     """Write every evaluation set under ``out_dir``; returns (and writes) the summary.
 
-    ``n_items`` is the size of each ARO/SugarCrepe file and of the captioning val and test splits.
+    ``n_items`` is the size of each ARO/SugarCrepe file and of the captioning val and test splits;
+    ``n_probe_test`` the test images of every probe task, None: :data:`PROBE_TEST_ITEMS` (else
+    :data:`PROBE_TEST_OTHER`) per task.
     The writer holds ``out_dir/.shards.lock`` (:mod:`mdc.lock`) meanwhile: a second writer into the
     same folder is refused, naming the first. ``n_items`` and ``image_size`` below 1 are refused, as
     are negative counts of probe and captioning training images (0 writes none) and seeds.
     """
     for name, value, least in (("seed", seed, 0), ("image_size", image_size, 1), ("n_probe_train", n_probe_train, 0),
-                               ("n_probe_test", n_probe_test, 0), ("n_items", n_items, 1),
+                               ("n_probe_test", n_probe_test or 0, 0), ("n_items", n_items, 1),
                                ("n_caption_train", n_caption_train, 0)):
         if value < least:
             raise must(name, value, f">= {least}")
@@ -283,8 +292,9 @@ def caption_source(captions_json: str, captions_format: str, image_root: str, ou
 def _write_all(out_dir, seed, image_size, n_probe_train, n_probe_test, n_items, n_caption_train) -> dict:
     summary = {"seed": seed, "image_size": image_size, "probe": {}}
     for index, (task, (names, analogue)) in enumerate(PROBE_TASKS.items()):
-        _write_probe(out_dir, task, index, seed, image_size, {"train": n_probe_train, "test": n_probe_test})
-        summary["probe"][task] = {"classes": len(names), "train": n_probe_train, "test": n_probe_test,
+        n_test = PROBE_TEST_ITEMS.get(task, PROBE_TEST_OTHER) if n_probe_test is None else n_probe_test
+        _write_probe(out_dir, task, index, seed, image_size, {"train": n_probe_train, "test": n_test})
+        summary["probe"][task] = {"classes": len(names), "train": n_probe_train, "test": n_test,
                                   "chance": 1 / len(names), "analogue": analogue}
     summary["aro"] = _aro(out_dir, seed, n_items, image_size)
     summary["sugarcrepe"] = _sugarcrepe(out_dir, seed, n_items, image_size)
@@ -301,7 +311,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0, help="world seed (streams disjoint from training shards)")
     parser.add_argument("--image-size", type=int, default=64, help="image side in pixels")
     parser.add_argument("--n-probe-train", type=int, default=3000, help="training images per probe task")
-    parser.add_argument("--n-probe-test", type=int, default=1000, help="test images per probe task")
+    parser.add_argument("--n-probe-test", type=int, default=None, help="test images per probe task (default: 2,560 "
+                        "for object, shape, texture and count, 1,000 for the others)")
     parser.add_argument("--n-items", type=int, default=500, help="items per ARO/SugarCrepe file, captioning val/test")
     parser.add_argument("--n-caption-train", type=int, default=2000, help="captioning fine-tuning images")
     parser.add_argument("--debug", action="store_true", help="on an error, show the traceback (or set MDC_DEBUG=1)")

@@ -41,6 +41,7 @@ def main(argv=None) -> None:
     p.add_argument("--compile", action="store_true", help="with --timing: torch.compile the loss")
     p.add_argument("--summary", action="store_true", help="print the table of the runs so far")
     p.add_argument("--ceiling", action="store_true", help="the supervised ceiling of the configurations' encoders")
+    p.add_argument("--relation", action="store_true", help="with --ceiling: a relation head beside the four")
     p.add_argument("--lr", type=float, nargs="*", help="learning rates in place of the recipe's, each in turn")
     p.add_argument("--probe", nargs="+", metavar="RUN", help="probe checkpoints (or run folders) trained "
                                                                 "elsewhere beside their random init")
@@ -68,7 +69,7 @@ def main(argv=None) -> None:
         for seed in args.seeds:
             for name in args.configs:
                 for lr in args.lr or [None]:
-                    row = runs.ceiling_run(name, seed, args.out, lr)
+                    row = runs.ceiling_run(name, seed, args.out, lr, args.relation)
                     print(json.dumps({k: row[k] for k in ("config", "seed", "wall_s", "final_loss", "gap_mean4")}
                                      | {"lr": row["recipe"]["lr"]}), flush=True)
         return

@@ -194,7 +194,7 @@ def decide_ceiling(out: str) -> dict:
             "by": "highest ceiling (none reaches the target)"}
 
 
-RECORDS = ("runs.jsonl", "timing.jsonl", "ceiling.jsonl", "probes.jsonl")  # one JSON row per line
+RECORDS = ("runs.jsonl", "timing.jsonl", "ceiling.jsonl", "ceiling_relation.jsonl", "probes.jsonl")  # one JSON row per line
 
 
 def merge_records(src: str, dst: str) -> dict[str, int]:

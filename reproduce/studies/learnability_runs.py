@@ -47,7 +47,7 @@ def evalsets(root: str, image_size: int) -> str:
 
     out = os.path.join(root, f"eval-{image_size}px")
     if not os.path.isfile(os.path.join(out, "summary.json")):
-        write_evalsets(out, seed=1, image_size=image_size, n_items=200, n_caption_train=100)
+        write_evalsets(out, seed=1, image_size=image_size, n_probe_test=1000, n_items=200, n_caption_train=100)
     return out
 
 
@@ -140,11 +140,26 @@ def scene_labels(scene: dict) -> list[int]:
             list(TEXTURES).index(big["texture"]), len(scene["objects"]) - 1]
 
 
-def ceiling_run(name: str, seed: int, out: str, lr: float | None = None) -> dict:
+def relation_label(scene: dict) -> int:
+    """The relation ceiling's fifth target: where the largest object is relative to the smallest one
+    (the relation probe's question, :data:`mdc.world.text.RELATIONS` index), -100 (ignored) for a scene
+    of one object."""
+    from mdc.world.text import RELATIONS, relation_of
+
+    if len(scene["objects"]) < 2:
+        return -100
+    order = sorted(range(len(scene["objects"])), key=lambda k: scene["objects"][k]["radius"])
+    return list(RELATIONS).index(relation_of(scene, order[-1], order[0]))
+
+
+def ceiling_run(name: str, seed: int, out: str, lr: float | None = None, relation: bool = False) -> dict:
     """Train ``CONFIGS[name]``'s vision tower on the labels of the training scenes (the same scenes as
     the objectives' shards: world seed 0, rendered at the model's size and passed through the training
     transform), with its recipe (``lr`` in place of the recipe's: the ceiling's learning rate is chosen by
-    its own training loss); probe it beside its random initialisation."""
+    its own training loss); probe it beside its random initialisation. ``relation`` adds a fifth head,
+    :func:`relation_label` (the positive control of the relation probe): its row goes to
+    ``ceiling_relation.jsonl`` and its weights to ``ceiling/NAME-sSEED-relation.pt`` (the tower of a
+    ``mdc`` model of the config), so that other probes can read it."""
     import torch
     from PIL import Image
 
@@ -154,7 +169,7 @@ def ceiling_run(name: str, seed: int, out: str, lr: float | None = None) -> dict
     from mdc.world.render import COLOURS, SHAPES, TEXTURES, render_array
     from mdc.world.scenes import sample_scene
     from mdc.world.streams import STREAM_SCENE, stream_rng
-    from mdc.world.text import MAX_OBJECTS
+    from mdc.world.text import MAX_OBJECTS, RELATIONS
 
     cfg = rules.recipe(name, lr)
     size = cfg["model"]["image_size"]
@@ -162,15 +177,16 @@ def ceiling_run(name: str, seed: int, out: str, lr: float | None = None) -> dict
     torch.manual_seed(seed)
     model = mdc.create_model("tiny", "mdc", **cfg["model"])  # a captioner's tower: GAP features, no CLS token
     random_init = copy.deepcopy(model)
-    heads = torch.nn.ModuleList(torch.nn.Linear(cfg["model"]["vision_width"], n)
-                                for n in (len(SHAPES), len(COLOURS), len(TEXTURES), MAX_OBJECTS))
+    classes = (len(SHAPES), len(COLOURS), len(TEXTURES), MAX_OBJECTS) + ((len(RELATIONS),) if relation else ())
+    heads = torch.nn.ModuleList(torch.nn.Linear(cfg["model"]["vision_width"], n) for n in classes)
     transform = image_transform(size, train=True, seed=seed)
     order = iter(np.random.default_rng(seed).permutation(cfg["steps"] * cfg["batch"]).reshape(cfg["steps"], -1))
 
     def next_batch():  # the next batch of training scenes: images [B, 3, S, S] and labels [B, 4]
         scenes = [sample_scene(stream_rng(0, STREAM_SCENE, int(i))) for i in next(order)]
         images = torch.stack([transform(Image.fromarray(render_array(sc, size))) for sc in scenes])
-        return images, torch.tensor([scene_labels(sc) for sc in scenes])
+        labels = [scene_labels(sc) + ([relation_label(sc)] if relation else []) for sc in scenes]
+        return images, torch.tensor(labels)
 
     def loss_fn(images, labels):  # a linear head per label on the GAP features [B, Dv]
         feats = model.encode_image(images)
@@ -180,10 +196,14 @@ def ceiling_run(name: str, seed: int, out: str, lr: float | None = None) -> dict
     losses = fit(torch.nn.ModuleList([model.visual, heads]), next_batch, cfg["steps"], cfg["lr"], 0.1,
                  cfg["warmup"], loss_fn=loss_fn)  # the tower and the heads trained, the text decoder left
     wall, cpu = time.perf_counter() - wall0, cpu_seconds() - cpu0
-    row = {"config": name, "objective": "labels", "seed": seed, "wall_s": wall, "cpu_s": cpu,
-           "final_loss": losses[-1], "recipe": cfg,
-           **beside_random_init(model, random_init, eval_dir, os.path.join(out, "features"))}
-    with open(os.path.join(out, "ceiling.jsonl"), "a") as f:
+    if relation:
+        os.makedirs(os.path.join(out, "ceiling"), exist_ok=True)
+        torch.save(model.state_dict(), os.path.join(out, "ceiling", f"{name}-s{seed}-relation.pt"))
+    row = {"config": name, "objective": "labels+relation" if relation else "labels", "seed": seed, "wall_s": wall,
+           "cpu_s": cpu, "final_loss": losses[-1], "losses_first_last10": [float(np.mean(losses[:10])),
+                                                                           float(np.mean(losses[-10:]))],
+           "recipe": cfg, **beside_random_init(model, random_init, eval_dir, os.path.join(out, "features"))}
+    with open(os.path.join(out, "ceiling_relation.jsonl" if relation else "ceiling.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
     return row
 

@@ -20,6 +20,18 @@ def test_linear_probe_notebook_smoke(tmp_path, run_notebook):
     assert set(res["datasets"]) == {"wds/shape", "wds/count"} == set(res["random_init"]["datasets"])
     assert res["datasets"]["wds/shape"]["n_train"] == 40 and res["datasets"]["wds/count"]["classes"] == 4
     assert 0.0 <= res["average"] <= 1.0 and rec["model"]["objective"] == "arc" and rec["checkpoint_id"]
-    assert len(os.listdir(out / "features")) == 1  # the trained encoder's cache
+    assert len(os.listdir(out / "features")) == 1  # the trained encoder's cache (pooled and grid features)
+    assert len(list((out / "features").rglob("*pooled+grid4*.safetensors"))) == 4  # one file per split for both
     assert len(list((tmp_path / "shared").rglob("*.safetensors"))) == 4  # the random init's, shared by runs
     assert "random_init_cache" not in rec["parameters"]  # it changes no number
+    grid = res["grid"]  # the grid probe beside the pooled one, with its own floor
+    assert grid["grid"] == rec["parameters"]["grid"] == 4
+    assert set(grid["datasets"]) == set(grid["random_init"]["datasets"]) == {"wds/shape", "wds/count"}
+    assert grid["datasets"]["wds/count"]["n_test"] == 16 and len(grid["datasets"]["wds/count"]["correct"]) == 16
+
+
+def test_the_grid_probe_can_be_left_out(tmp_path, run_notebook):
+    small_model("mdc").save(tmp_path / "ckpt")
+    run_notebook("linear_probe", checkpoint=str(tmp_path / "ckpt"), synthetic_tasks=["relation"], n_probe_train=8,
+                 n_probe_test=4, epochs=1, grid=0, random_init_floor=False, output_dir=str(tmp_path / "probe"))
+    assert "grid" not in read_results(tmp_path / "probe" / "results.json", kind="linear_probe")["results"]

@@ -23,9 +23,9 @@ TABLES = ["table1", "table2", "table3", "table4", "table5", "tables6-8"]
 TASKS = ("object", "shape", "texture", "count", "relation", "shape_texture", "colour", "background")
 # sha256 (16 hex digits) of every table file written from synthetic_index() by mdc/report.py
 EXPECTED = {
-    "table1_linear_probe.csv": "8ab3633616d2fc06",
-    "table1_linear_probe.md": "ea38e754a6a55962",
-    "table1_linear_probe.tex": "500ea74387799ecb",
+    "table1_linear_probe.csv": "6a4478ce7074822d",
+    "table1_linear_probe.md": "59b313a8b16a3de3",
+    "table1_linear_probe.tex": "61ce99775f159b2d",
     "table2_compositionality.csv": "f1591da84e06d5d0",
     "table2_compositionality.md": "68c1ebd9be665829",
     "table2_compositionality.tex": "847f483f07b9abdb",
@@ -256,3 +256,32 @@ def test_table2_puts_the_in_distribution_columns_first_with_their_controls_and_v
     assert control["own_replace (in-distribution)"] == "passed (margin 15)"  # 2 sqrt(0.5 / 100) = 14.1 points
     assert control["own_swap (in-distribution)"] == "control failed (margin 15)"
     assert control["aro_relation (unseen phrasing)"] == "-"  # not scored at all
+
+
+def test_table1_grid_columns_read_the_grid_probe_and_say_not_run_for_records_without_it(tmp_path):
+    """Records made before the grid probe build as they did, their grid cells 'not run'; one seed of two with it
+    is named; the floor's grid cells come from the floor's grid probe."""
+    index = {}
+    for seed in (0, 1):
+        results = _probe(np.random.default_rng(seed))
+        if seed == 1:
+            grid = {f"wds/{t}": {"top1": 0.5} for t in TASKS}
+            results["grid"] = {"datasets": grid, "random_init": {"datasets": {k: {"top1": 0.3} for k in grid}}}
+        probe = tmp_path / f"probe-s{seed}" / "results.json"
+        write_results(str(probe), "linear_probe", results)
+        index[f"probe/arc-alt-s{seed}"] = {"notebook": "linear_probe", "params": {}, "artifacts": ["table1"],
+                                           "labels": {"method": "ARC", "style": "alt", "seed": seed},
+                                           "results": str(probe)}
+    records = write_records(tmp_path / "records", index)
+
+    def rows(names):
+        registry.build_artifacts(records, str(tmp_path / "figures"), PAPER_DIR, ["table1"], names)
+        lines = (tmp_path / "figures" / "table1_linear_probe.md").read_text().splitlines()
+        header = [c.strip() for c in lines[2].strip("|").split("|")]
+        cells = {r[1]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines[4:]
+                                   if line.startswith("|"))}
+        return {m: (cells[m][header.index("relation, grid")], cells[m][header.index("mean4, grid")]) for m in cells}
+
+    assert rows(["probe/arc-alt-s0"]) == {"ARC": ("not run", "not run"), "ARC random init": ("not run", "not run")}
+    assert rows(["probe/arc-alt-s0", "probe/arc-alt-s1"]) == {"ARC": ("50.0 (1 of 2 seeds)", "50.0 (1 of 2 seeds)"),
+                                                             "ARC random init": ("30.0 (1 of 2 seeds)",) * 2}

@@ -255,3 +255,22 @@ def test_same_seed_same_files(tmp_path):
         for name in files:
             other = os.path.join(str(tmp_path / "b"), os.path.relpath(os.path.join(dirpath, name), tmp_path / "a"))
             assert open(os.path.join(dirpath, name), "rb").read() == open(other, "rb").read()
+
+
+def test_the_claims_probe_tasks_get_the_test_images_their_rule_sized(tmp_path, monkeypatch):
+    """By default the tasks of the claims' mean4 get PROBE_TEST_ITEMS test images, the others PROBE_TEST_OTHER;
+    a count given applies to every task."""
+    from reproduce.claims import TASKS
+
+    calls = []
+    monkeypatch.setattr(evalsets, "_write_probe", lambda out, task, index, seed, size, sizes: calls.append((task, sizes)))
+    kw = dict(seed=0, image_size=16, n_probe_train=2, n_items=1, n_caption_train=0)
+    summary = evalsets.write_evalsets(str(tmp_path / "a"), **kw)
+    sized = dict(calls)
+    calls.clear()
+    evalsets.write_evalsets(str(tmp_path / "b"), n_probe_test=3, **kw)
+    assert set(evalsets.PROBE_TEST_ITEMS) == set(TASKS)
+    assert {t: s["test"] for t, s in sized.items()} == {t: evalsets.PROBE_TEST_ITEMS.get(t, evalsets.PROBE_TEST_OTHER)
+                                                         for t in evalsets.PROBE_TASKS}
+    assert summary["probe"]["count"]["test"] == 2560 and summary["probe"]["relation"]["test"] == 1000
+    assert len(calls) == len(evalsets.PROBE_TASKS) and all(s["test"] == 3 for _, s in calls)

@@ -223,3 +223,27 @@ def test_timing_measures_steady_steps_whatever_the_start_up_costs(tmp_path, monk
     row = runs.timing("a", str(tmp_path), steps=40, objectives=("mdc", "clip"))
     assert row["mdc"] == pytest.approx(0.5) and row["clip"] == pytest.approx(0.5)
     assert row["mdc_images_per_s"] == pytest.approx(128.0) and row["mdc_run_min"] == pytest.approx(100 * 0.5 / 60)
+
+
+def test_the_relation_label_is_where_the_largest_object_is_relative_to_the_smallest():
+    from mdc.world.graphs import relation
+    from mdc.world.text import RELATIONS
+
+    big, small, mid = dict(x=0.2, y=0.5, radius=0.3), dict(x=0.8, y=0.5, radius=0.1), dict(x=0.5, y=0.9, radius=0.2)
+    objects = [mid, small, big]
+    scene = {"objects": objects, "relations": [{"subject": i, "relation": relation(a, b), "object": j}
+                                              for i, a in enumerate(objects) for j, b in enumerate(objects) if i != j]}
+    assert runs.relation_label(scene) == list(RELATIONS).index("left of")
+    assert runs.relation_label({"objects": [big], "relations": []}) == -100
+
+
+def test_the_relation_ceiling_keeps_its_own_record_and_weights(tmp_path, monkeypatch):
+    monkeypatch.setattr(rules, "CONFIGS", {"toy": dict(
+        model=dict(rules.BASE, image_size=16, patch_size=4, vision_stem="conv", vision_width=32, vision_layers=1,
+                   vision_heads=2, text_width=32, text_layers=1, text_heads=2, embed_dim=32),
+        style="descriptive", steps=2, batch=8, lr=1e-3, warmup=1)})
+    monkeypatch.setattr(runs, "evalsets", lambda root, size: _tiny_evalsets(root, size))
+    row = runs.ceiling_run("toy", 0, str(tmp_path), relation=True)
+    assert row["objective"] == "labels+relation" and not (tmp_path / "ceiling.jsonl").exists()
+    assert json.loads((tmp_path / "ceiling_relation.jsonl").read_text())["objective"] == "labels+relation"
+    assert (tmp_path / "ceiling" / "toy-s0-relation.pt").is_file()
