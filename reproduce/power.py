@@ -150,6 +150,28 @@ def markdown(rows: list[dict]) -> str:
                      + ["| " + " | ".join(str(r.get(c, "")) for c in columns) + " |" for r in rows])
 
 
+def claim_test_items(runs: list[dict]) -> dict[str, dict]:
+    """Per claim row of :data:`reproduce.claims.CLAIMS` with probe records: the test items per task at which
+    its items' part of the 95% half-width (z^2 v_items, :func:`reproduce.claims.difference`) would equal the
+    seeds' part (q^2 v_seeds) at the same seeds. v_items falls as 1 / N (the items' own variance read from
+    the records), so ``needed`` = N z^2 v_items / (q^2 v_seeds). The rule that sizes the probe tasks'
+    test sets (:data:`mdc.world.evalsets.PROBE_TEST_ITEMS`): at least the largest ``needed`` over the rows, so
+    that no row's interval is mostly item noise and the next thing a row needs is seeds."""
+    out = {}
+    for c in claims.CLAIMS:
+        try:
+            pairs = claims.paired_items(runs, c)
+            d = difference(pairs)
+        except ValueError:
+            continue
+        n, k = len(pairs[0][0][claims.TASKS[0]]), d["seeds"]
+        z, q = t_quantile(0.975, math.inf), t_quantile(0.975, math.inf if k == 1 else k - 1)
+        items, seeds = z * math.sqrt(d["v_items"]), q * math.sqrt(d["v_seeds"])
+        out[c.what] = {"n": n, "seeds": k, "items_half": items, "seeds_half": seeds,
+                       "needed": math.ceil(n * (items / seeds) ** 2) if seeds > 0 else None}
+    return out
+
+
 def main(argv=None) -> int:
     p = ArgumentParser(prog="python -m reproduce.power", description=__doc__.split("\n\n")[0])
     p.add_argument("--records", default=os.path.join("reproduce", "records", "mini"), help="the ledger")

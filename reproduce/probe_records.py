@@ -57,28 +57,3 @@ def probe_rows(runs, artifact: str, key, columns: dict[str, Callable[[dict], flo
         out[k] = {c: [f(t) for t in tops] for c, f in columns.items()}
     return out
 
-
-def claim_test_items(runs: list[dict]) -> dict[str, dict]:
-    """Per claim row of :data:`reproduce.claims.CLAIMS` with probe records: the test items per task at which
-    its items' part of the 95% half-width (z^2 v_items, :func:`reproduce.claims.difference`) would equal the
-    seeds' part (q^2 v_seeds) at the same seeds. v_items falls as 1 / N (the items' own variance read from
-    the records), so ``needed`` = N z^2 v_items / (q^2 v_seeds). The rule that sizes the probe tasks'
-    test sets (:data:`mdc.world.evalsets.PROBE_TEST_ITEMS`): at least the largest ``needed`` over the rows, so
-    that no row's interval is mostly item noise and the next thing a row needs is seeds."""
-    import math
-
-    from reproduce import claims
-
-    out = {}
-    for c in claims.CLAIMS:
-        try:
-            pairs = claims.paired_items(runs, c)
-            d = claims.difference(pairs)
-        except ValueError:
-            continue
-        n, k = len(pairs[0][0][claims.TASKS[0]]), d["seeds"]
-        z, q = claims._t_quantile(0.975, math.inf), claims._t_quantile(0.975, math.inf if k == 1 else k - 1)
-        items, seeds = z * math.sqrt(d["v_items"]), q * math.sqrt(d["v_seeds"])
-        out[c.what] = {"n": n, "seeds": k, "items_half": items, "seeds_half": seeds,
-                       "needed": math.ceil(n * (items / seeds) ** 2) if seeds > 0 else None}
-    return out

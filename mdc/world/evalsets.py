@@ -60,7 +60,7 @@ PROBE_TASKS = {
     "background": (list(BACKGROUNDS), ""),  # background kind
 }
 #: Test images of the probe tasks the paper's claims read (mean4: reproduce/claims.py). The rule
-#: (reproduce.probe_records.claim_test_items): no claim row's 95% interval may be more item noise than seed
+#: (reproduce.power.claim_test_items): no claim row's 95% interval may be more item noise than seed
 #: noise, at the item variance and seed spread of the three-seed reference run's records; the largest need,
 #: MDC - CLIP on descriptive captions, is 2,389 items, rounded up to a multiple of every task's class count
 #: (64 and 5: 320). The reference run probed 1,000, which the other tasks keep (PROBE_TEST_OTHER).
