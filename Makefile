@@ -55,10 +55,12 @@ lab: $(STAMP)
 smoke: $(STAMP)
 	$(PY) -m reproduce --profile smoke
 
-# SEEDS seeds of every run (the committed figures/ have 3), JOBS at a time, one thread each. A run that the
-# ledger RECORDS already holds is not executed again: with the committed ledger this rebuilds figures/ from it
-# in seconds; RECORDS=<a new folder> runs every seed on this machine (about 9 run-hours, 5 hours of wall time,
-# per seed on 2 cores at JOBS=2). SEED_PLAN=<file> runs the seeds per run of a plan instead (the power table's:
+# SEEDS seeds of every run (the committed figures/ have 3), JOBS at a time, one thread each. With the committed
+# ledger (the default RECORDS) figures/ is rebuilt from its records alone (--from-records: seconds, nothing
+# executed): the ledger predates the instruments added since (Table 2's controls, the grid probe, larger probe
+# test sets), so running against it would re-execute every evaluation, from checkpoints a clone does not have,
+# until the next reference run writes a new ledger. RECORDS=<a new folder> runs every seed on this machine
+# (about 9 run-hours, 5 hours of wall time, per seed on 2 cores at JOBS=2). SEED_PLAN=<file> runs the seeds per run of a plan instead (the power table's:
 # reproduce/presets/mini-seeds.json, from python -m reproduce.power --write-plan FILE).
 SEEDS ?= 3
 JOBS ?= 2
@@ -66,7 +68,7 @@ RECORDS ?= reproduce/records/mini
 SEED_PLAN ?=
 reproduce: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m reproduce --profile mini $(if $(SEED_PLAN),--seed-plan $(SEED_PLAN),--seeds $(SEEDS)) \
-		--jobs $(JOBS) --records $(RECORDS)
+		--jobs $(JOBS) --records $(RECORDS) $(if $(filter reproduce/records/mini,$(RECORDS)),--from-records)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks
