@@ -15,7 +15,7 @@ import contextlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 import safetensors.torch
 import torch
@@ -97,15 +97,6 @@ class ModelConfig:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> "ModelConfig":
-        data = json.loads(text)
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"config holds unknown fields {sorted(unknown)}")
-        return cls(**data)
 
 
 PRECISIONS = ("auto", "fp32", "bf16")

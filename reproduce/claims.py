@@ -78,7 +78,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reproduce.claims_stats import LEVEL, SEED_SD, TASKS, difference, holm, t_quantile, tost_p, two_sided_p
+from reproduce.claims_stats import LEVEL, SEED_SD, TASKS, difference, holm, tost_p, two_sided_p
 from reproduce.probe_records import informative_mean, probe_top1
 from reproduce.tables import write_table
 
@@ -90,7 +90,6 @@ METHODS = ("CLIP", "ARC", "MDC")  # whose gains over random init anchor the marg
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 SUMMARY = ("<!-- claims-summary:begin -->", "<!-- claims-summary:end -->")
-_t_quantile = t_quantile
 
 
 @dataclass(frozen=True)

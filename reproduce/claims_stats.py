@@ -74,10 +74,14 @@ def t_quantile(p: float, df: float) -> float:
     return (lo + hi) / 2
 
 
+def quantiles(p: float, seeds: int) -> tuple[float, float]:
+    """(z, q) at ``p``: the items' normal quantile and the seeds' t quantile with k - 1 df (z with one seed)."""
+    return t_quantile(p, math.inf), t_quantile(p, math.inf if seeds == 1 else seeds - 1)
+
+
 def half_width(d: dict, p: float) -> float:
     """h(p) of a :func:`difference` ``d``: its items part at the normal quantile, its seeds part at t's."""
-    k = d["seeds"]
-    z, q = t_quantile(p, math.inf), t_quantile(p, math.inf if k == 1 else k - 1)
+    z, q = quantiles(p, d["seeds"])
     return math.sqrt(z**2 * d["v_items"] + q**2 * d["v_seeds"])
 
 

@@ -45,7 +45,7 @@ from statistics import NormalDist
 
 from mdc.cli import ArgumentParser, report
 from reproduce import claims, ledger, registry
-from reproduce.claims_stats import difference, t_quantile
+from reproduce.claims_stats import LEVEL, difference, quantiles, t_quantile
 from reproduce.seed_plan import SeedPlan, write
 
 POWER = 0.80
@@ -165,7 +165,7 @@ def claim_test_items(runs: list[dict]) -> dict[str, dict]:
         except ValueError:
             continue
         n, k = len(pairs[0][0][claims.TASKS[0]]), d["seeds"]
-        z, q = t_quantile(0.975, math.inf), t_quantile(0.975, math.inf if k == 1 else k - 1)
+        z, q = quantiles(1 - (1 - LEVEL) / 2, k)
         items, seeds = z * math.sqrt(d["v_items"]), q * math.sqrt(d["v_seeds"])
         out[c.what] = {"n": n, "seeds": k, "items_half": items, "seeds_half": seeds,
                        "needed": math.ceil(n * (items / seeds) ** 2) if seeds > 0 else None}

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import write_records
 from mdc.eval.results import write_results
-from reproduce import claims, registry
+from reproduce import claims, claims_stats, registry
 from reproduce.claims import TASKS, Claim, difference, paired_items, verdict, write_readme_table
 
 N = 1000  # test items per task
@@ -82,7 +82,7 @@ def test_the_item_part_alone_covers_about_95_percent():
 def test_the_t_quantile():
     for p, df, want in ((0.975, 1, 12.706), (0.975, 2, 4.303), (0.95, 2, 2.920), (0.975, 10, 2.228),
                         (0.95, float("inf"), 1.645)):
-        assert claims._t_quantile(p, df) == pytest.approx(want, abs=1e-3)
+        assert claims_stats.t_quantile(p, df) == pytest.approx(want, abs=1e-3)
 
 
 def test_the_one_seed_spread_is_the_largest_the_learnability_study_measured():
