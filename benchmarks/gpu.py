@@ -24,6 +24,7 @@ compiler instead of inductor's minutes of C++).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -33,7 +34,7 @@ from mdc.flops import Meter
 from mdc.train import LossModule, accumulate
 from mdc.world.scenes import scene_captions
 
-from benchmarks.common import Context, Section, batch, interleaved, median, small, speedup
+from benchmarks.common import Context, Section, batch, interleaved, median, small, speedup, sync
 
 #: Dense bf16 tensor-core peak in FLOP/s, by a substring of torch.cuda.get_device_name (first match wins).
 PEAK_BF16 = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("GH200", 989e12),
@@ -130,14 +131,40 @@ def _compiled(sec: Section, ctx: Context, device: torch.device, objective: str, 
             f"{1000 * median(times['compiled']):.0f} ms")
 
 
+def _profile(step, images, tokens, device: torch.device, objective: str) -> None:
+    """Where one eager training step's time goes: torch.profiler's operators by their own GPU time, printed (a
+    step far below the card's peak shows whether the GPU waits on the host)."""
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
+                                                          if device.type == "cuda" else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(3):
+            step(images, tokens)
+        sync(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(f"  gpu: {objective.upper()} profile, 3 eager steps, by {key}:\n"
+          + prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=60), flush=True)
+
+
+def _print_rows(sec: Section, first: int) -> None:
+    for row in sec.rows[first:]:
+        print(f"  gpu: {row.name}: {row.value} {row.unit}  {row.note}", flush=True)
+
+
 def _training(sec: Section, ctx: Context, device: torch.device, name: str) -> None:
     """MDC, ARC and CLIP in turn, eager then compiled; each objective's rows are printed as soon as they are
-    measured, so that a run stopped by a time limit still leaves them in its log."""
-    for objective in OBJECTIVES:
+    measured, so that a run stopped by a time limit still leaves them in its log. ``MDC_GPU_OBJECTIVES``
+    (e.g. ``arc,clip``) picks objectives, ``MDC_GPU_COMPILE=0`` leaves out the compiled steps and
+    ``MDC_GPU_PROFILE=1`` prints a profile of each objective's eager step (a second try within a lease's
+    minutes)."""
+    objectives = os.environ.get("MDC_GPU_OBJECTIVES", ",".join(OBJECTIVES)).split(",")
+    for objective in objectives:
         first = len(sec.rows)
-        _compiled(sec, ctx, device, objective, *_eager(sec, ctx, device, name, objective))
-        for row in sec.rows[first:]:
-            print(f"  gpu: {row.name}: {row.value} {row.unit}  {row.note}", flush=True)
+        eager, images, tokens = _eager(sec, ctx, device, name, objective)
+        if os.environ.get("MDC_GPU_PROFILE") == "1":
+            _profile(eager, images, tokens, device, objective)
+        if os.environ.get("MDC_GPU_COMPILE", "1") != "0":
+            _compiled(sec, ctx, device, objective, eager, images, tokens)
+        _print_rows(sec, first)
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -187,8 +214,10 @@ def measure(ctx: Context, device: torch.device) -> Section:
     sec = Section("gpu", f"GPU ({name}): vit-b-32 MDC, ARC and CLIP training in bf16, sampling, scoring")
     _training(sec, ctx, device, name)
     models = _models(ctx, device)
-    _sampling(sec, ctx, device, models)
-    _scoring(sec, ctx, device, models)
+    for part in (_sampling, _scoring):
+        first = len(sec.rows)
+        part(sec, ctx, device, models)
+        _print_rows(sec, first)
     return sec
 
 

@@ -67,12 +67,37 @@ def update(path: str, key: str, value: dict) -> None:
     print(f"{key}: {json.dumps(value)}", flush=True)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (read from /proc; empty where there is none). torchrun starts its workers in
+    sessions of their own, so killing its process group leaves them running (seen on the first GPU run: the
+    'killed' training went on to its last step beside the resumed one)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
 def _kill(proc: subprocess.Popen) -> None:
-    """End ``proc`` and its children (its own process group: torchrun's workers, loader workers)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """End ``proc``, its process group and every process below it (torchrun's workers, loader workers), as a crash
+    would: SIGKILL, no chance to save."""
+    below = descendants(proc.pid)
+    for kill, target in [(os.killpg, proc.pid)] + [(os.kill, p) for p in below]:
+        try:
+            kill(target, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     proc.wait()
 
 
@@ -210,6 +235,7 @@ def step_mini_eval(work: str, budget: float) -> dict:
     write_evalsets(evalsets, seed=1, image_size=64, n_probe_train=3000, n_probe_test=1000, n_items=300,
                    n_caption_train=1000)
     out = {"evalsets": beside(time.perf_counter() - start, "data/evalsets")}
+    print(f"mini-eval: evaluation sets in {out['evalsets']['seconds']} s", flush=True)
     if time.perf_counter() - start > budget:
         return {**out, "ok": False, "error": f"the evaluation sets alone took more than the step's {budget:.0f} s"}
     checkpoint = ckpt.latest(os.path.join(work, "mini-run"))

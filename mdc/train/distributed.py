@@ -59,16 +59,26 @@ def setup_distributed() -> tuple[int, int, torch.device, bool]:
     longer free it; its gloo threads then outlive the run and may abort the process (SIGABRT) while the
     interpreter shuts down. It is imported at the top of this module, before any group exists."""
     created = False
+    cuda = local_cuda_device(int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()) \
+        if torch.cuda.is_available() else None
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=dist_timeout())
         created = True
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    device = cuda if cuda is not None else torch.device("cpu")
+    if cuda is not None:
+        torch.cuda.set_device(cuda)
     return rank, world, device, created
+
+
+def local_cuda_device(local_rank: int, count: int) -> torch.device:
+    """This process's GPU, ``cuda:LOCAL_RANK``; more processes on a node than it has GPUs is refused before any
+    process group forms (CUDA's own word for it is 'invalid device ordinal', raised mid-start)."""
+    if not 0 <= local_rank < count:
+        raise RuntimeError(f"LOCAL_RANK {local_rank} has no GPU: this node has {count} CUDA device(s) visible; "
+                           f"start at most {count} process(es) per node (torchrun --nproc_per_node {count}), or "
+                           f"hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU with gloo")
+    return torch.device("cuda", local_rank)
 
 
 def seed_everything(seed: int) -> None:

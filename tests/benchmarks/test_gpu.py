@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from benchmarks.__main__ import main
-from benchmarks.common import Context
+from benchmarks import gpu
+from benchmarks.common import Context, Section
 from benchmarks.gpu import run, skip_reason
 
 
@@ -24,3 +25,16 @@ def test_unknown_section_names_are_refused(capsys):
     with pytest.raises(SystemExit):
         main(["gpus"])
     assert "unknown section 'gpus'" in capsys.readouterr().err
+
+
+def test_a_second_try_picks_objectives_leaves_out_compile_and_profiles(monkeypatch, capsys):
+    """MDC_GPU_OBJECTIVES / MDC_GPU_COMPILE=0 / MDC_GPU_PROFILE=1: the rows of the objectives asked for, no compiled
+    row, and each eager step's profile in the log."""
+    monkeypatch.setenv("MDC_GPU_OBJECTIVES", "clip")
+    monkeypatch.setenv("MDC_GPU_COMPILE", "0")
+    monkeypatch.setenv("MDC_GPU_PROFILE", "1")
+    sec = Section("gpu", "test")
+    gpu._training(sec, Context(quick=True), torch.device("cpu"), "cpu")
+    names = [row.name for row in sec.rows]
+    assert names and all(n.startswith("CLIP ") for n in names) and not any("compile" in n for n in names)
+    assert "CLIP profile, 3 eager steps, by self_cpu_time_total" in capsys.readouterr().out

@@ -3,6 +3,7 @@
 import json
 import os
 import sys
+import time
 
 from benchmarks import gpu_runs
 from mdc.train.cli import parse_args
@@ -80,3 +81,24 @@ def test_a_failing_step_is_reported_as_its_result(tmp_path, monkeypatch, capsys)
     result = json.loads(path.read_text())["torchrun"]
     assert result["ok"] is False and result["error"] == "RuntimeError: no shards"
     assert "RuntimeError: no shards" in capsys.readouterr().err
+
+
+def test_a_kill_ends_workers_that_left_the_process_group(tmp_path):
+    """torchrun starts its workers in sessions of their own: the kill must reach them too."""
+    marker = tmp_path / "worker.pid"
+    code = ("import subprocess, sys, time; "
+            "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+            f"open({str(marker)!r}, 'w').write(str(w.pid)); time.sleep(60)")
+    result = gpu_runs.run([sys.executable, "-c", code], budget=30, until=marker.exists)
+    assert result["ended"] == "killed"
+    worker = int(marker.read_text())
+    for _ in range(50):
+        try:
+            with open(f"/proc/{worker}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"worker {worker} outlived the kill")

@@ -176,7 +176,9 @@ def test_ddp_two_gloo_processes_in_bf16(scene_shards, tmp_path):
     kwargs = run_args(scene_shards, tmp_path / "run", steps=2, save_every=2, accum_steps=2)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
            str(tmp_path), json.dumps(kwargs)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300)
+    # gloo on the CPU wherever it runs: two ranks on a machine of one GPU would each need a GPU of their own
+    env = SUBPROCESS_ENV | {"CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for got in ranks:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -217,3 +218,13 @@ def test_samples_are_counted_once_under_ddp(tmp_path):
     for rank in (0, 1):
         result = json.loads((tmp_path / f"count{rank}.json").read_text())
         assert result["count"] == 30 and "not a local file" in result["error"]
+
+
+def test_more_processes_than_gpus_is_refused_by_name():
+    """A node given more torchrun processes than GPUs: the rank without one is told so, not 'invalid device ordinal'
+    mid-start (found on a 1-GPU machine)."""
+    from mdc.train.distributed import local_cuda_device
+
+    assert local_cuda_device(0, 1) == torch.device("cuda", 0)
+    with pytest.raises(RuntimeError, match=r"LOCAL_RANK 1 has no GPU: this node has 1 CUDA device.*nproc_per_node 1"):
+        local_cuda_device(1, 1)
