@@ -91,7 +91,7 @@ def _eager(sec: Section, ctx: Context, device: torch.device, name: str, objectiv
     step, its batch and the FLOPs counted."""
     torch.manual_seed(0)
     model = mdc.create_model("vit-b-32", objective, **small("vit-b-32", ctx.quick)).to(device)
-    B = ctx.pick(PAPER_MICRO_BATCH, 2)
+    B = ctx.pick(int(os.environ.get("MDC_GPU_BATCH", PAPER_MICRO_BATCH)), 2)
     images, tokens = batch(model, B, device)
     eager = _trainer(model, device, False, None)
     eager(images, tokens)  # optimizer state allocated before counting
@@ -154,8 +154,8 @@ def _training(sec: Section, ctx: Context, device: torch.device, name: str) -> No
     """MDC, ARC and CLIP in turn, eager then compiled; each objective's rows are printed as soon as they are
     measured, so that a run stopped by a time limit still leaves them in its log. ``MDC_GPU_OBJECTIVES``
     (e.g. ``arc,clip``) picks objectives, ``MDC_GPU_COMPILE=0`` leaves out the compiled steps and
-    ``MDC_GPU_PROFILE=1`` prints a profile of each objective's eager step (a second try within a lease's
-    minutes)."""
+    ``MDC_GPU_PROFILE=1`` prints a profile of each objective's eager step and ``MDC_GPU_BATCH`` sets the batch
+    (default the paper's 128: a larger one shows whether the step waits on the host)."""
     objectives = os.environ.get("MDC_GPU_OBJECTIVES", ",".join(OBJECTIVES)).split(",")
     for objective in objectives:
         first = len(sec.rows)

@@ -106,7 +106,7 @@ export PYTHON OUT WORK
 
 # MDC_GPU_STEPS: the steps to run and their limits in seconds, in order (a second try within a lease runs
 # what the first left undone, e.g. "env:15 bench:150 torchrun:80"); MDC_GPU_TESTS: the tests step's files.
-for spec in ${MDC_GPU_STEPS:-env:15 tests:100 bench:145 torchrun:55 mini-train:110 mini-eval:55}; do
+for spec in ${MDC_GPU_STEPS:-env:10 tests:80 bench:135 torchrun:75 mini-train:90 mini-eval:90}; do
     name=${spec%%:*} limit=${spec#*:}
     case $name in
         env) step env "$limit" env.log bash -c env_report ;;

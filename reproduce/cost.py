@@ -15,8 +15,8 @@ measured on the meta device).
   under CPU autocast). The model state (fp32 weights and gradients, AdamW's two moments, autocast's
   bf16 weight copies: 18 bytes per parameter) is shown apart.
 - GPU-hours: FLOPs / (MFU x 989 TFLOP/s) / 3600, with the same MFU for every run (evaluation too).
-  ``python -m benchmarks --only gpu`` measures the MFU of ViT-B/32 MDC on the GPU at hand; give it
-  with ``--mfu``.
+  The default, :data:`MFU`, is what ``python -m benchmarks --only gpu`` measured on an H100 for ViT-B/32;
+  give another measurement with ``--mfu``.
 
 Sizes the registry does not fix are the published ones (:data:`NOMINAL_SAMPLES`,
 :data:`PROBE_IMAGES`, :data:`COMPOSITIONALITY_ITEMS`, :data:`COCO_TEST_IMAGES`) unless a data
@@ -41,7 +41,11 @@ from reproduce.model_cost import OBJECTIVES, forward_flops, num_params, training
 from reproduce.paper_profile import PER_GPU_BATCH, data_vars
 
 H100_BF16 = 989e12  # FLOP/s, H100 SXM dense bf16 tensor cores (benchmarks/gpu.py: PEAK_BF16)
-MFU = 0.35  # the utilisation assumed unless --mfu is given
+# The utilisation used unless --mfu is given: measured by `python -m benchmarks gpu` on an NVIDIA H100 80GB HBM3
+# (2026-11-26, docs/benchmarks.md "GPU first contact: measured"), ViT-B/32 at the paper's micro-batch of 128 in
+# bf16, eager: MDC 0.052, ARC 0.038, CLIP 0.052 (MDC compiled: 1.19x). The step waits on the host there (the
+# GPU is busy 35 of its 85 ms), so larger backbones should reach more; until measured, this is the floor.
+MFU = 0.05
 # Activations autograd saves per sample under autocast (fp32 weights) / with the model in bf16: 1.11-1.17
 # measured on CPU autocast for ViT-B/32, ViT-B/16 (depth cut) and tiny (tests/reproduce/test_cost.py re-measures it).
 AUTOCAST_FACTOR = 1.15
