@@ -23,11 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 import traceback
+
+from mdc.processes import kill_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORDS = os.path.join(ROOT, "reproduce", "records", "mini")
@@ -67,37 +68,10 @@ def update(path: str, key: str, value: dict) -> None:
     print(f"{key}: {json.dumps(value)}", flush=True)
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (read from /proc; empty where there is none). torchrun starts its workers in
-    sessions of their own, so killing its process group leaves them running (seen on the first GPU run: the
-    'killed' training went on to its last step beside the resumed one)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
-
-
 def _kill(proc: subprocess.Popen) -> None:
     """End ``proc``, its process group and every process below it (torchrun's workers, loader workers), as a crash
     would: SIGKILL, no chance to save."""
-    below = descendants(proc.pid)
-    for kill, target in [(os.killpg, proc.pid)] + [(os.kill, p) for p in below]:
-        try:
-            kill(target, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    kill_tree(proc.pid)
     proc.wait()
 
 

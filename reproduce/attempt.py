@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 
 from mdc.checkpoint import atomic_write_text
+from mdc.processes import kill_tree
 from reproduce import graph
 from reproduce.cluster import torchrun_command
 from reproduce.folders import earlier_seconds
@@ -47,7 +47,7 @@ def _wait(proc: subprocess.Popen, timeout_s: float, start: float) -> tuple[str, 
             if code:
                 status = "failed"
         elif time.perf_counter() - start > timeout_s:
-            os.killpg(proc.pid, signal.SIGKILL)  # the notebook process and its kernel
+            kill_tree(proc.pid)  # the notebook process, its kernel, and what they started in sessions of their own
             _, _, rusage = os.wait4(proc.pid, 0)
             status = "timeout"
         else:

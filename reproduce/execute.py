@@ -8,10 +8,10 @@ repository root). The second runs a pretraining command line (torchrun on GPU no
 writes the results file the pretraining notebook would have written, from the JSON line
 ``mdc.train`` prints at the end.
 
-Either way the process dies with its runner: a watchdog thread ends this process group (and so
-the pretraining command; the notebook kernel follows its own parent, this process) as soon as
-the process that started it is gone, so a killed runner leaves nothing writing into the run
-folder.
+Either way the process dies with its runner: a watchdog thread ends this process group and every
+process below it (the pretraining command, torchrun's workers in their own sessions; the notebook
+kernel follows its own parent, this process) as soon as the process that started it is gone, so a
+killed runner leaves nothing writing into the run folder.
 """
 from __future__ import annotations
 
@@ -19,17 +19,19 @@ import argparse
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import threading
 import time
 
+from mdc.processes import kill_tree
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def die_with_parent(interval_s: float = 0.5) -> None:
-    """Start a daemon thread that SIGKILLs this process group once the parent process is gone."""
+    """Start a daemon thread that SIGKILLs this process group, and every process below this one, once the parent
+    process is gone."""
     parent = os.getppid()
     if parent <= 1:  # already orphaned (or started by init): nothing to watch
         return
@@ -37,7 +39,7 @@ def die_with_parent(interval_s: float = 0.5) -> None:
     def watch():
         while os.getppid() == parent:
             time.sleep(interval_s)
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+        kill_tree(os.getpid())  # this group, and torchrun's workers in sessions of their own
 
     threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 

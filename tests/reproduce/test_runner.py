@@ -3,6 +3,7 @@ and writes cluster scripts; the registry names every artifact."""
 import csv
 import json
 import os
+import time
 
 import nbformat
 import pytest
@@ -184,3 +185,40 @@ def test_slurm_scripts_chain_dependencies(tmp_path):
     cmd = cluster.torchrun_command(run, str(tmp_path), gpus=8, nodes=2)
     assert cmd.startswith("torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d")
     assert "-m mdc.train --resume" in cmd and "--preset vit-b-32" in cmd and "--objective mdc" in cmd
+
+
+SPAWNER = '''
+import os, subprocess, sys, time
+os.makedirs(output_dir, exist_ok=True)
+# as torchrun starts its workers: in a session of their own, out of the notebook's process group
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+open(os.path.join(output_dir, "worker.pid"), "w").write(str(worker.pid))
+time.sleep(300)
+'''
+
+
+def test_a_timeout_ends_what_the_run_started_in_sessions_of_its_own(toy):
+    """A run past its timeout leaves nothing running: torchrun's workers (own sessions) went on training
+    after their launcher's group was killed, on the first GPU run."""
+    nb = new_notebook(cells=[new_code_cell('output_dir = ""', metadata={"tags": ["parameters"]}), new_code_cell(SPAWNER)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, os.path.join(graph.NOTEBOOKS, "spawner.ipynb"))
+    outcome = runner.run_all([Run("spawn", "spawner", {"output_dir": "{run:spawn}"}, timeout_s=20)], str(toy),
+                             log=lambda *a: None)
+    assert outcome["spawn"]["status"] == "timeout"
+    worker = int((toy / "spawn" / "worker.pid").read_text())
+    assert not _alive(worker), f"the run's worker {worker} outlived its timeout"
+
+
+def _alive(pid: int, wait_s: float = 5.0) -> bool:
+    """Is ``pid`` running (not gone, not a zombie awaiting its reaper) after up to ``wait_s``?"""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return False
+        except FileNotFoundError:
+            return False
+        time.sleep(0.1)
+    return True
