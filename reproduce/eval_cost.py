@@ -22,7 +22,9 @@ it existed (:data:`BEFORE`: no shuffled-image control, no grid probe).
 - ``guidance``: images x the sweep's captions per rule (each generated and scored by the reference metrics),
   and its guided compositionality's candidates x settings.
 
-Other kinds (data, pretraining, captioning, figures) have no model here: their record is taken as it is.
+Other kinds (data, pretraining, captioning, figures), and runs that do not read the synthetic evaluation sets
+(the paper profile's), have no model here: their record is taken as it is, with a note where its parameters
+differ from the run's.
 """
 from __future__ import annotations
 
@@ -105,8 +107,11 @@ def _evalsets(run, runs: dict | None) -> dict:
 
 
 def planned_work(run, runs: dict | None = None) -> dict | None:
-    """The work of ``run`` as it would execute now (None: a kind without a cost model)."""
-    p = {**notebook_defaults(run.notebook), **run.params} if run.notebook in MODELS else {}
+    """The work of ``run`` as it would execute now (None: a kind without a cost model, or a run that does not
+    read the synthetic evaluation sets, whose sizes the model counts in)."""
+    if run.notebook not in MODELS or "data/evalsets" not in run.deps:
+        return None
+    p = {**notebook_defaults(run.notebook), **run.params}
     sets = _evalsets(run, runs)
     if run.notebook == "linear_probe":
         n_train = sets.get("n_probe_train", p.get("n_probe_train"))
@@ -217,11 +222,14 @@ def scale(run, record: dict, runs: dict | None = None, unit_seconds: dict | None
     """(modeled(now) / modeled(record), what changed) for ``run`` against ``record``: (1.0, "") where the work is
     the same; (1.0, a note) where a kind without a model, or a record that does not say its work, ran with
     other parameters."""
-    now, then = planned_work(run, runs), recorded_work(record)
+    try:
+        now, then = planned_work(run, runs), recorded_work(record)
+    except (KeyError, TypeError, ValueError, OSError):  # parameters this model does not know: no scaling
+        now, then = None, None
     if now is None or then is None:
         if record.get("params") == run.params:
             return 1.0, ""
-        return 1.0, ("as recorded: other parameters, and no cost model for its kind" if now is None else
+        return 1.0, ("as recorded: other parameters, which no cost model here scales" if now is None else
                      "as recorded: other parameters, and its record does not say its work")
     if now == then:
         return 1.0, ""
