@@ -28,6 +28,7 @@ import time
 
 from mdc.checkpoint import atomic_write_text
 from mdc.eval.results import SCHEMA as RESULTS_SCHEMA
+from reproduce import eval_cost
 
 SCHEMA = "reproduce.record/1"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -149,20 +150,41 @@ def run_seconds(record: dict) -> float:
     return seconds
 
 
-def estimate_seconds(run, records: str | None, profile: str) -> float:
-    """How long ``run`` should take: its latest record's length (any key, :func:`run_seconds`), else the
-    longest of the same run's records for other seeds (``...-s<N>``), else the profile's default."""
-    if records:
-        record = read(records, run.name)
-        if record is not None and (seconds := run_seconds(record)):
-            return seconds
-        stem = re.sub(r"-s\d+$", "", run.name)
-        others = [read(records, os.path.relpath(p, records)[: -len(".json")]) for p in
-                  glob.glob(path(records, glob.escape(stem) + "-s*"))] if stem != run.name else []
-        seconds = [run_seconds(r) for r in others if r and re.fullmatch(re.escape(stem) + r"-s\d+", r.get("run", ""))]
-        if any(seconds):
-            return max(seconds)
-    return _default_seconds(run, profile)
+def _nearest_record(run, records: str) -> tuple[dict, str] | None:
+    """The record an estimate of ``run`` starts from: its own (any key), else the longest of the same run's
+    records for other seeds (``...-s<N>``); with where it came from."""
+    record = read(records, run.name)
+    if record is not None and run_seconds(record):
+        return record, "its record"
+    stem = re.sub(r"-s\d+$", "", run.name)
+    others = [read(records, os.path.relpath(p, records)[: -len(".json")]) for p in
+              glob.glob(path(records, glob.escape(stem) + "-s*"))] if stem != run.name else []
+    others = [r for r in others if r and re.fullmatch(re.escape(stem) + r"-s\d+", r.get("run", "")) and run_seconds(r)]
+    if not others:
+        return None
+    record = max(others, key=run_seconds)
+    return record, f"the record of seed {record.get('seed')}"
+
+
+def estimate(run, records: str | None, profile: str, runs: dict | None = None) -> tuple[float, str]:
+    """(seconds ``run`` should take, where they come from): its latest record's length (any key,
+    :func:`run_seconds`), else the longest of the same run's records for other seeds, scaled by the cost of its
+    parameters now against the record's (:func:`reproduce.eval_cost.scale`; ``runs``: the graph by name, whose
+    ``data/evalsets`` gives the sizes); else the profile's default. The note is empty for a record taken as is."""
+    found = _nearest_record(run, records) if records else None
+    if found is None:
+        return _default_seconds(run, profile), "no record: the profile's default"
+    record, source = found
+    factor, changed = eval_cost.scale(run, record, runs)
+    if factor != 1.0:
+        return run_seconds(record) * factor, f"{source} x {factor:.2f}: {changed}"
+    note = "; ".join(n for n in (source if source != "its record" else "", changed) if n)
+    return run_seconds(record), note
+
+
+def estimate_seconds(run, records: str | None, profile: str, runs: dict | None = None) -> float:
+    """:func:`estimate`'s seconds."""
+    return estimate(run, records, profile, runs)[0]
 
 
 def for_build(records: dict[str, dict]) -> list[dict]:

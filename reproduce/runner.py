@@ -87,7 +87,8 @@ def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), lo
         skipped = [] if only is None else [r.name for r in runs if r.name not in only]
         if only is not None:
             book.needed = set(only)
-        estimate = {r.name: ledger.estimate_seconds(r, settings.records, settings.profile) for r in runs}
+        by_name = {r.name: r for r in runs}
+        estimate = {r.name: ledger.estimate_seconds(r, settings.records, settings.profile, by_name) for r in runs}
         outcome = Scheduler(book, estimate, settings.jobs, settings.time_budget_s, settings.torchrun, skipped).run()
         _write_csv(out, runs, outcome, key)
         return outcome
@@ -95,25 +96,34 @@ def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), lo
 
 def dry_run(runs: list[Run], out: str, settings: RunSettings = RunSettings(), log=print, flops=None) -> None:
     """What :func:`run_all` would do, without a lock and writing nothing: each run's state, estimated minutes
-    (and FLOPs, ``flops(run)`` where it counts them), the run-hours left, by kind (pretraining, evaluation),
-    and the run-hours of all ``runs`` (a seed plan's, done or not)."""
+    (where its record was scaled or is not its own, from what: :func:`reproduce.ledger.estimate`; and FLOPs,
+    ``flops(run)`` where it counts them), the run-hours left, by kind (pretraining, evaluation), and the
+    run-hours of all ``runs`` (a seed plan's, done or not) by kind (data, pretraining, evaluation), with
+    evaluation's share of pretraining and evaluation."""
     runs = order(runs)
     key = keys(runs)
-    records, left, total = settings.records, {"pretraining": 0.0, "evaluation": 0.0}, 0.0
+    records, left, plan = settings.records, {"pretraining": 0.0, "evaluation": 0.0}, {}
+    by_name = {r.name: r for r in runs}
     for r in runs:
         done = is_done(out, r, key[r.name]) or ledger.done(records, r.name, key[r.name])
-        minutes = ledger.estimate_seconds(r, records, settings.profile) / 60
+        seconds, source = ledger.estimate(r, records, settings.profile, by_name)
+        minutes = seconds / 60
         kind = "pretraining" if r.notebook == "pretrain" else "evaluation"
         left[kind] += 0 if done else minutes / 60
-        total += minutes / 60
+        kind = "data" if r.notebook == "data" else kind  # the world's shards: shared by every seed
+        plan[kind] = plan.get(kind, 0.0) + minutes / 60
         count = flops(r) if flops else None
         aside = "; its folder holds a run with other parameters, to be moved aside" if superseded_key(
             run_dir(out, r), key[r.name]) else ""
         needs = ", ".join(r.deps[:4]) + (f", ... ({len(r.deps)} runs)" if len(r.deps) > 4 else "") or "nothing"
+        tflop = f"; {count / 1e12:.1f} TFLOP" if count else ""
         log(f"{'done' if done else 'would run':9s} {r.name}  ({r.notebook}; ~{minutes:.0f} min"
-            f"{f'; {count / 1e12:.1f} TFLOP' if count else ''}; needs {needs}{aside})")
+            f"{f' ({source})' if source else ''}{tflop}; needs {needs}{aside})")
+    pre, ev = plan.get("pretraining", 0.0), plan.get("evaluation", 0.0)
     log(f"about {sum(left.values()):.1f} run-hours left: {left['pretraining']:.1f} pretraining, "
-        f"{left['evaluation']:.1f} evaluation; {total:.1f} run-hours in this plan, {len(runs)} runs")
+        f"{left['evaluation']:.1f} evaluation; {sum(plan.values()):.1f} run-hours in this plan, {len(runs)} runs: "
+        f"data {plan.get('data', 0.0):.2f}, pretraining {pre:.2f}, evaluation {ev:.2f} "
+        f"({ev / (pre + ev) if pre + ev else 0:.0%} of the two)")
 
 
 def _write_csv(out: str, runs: list[Run], outcome: dict, key: dict) -> None:

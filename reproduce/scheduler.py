@@ -11,8 +11,8 @@ follow its pretraining run instead of waiting behind every other pretraining run
 checkpoints waiting for their evaluations); then a seed's runs before the next seed's, and the longest
 chain first, so the longest evaluation starts early in a time box.
 
-Under a time budget a run starts only if its estimate (its last record, or the profile's default:
-:func:`reproduce.ledger.estimate_seconds`) with its longest reader's still to run fits in what is left:
+Under a time budget a run starts only if its estimate (its last record, scaled where its parameters changed,
+or the profile's default: :func:`reproduce.ledger.estimate_seconds`) with its longest reader's still to run fits in what is left:
 a checkpoint left unread is trained again by the next part. A run that does not fit is ``left``; the
 running ones finish.
 """

@@ -164,7 +164,7 @@ def test_depth_first_a_pretraining_run_s_evaluations_come_before_the_next_pretra
 
 
 def _estimates(monkeypatch, seconds):
-    monkeypatch.setattr(ledger, "estimate_seconds", lambda run, records, profile: seconds.get(run.name, 0.0))
+    monkeypatch.setattr(ledger, "estimate_seconds", lambda run, records, profile, runs=None: seconds.get(run.name, 0.0))
 
 
 def test_the_run_at_the_head_of_the_longest_chain_starts_first(toy, monkeypatch):
