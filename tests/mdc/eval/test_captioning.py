@@ -1,5 +1,6 @@
 """Captioning evaluation: pycocoevalcap metrics, fine-tuning, generation, the LLM judge, loaders, figure."""
 import json
+import math
 
 import numpy as np
 import pytest
@@ -56,6 +57,35 @@ def test_caption_metrics_equal_pycocoevalcap():
     assert 0 < got["bleu4"] < got["bleu1"] < 1 and got["cider"] > 0
     assert got["meteor"] is None and got["spice"] is None
     assert got["unavailable"] == {"meteor": "not requested", "spice": "not requested"}
+    assert 0 < got["bp"] <= 1 and len(got["cider_per_image"]) == len(PREDICTIONS)
+
+
+def test_brevity_penalty_and_per_image_cider_are_pycocoevalcaps():
+    """BLEU's corpus brevity penalty BP = min(1, exp(1 - r/c)) (r: each caption's closest reference length, c:
+    the captions' length, PTB tokens, summed) equals pycocoevalcap's own; the per-image CIDEr-D scores are
+    pycocoevalcap's and average to the corpus CIDEr."""
+    from pycocoevalcap.bleu.bleu_scorer import BleuScorer
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    tok = PTBTokenizer()
+    gts = tok.tokenize({i: [{"caption": r} for r in refs] for i, refs in REFERENCES.items()})
+    short = {1: "a red circle", 2: "a green star above the triangle", 3: "two squares"}
+    res = tok.tokenize({i: [{"caption": c}] for i, c in short.items()})
+    scorer = BleuScorer(n=4)
+    for i in sorted(short):
+        scorer += (res[i][0], gts[i])
+    scorer.compute_score(option="closest")
+    expected = math.exp(1 - scorer._reflen / scorer._testlen)
+    got = cap.evaluate_captions({"short": short, "full": PREDICTIONS}, REFERENCES, metrics=["bleu", "cider"])
+    assert got["short"]["bp"] == pytest.approx(expected, rel=1e-9) and expected < 0.8
+    assert got["full"]["bp"] == 1.0  # as long as its closest references
+    ids = sorted(short, key=str)
+    cider = Cider().compute_score({i: gts[i] for i in ids}, {i: res[i] for i in ids})[1]
+    assert got["short"]["cider_per_image"] == pytest.approx(list(cider), abs=1e-4)
+    assert np.mean(got["short"]["cider_per_image"]) == pytest.approx(got["short"]["cider"], abs=1e-4)
+    none = cap.evaluate_captions({"short": short}, REFERENCES, metrics=["cider"])["short"]
+    assert none["bp"] is None and none["unavailable"]["bp"] == "not requested"
 
 
 def test_descriptiveness_counts_grounded_and_repeated_words():
