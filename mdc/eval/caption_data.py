@@ -7,7 +7,10 @@ import json
 import os
 from typing import Mapping, Sequence
 
-from mdc.data.formats import Items, load_coco_captions, load_karpathy, load_karpathy_test
+import torch
+
+from mdc.data.formats import Items, load_coco_captions, load_image, load_karpathy, load_karpathy_test
+from mdc.data.transforms import image_transform
 from mdc.factory import checkpoint_folder, load
 
 FORMATS = ("karpathy", "coco", "karpathy_test")
@@ -84,3 +87,34 @@ def check_items(items: Sequence[Mapping]) -> None:
         seen.add(it["image_id"])
         if not it.get("references"):
             raise ValueError(f"image {it['image_id']!r} has no reference captions")
+
+
+def token_length(tokenizer, text: str, most: int) -> int:
+    """Caption tokens of ``text`` in ``tokenizer`` (no SOT/EOT), within [1, ``most``]."""
+    return min(most, max(1, len(tokenizer.encode(text))))
+
+
+def reference_lengths(items: Sequence[Mapping], tokenizer, most: int) -> dict:
+    """``{image_id: the median token length of its references}`` (the lower median of an even count),
+    within [1, ``most``]: the length a captioner is asked for when it is matched to the references."""
+    out = {}
+    for it in items:
+        lengths = sorted(token_length(tokenizer, r, most) for r in it["references"])
+        out[it["image_id"]] = lengths[(len(lengths) - 1) // 2]
+    return out
+
+
+class Images:
+    """``images[i]``: the eval-transformed image of ``items[i]`` [3, H, W], decoded once when there are at most
+    ``limit`` items (else at every access)."""
+
+    def __init__(self, items: Sequence[Mapping], image_size: int, limit: int):
+        self.items, self.transform = items, image_transform(image_size, train=False)
+        self.cache: dict[int, torch.Tensor] | None = {} if len(items) <= limit else None
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.cache is None:
+            return self.transform(load_image(self.items[i]))
+        if i not in self.cache:
+            self.cache[i] = self.transform(load_image(self.items[i]))
+        return self.cache[i]

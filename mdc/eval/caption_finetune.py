@@ -19,9 +19,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from mdc.data.formats import load_image
-from mdc.data.transforms import image_transform
-from mdc.eval.caption_data import check_captioner, check_items
+from mdc.eval.caption_data import Images, check_captioner, check_items
 from mdc.optim import fit
 from mdc.options import with_options
 from mdc.tokenizer import TextStats
@@ -80,21 +78,6 @@ class StopRule:
             model.load_state_dict(self.state)
 
 
-class _Images:
-    """The eval-transformed images of ``items``, decoded once when there are at most ``limit`` of them."""
-
-    def __init__(self, items: Sequence[Mapping], image_size: int, limit: int):
-        self.items, self.transform = items, image_transform(image_size, train=False)
-        self.cache: dict[int, torch.Tensor] | None = {} if len(items) <= limit else None
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if self.cache is None:
-            return self.transform(load_image(self.items[i]))
-        if i not in self.cache:
-            self.cache[i] = self.transform(load_image(self.items[i]))
-        return self.cache[i]
-
-
 @torch.no_grad()
 def validation_loss(model, items: Sequence[Mapping], batch_size: int = 32, seed: int = 0, device: str = "cpu") -> float:
     """The mean of ``model.loss`` over every (image, reference) pair of ``items``, in eval mode; MDC's masks
@@ -102,7 +85,7 @@ def validation_loss(model, items: Sequence[Mapping], batch_size: int = 32, seed:
     training mode is restored."""
     was_training = model.training
     model.eval()
-    images = _Images(items, model.config.image_size, len(items))
+    images = Images(items, model.config.image_size, len(items))
     pairs = [(i, ref) for i, it in enumerate(items) for ref in it["references"]]  # P pairs
     kw = {"generator": torch.Generator(device=device).manual_seed(seed)} if model.config.objective == "mdc" else {}
     total = 0.0
@@ -162,7 +145,7 @@ def finetune(model, items: Sequence[Mapping], options: FinetuneOptions | None = 
 def _draws(model, items: Sequence[Mapping], o: FinetuneOptions, text: TextStats):
     """``next_batch()`` of :func:`finetune`: ``batch_size`` images in seeded random epochs, each with one
     reference picked uniformly, tokenized (counted in ``text``); ([B, 3, H, W], [B, L]) on ``device``."""
-    images = _Images(items, model.config.image_size, o.cache_limit)
+    images = Images(items, model.config.image_size, o.cache_limit)
     rng = np.random.default_rng(o.seed)
     order: list[int] = []  # what is left of the current random epoch
 

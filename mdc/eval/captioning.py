@@ -45,8 +45,9 @@ from typing import Mapping, Sequence
 
 import torch
 
-from mdc.eval.caption_data import (FORMATS, check_captioner, check_items, limit, load_caption_items,  # noqa: F401
-                                   load_captioner, resolve_checkpoint)
+from mdc.eval.caption_data import (FORMATS, Images, check_captioner, check_items, limit,  # noqa: F401
+                                   load_caption_items, load_captioner, reference_lengths, resolve_checkpoint,
+                                   token_length)
 from mdc.eval.caption_finetune import FinetuneOptions, finetune  # noqa: F401
 from mdc.eval.caption_generation import generate_captions  # noqa: F401
 from mdc.eval.caption_outputs import (TABLE3_COLUMNS, TABLE3_PREFIX, captioning_results, example_images,  # noqa: F401
