@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import os
+import re
 from dataclasses import asdict
 from typing import Mapping, Sequence
 
@@ -14,39 +15,62 @@ import numpy as np
 from PIL import Image
 
 from mdc.data.formats import Items, load_image
+from mdc.eval.metrics import mean_words
 
 #: Table 3: our metric keys -> the paper's column suffixes (rows: :func:`row_label`).
 TABLE3_COLUMNS = {"bleu4": "bleu4", "meteor": "meteor", "cider": "cider", "spice": "spice", "rouge_l": "rougeL"}
 TABLE3_PREFIX = {"coco": "coco", "flickr30k": "flickr"}
 
 
+#: The matched lengths' tags (mdc.eval.caption_generation) as the rows name them.
+MATCHED = {"ref": "ref. length", "arc": "ARC's length"}
+
+
 def row_label(name: str) -> str:
-    """The paper's row label of a caption set: ``arc-beam6`` -> "ARC (beam 6)", ``mdc-10`` -> "MDC-10"."""
-    if name.startswith("arc-beam"):
-        return f"ARC (beam {name[8:]})"
-    return name.upper()
+    """The row label of a caption set: ``arc-beam6`` -> "ARC (beam 6)", ``mdc-10`` -> "MDC-10" (the paper's),
+    ``arc-greedy`` -> "ARC (greedy)", ``arc-beam6-ref`` -> "ARC (beam 6, ref. length)", ``mdc-arc`` ->
+    "MDC (ARC's length)", ``mdc-ref`` -> "MDC (ref. length)"."""
+    method, _, rest = name.partition("-")
+    decoding, _, tag = rest.partition("-")
+    if method == "arc":
+        decoding = "greedy" if decoding == "greedy" else f"beam {decoding.removeprefix('beam')}"
+        return f"ARC ({decoding}{', ' + MATCHED[tag] if tag else ''})"
+    return f"MDC-{decoding}" if decoding.isdigit() else f"MDC ({MATCHED.get(decoding, decoding)})"
+
+
+def paper_sets(names) -> list[str]:
+    """The caption sets the paper reports (MDC at fixed lengths, ARC's beam search), in ``names``' order: the
+    ones its LLM judge compares and Fig. 6 shows."""
+    return [n for n in names if re.fullmatch(r"mdc-\d+|arc-beam\d+", n)]
 
 
 def _row_order(name: str) -> tuple:
-    return (name.startswith("mdc-"), int(name.split("-")[-1].removeprefix("beam")))
+    """ARC greedy, beam, beam at a matched length; then MDC by length, at ARC's length, at the references'."""
+    method, _, rest = name.partition("-")
+    if method == "arc":
+        return (0, rest != "greedy", rest.count("-"), rest)
+    return (1, not rest.isdigit(), int(rest) if rest.isdigit() else 0, rest)
 
 
 def table3_rows(results: Mapping, dataset: str | None = None) -> list[dict]:
     """Table 3 rows (ARC, then MDC by length; values in percent, as the paper prints them) from
-    a captioning ``results`` dict: ``method``, ``length_<dataset>``, ``<prefix>_bleu4, _meteor,
-    _cider, _spice, _rougeL, _llm_judge`` (prefix coco | flickr) and, beside the paper's columns,
-    :func:`descriptiveness`' ``grounded_words`` and ``repeated`` (%); None where not computed."""
+    a captioning ``results`` dict: ``method``, ``length_<dataset>`` (MDC's fixed length), ``words`` (mean
+    words per caption), ``bp`` (BLEU's brevity penalty, %), ``<prefix>_bleu4, _meteor, _cider, _spice, _rougeL,
+    _llm_judge`` (prefix coco | flickr) and, beside the paper's columns, :func:`descriptiveness`'
+    ``grounded_words`` and ``repeated`` (%); None where not computed."""
     dataset = dataset or results["dataset"]["name"]
     prefix = TABLE3_PREFIX[dataset]
     judge = (results.get("judge") or {}).get("selection_rate") or {}
+    percent = lambda v: None if v is None else 100 * v  # noqa: E731
     rows = []
     for name in sorted(results["metrics"], key=_row_order):
         m = results["metrics"][name]
-        row = {"method": row_label(name), f"length_{dataset}": int(name[4:]) if name.startswith("mdc-") else None}
-        row |= {f"{prefix}_{col}": None if m.get(k) is None else 100 * m[k] for k, col in TABLE3_COLUMNS.items()}
+        fixed = name[4:] if name.startswith("mdc-") and name[4:].isdigit() else None
+        row = {"method": row_label(name), f"length_{dataset}": int(fixed) if fixed else None,
+               "words": m.get("words"), "bp": percent(m.get("bp"))}
+        row |= {f"{prefix}_{col}": percent(m.get(k)) for k, col in TABLE3_COLUMNS.items()}
         row[f"{prefix}_llm_judge"] = 100 * judge[name] if name in judge else None
-        row |= {"grounded_words": m.get("grounded_words"),
-                "repeated": None if m.get("repeated") is None else 100 * m["repeated"]}
+        row |= {"grounded_words": m.get("grounded_words"), "repeated": percent(m.get("repeated"))}
         rows.append(row)
     return rows
 
@@ -100,7 +124,9 @@ def captioning_results(*, dataset: str, items: Items, metrics: Mapping[str, dict
     return {
         "dataset": {"name": dataset, "captions_json": captions_json, "format": captions_format, "split": split,
                     "images_evaluated": len(items), "images_total": getattr(items, "total", len(items)),
-                    "images_missing": len(getattr(items, "missing", ()))},
+                    "images_missing": len(getattr(items, "missing", ())),
+                    "reference_words": mean_words([r for it in items for r in it["references"]]),
+                    "image_ids": sorted((it["image_id"] for it in items), key=str)},
         "metrics": dict(metrics),
         "judge": {k: v for k, v in judge.items() if k not in ("answers", "reason")} if ran else None,
         "unavailable": unavailable,

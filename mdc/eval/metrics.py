@@ -37,6 +37,13 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower())
 
 
+def mean_words(texts: Sequence[str]) -> float:
+    """The mean number of words of ``texts`` (words as :func:`descriptiveness` counts them)."""
+    if not texts:
+        raise ValueError("no texts to count")
+    return sum(len(_words(t)) for t in texts) / len(texts)
+
+
 def descriptiveness(predictions: Mapping, references: Mapping[object, Sequence[str]]) -> dict[str, float]:
     """How much of its image a caption names (the paper's Fig. 6 claim that longer MDC captions
     are more descriptive), averaged over the images of ``{image_id: caption}``:

@@ -199,8 +199,15 @@ def test_caption_options_hold_the_defaults_and_name_an_unknown_option(tmp_path):
                                  save_dir=str(tmp_path / "finetuned"))
     captions, info = cap.caption_checkpoint(str(tmp_path / "mdc"), "mdc", items, items, options)
     again, info_again = cap.caption_checkpoint(str(tmp_path / "mdc"), "mdc", items, items, options, save_dir=None)
-    assert list(captions) == ["mdc-3"] and captions == again
+    assert list(captions) == ["mdc-3", "mdc-ref"] and captions == again  # and at the references' length
     assert info["finetune"]["steps"] == 2 and info["finetune"]["loss"] == info_again["finetune"]["loss"]
+    matched, _ = cap.caption_checkpoint(str(tmp_path / "mdc"), "mdc", items, items, lengths=(3,), batch_size=2,
+                                        match={"arc": {it["image_id"]: "a b" for it in items}})
+    assert list(matched) == ["mdc-3", "mdc-arc", "mdc-ref"]
+    stopped = cap.caption_checkpoint(str(tmp_path / "mdc"), "mdc", items, items, options, save_dir=None,
+                                     val_items=items, finetune_steps=4, finetune_eval_every=2, matched_length=False)
+    assert list(stopped[0]) == ["mdc-3"]
+    assert {"val", "best_step", "stopped", "steps_taken", "eval_every", "patience"} <= set(stopped[1]["finetune"])
     assert info["finetuned"] == str(tmp_path / "finetuned" / "mdc") and info_again["finetuned"] is None
 
 
@@ -283,14 +290,19 @@ def test_llm_judge_skipped_or_failing(tmp_path):
 def test_table3_rows_and_figure(tmp_path):
     results = {"dataset": {"name": "coco"}, "judge": {"selection_rate": {"mdc-10": 0.25, "arc-beam6": 0.75}},
                "metrics": {"mdc-10": {"bleu4": 0.2, "meteor": 0.1, "cider": 0.6, "spice": None, "rouge_l": 0.4,
-                                      "grounded_words": 2.5, "repeated": 0.125},
+                                      "grounded_words": 2.5, "repeated": 0.125, "words": 9.5, "bp": 0.75},
                            "arc-beam6": {"bleu4": 0.1, "meteor": 0.2, "cider": 0.5, "spice": 0.1, "rouge_l": 0.3}}}
     rows = cap.table3_rows(results)
     assert [r["method"] for r in rows] == ["ARC (beam 6)", "MDC-10"]
-    assert rows[1] == {"method": "MDC-10", "length_coco": 10, "coco_bleu4": 20.0, "coco_meteor": 10.0,
+    assert rows[1] == {"method": "MDC-10", "length_coco": 10, "words": 9.5, "bp": 75.0, "coco_bleu4": 20.0, "coco_meteor": 10.0,
                        "coco_cider": 60.0, "coco_spice": None, "coco_rougeL": 40.0, "coco_llm_judge": 25.0,
                        "grounded_words": 2.5, "repeated": 12.5}
-    assert rows[0]["grounded_words"] is None  # results written before the column existed
+    assert rows[0]["grounded_words"] is None and rows[0]["bp"] is None  # results written before the columns existed
+    matched = {"metrics": {n: {"cider": 0.5} for n in ("mdc-ref", "arc-beam6-ref", "mdc-arc", "arc-greedy",
+                                                       "mdc-15", "arc-beam6")}, "dataset": {"name": "coco"}}
+    assert [r["method"] for r in cap.table3_rows(matched)] == [
+        "ARC (greedy)", "ARC (beam 6)", "ARC (beam 6, ref. length)", "MDC-15", "MDC (ARC's length)", "MDC (ref. length)"]
+    assert cap.paper_sets(matched["metrics"]) == ["mdc-15", "arc-beam6"]
     assert "flickr_bleu4" in cap.table3_rows(results, "flickr30k")[0]
     items = _items(tmp_path, 3)
     picked = cap.pick_examples(items, {"mdc-10": {i: "a caption " * 9 for i in range(3)},
