@@ -50,6 +50,18 @@ def _min_lengths(min_length, batch: int, max_length: int, device) -> torch.Tenso
     return m
 
 
+def _length_rules(logp, step: int, max_length: int, minimum, eot: int) -> torch.Tensor:
+    """Next-token log-probs [R, V] after ``step`` caption tokens: only [EOT] at ``max_length`` (out of room),
+    no [EOT] on a row still under its ``minimum`` [R]."""
+    if step == max_length:
+        forced = torch.full_like(logp, -math.inf)
+        forced[:, eot] = logp[:, eot]
+        return forced
+    if step < int(minimum.max()):
+        logp[minimum > step, eot] = -math.inf
+    return logp
+
+
 @torch.no_grad()
 def arc_sample(model, images, max_length: int | None = None, beam_size: int = 1,
                length_penalty: float = 1.0, min_length=0) -> torch.Tensor:
@@ -81,12 +93,7 @@ def arc_sample(model, images, max_length: int | None = None, beam_size: int = 1,
     finished = []  # per step: (normalised score [B, 2K], body [B, 2K, step])
     for step in range(max_length + 1):
         logp = _decode_step(model, seqs[:, -1:], context, cache, start=step)  # [A*K, V]
-        if step == max_length:  # out of room: close every hypothesis
-            forced = torch.full_like(logp, -math.inf)
-            forced[:, tok.eot_id] = logp[:, tok.eot_id]
-            logp = forced
-        elif step < int(minimum.max()):  # too short to end: no [EOT] on rows still under their minimum
-            logp[(minimum[alive] > step).repeat_interleave(K), tok.eot_id] = -math.inf
+        logp = _length_rules(logp, step, max_length, minimum[alive].repeat_interleave(K), tok.eot_id)
         A, V = len(alive), logp.shape[-1]
         top_s, top_i = (scores[:, :, None] + logp.view(A, K, V)).view(A, K * V).topk(min(2 * K, K * V), dim=-1)
         beam, word = top_i // V, top_i % V

@@ -187,15 +187,21 @@ def evaluate_captions(captions_by_model: Mapping[str, Mapping], references: Mapp
                     logger.warning("%s failed for %s: %s", metric, name or "predictions", exn)
                     unavailable(metric, f"{type(exn).__name__}: {exn}", [name])
                     continue
-                scores = score if isinstance(score, list) else [score]
-                out[name].update({k: float(s) for k, s in zip(METRICS[metric], scores)})
-                if metric == "bleu":
-                    out[name]["bp"] = brevity_penalty({i: gts[i] for i in keys}, {i: res[(name, i)] for i in keys})
-                if metric in PER_IMAGE:
-                    out[name][f"{metric}_per_image"] = [round(float(x), PER_IMAGE_DIGITS) for x in per_image]
+                _record(out[name], metric, score, per_image, {i: gts[i] for i in keys}, {i: res[(name, i)] for i in keys})
         finally:
             _close(scorer)
     return out
+
+
+def _record(out: dict, metric: str, score, per_image, gts: Mapping, res: Mapping) -> None:
+    """Write a scorer's corpus score(s) into one model's ``out``, with BLEU's brevity penalty and the
+    per-image scores of :data:`PER_IMAGE`."""
+    scores = score if isinstance(score, list) else [score]
+    out.update({k: float(s) for k, s in zip(METRICS[metric], scores)})
+    if metric == "bleu":
+        out["bp"] = brevity_penalty(gts, res)
+    if metric in PER_IMAGE:
+        out[f"{metric}_per_image"] = [round(float(x), PER_IMAGE_DIGITS) for x in per_image]
 
 
 def caption_metrics(predictions: Mapping, references: Mapping[object, Sequence[str]],
