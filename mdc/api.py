@@ -30,7 +30,7 @@ def generate(model, images, length: int = 15, *, guidance: str | None = None, gu
     beam search (``beam_size``, 1 = greedy); a ``mask_replace`` model: the D3PM reverse process
     (``generator`` drives it). ``guidance`` with ``guidance_strength`` or ``guidance_scale`` (MDC
     only, not both; a ValueError names the conflict): sample under the guided distribution;
-    ``guidance_seed`` seeds MCS's partial-condition masks. Other keywords (``beam_size``,
+    ``guidance_seed`` seeds MCS's partial-condition masks. Other keywords (``beam_size``, ``min_length``,
     ``tokens_per_step``, ``threshold``, ``temperature``, ``generator``, ``return_tokens``,
     ``precision``, ``trace``) as in :func:`mdc.sampler.generate`.
     """

@@ -39,10 +39,36 @@ def _decode_step(model, tokens, context, cache, start):
     return caption_log_probs(model.head(h[:, -1]), model.tokenizer, allow_eot=True)
 
 
+def _min_lengths(min_length, batch: int, max_length: int, device) -> torch.Tensor:
+    """``min_length`` (an int, or one per image) as a LongTensor [B], checked against ``max_length``."""
+    m = torch.as_tensor(min_length, dtype=torch.long, device=device)
+    m = m.expand(batch) if m.ndim == 0 else m
+    if m.shape != (batch,):
+        raise ValueError(f"min_length must be one int or one per image ({batch}); got {tuple(m.shape)} values")
+    if int(m.max()) > max_length:
+        raise ValueError(f"min_length ({int(m.max())}) must not exceed max_length ({max_length})")
+    return m
+
+
+def _length_rules(logp, step: int, max_length: int, minimum, eot: int) -> torch.Tensor:
+    """Next-token log-probs [R, V] after ``step`` caption tokens: only [EOT] at ``max_length`` (out of room),
+    no [EOT] on a row still under its ``minimum`` [R]."""
+    if step == max_length:
+        forced = torch.full_like(logp, -math.inf)
+        forced[:, eot] = logp[:, eot]
+        return forced
+    if step < int(minimum.max()):
+        logp[minimum > step, eot] = -math.inf
+    return logp
+
+
 @torch.no_grad()
 def arc_sample(model, images, max_length: int | None = None, beam_size: int = 1,
-               length_penalty: float = 1.0) -> torch.Tensor:
+               length_penalty: float = 1.0, min_length=0) -> torch.Tensor:
     """Greedy (beam_size=1) or beam search with a KV cache. Returns tokens [B, <= max_length + 2].
+
+    ``min_length`` (an int, or a sequence / LongTensor [B] with one per image): [EOT] is held back until
+    that many caption tokens, its log-probability -inf before (a minimum-length decoding constraint).
 
     Beam search keeps `beam_size` live hypotheses; one that emits [EOT] among the `beam_size`
     best candidates is finished and ranked by sum log p / (number of generated tokens incl. EOT)
@@ -56,6 +82,7 @@ def arc_sample(model, images, max_length: int | None = None, beam_size: int = 1,
     max_length = max_length or model.config.context_length - 2
     model.check_length(max_length)
     B, K, dev = len(images), beam_size, images.device
+    minimum = _min_lengths(min_length, B, max_length, dev)  # [B]
     base = model.context(images)  # [B] images, encoded once
     alive = torch.arange(B, device=dev)  # rows still decoding: A of them
     context, cache = base.repeat(K), [[] for _ in model.decoder.blocks]
@@ -66,10 +93,7 @@ def arc_sample(model, images, max_length: int | None = None, beam_size: int = 1,
     finished = []  # per step: (normalised score [B, 2K], body [B, 2K, step])
     for step in range(max_length + 1):
         logp = _decode_step(model, seqs[:, -1:], context, cache, start=step)  # [A*K, V]
-        if step == max_length:  # out of room: close every hypothesis
-            forced = torch.full_like(logp, -math.inf)
-            forced[:, tok.eot_id] = logp[:, tok.eot_id]
-            logp = forced
+        logp = _length_rules(logp, step, max_length, minimum[alive].repeat_interleave(K), tok.eot_id)
         A, V = len(alive), logp.shape[-1]
         top_s, top_i = (scores[:, :, None] + logp.view(A, K, V)).view(A, K * V).topk(min(2 * K, K * V), dim=-1)
         beam, word = top_i // V, top_i % V

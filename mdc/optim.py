@@ -126,7 +126,7 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler
 
 
 def fit(model: nn.Module, next_batch, steps: int, lr: float, weight_decay: float = 0.1, warmup_steps: int | None = None,
-        grad_clip_norm: float | None = None, loss_kwargs: dict | None = None, loss_fn=None) -> list[float]:
+        grad_clip_norm: float | None = None, loss_kwargs: dict | None = None, loss_fn=None, stop=None) -> list[float]:
     """Train ``model`` in memory: ``steps`` AdamW steps on ``model.loss(*next_batch(), **loss_kwargs)``.
 
     ``next_batch()`` returns the loss's inputs (images, tokens); AdamW with :func:`param_groups`,
@@ -135,7 +135,9 @@ def fit(model: nn.Module, next_batch, steps: int, lr: float, weight_decay: float
     in place of ``model.loss`` (e.g. linear heads on the image features, with ``model`` holding
     every trained module). The loop of the tutorials, of captioning fine-tuning and of the studies'
     in-memory training; pretraining (:mod:`mdc.train`) adds accumulation, DDP and checkpoints around
-    the same :func:`optimizer_step`. Returns the per-step losses; the model is left in eval mode.
+    the same :func:`optimizer_step`. ``stop(step)``, if given, is asked after each step (1-based) whether to
+    stop before ``steps`` (captioning fine-tuning's stopping rule); the schedule stays that of ``steps``.
+    Returns the per-step losses; the model is left in eval mode.
     """
     optimizer = make_optimizer(model, lr, weight_decay)
     scheduler = make_scheduler(optimizer, max(1, steps // 20) if warmup_steps is None else warmup_steps, steps)
@@ -143,10 +145,12 @@ def fit(model: nn.Module, next_batch, steps: int, lr: float, weight_decay: float
     losses = []
     model.train()
     optimizer.zero_grad(set_to_none=True)  # no gradient left over from before
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         loss = loss_fn(*next_batch())
         loss.backward()
         optimizer_step(model, optimizer, scheduler, grad_clip_norm)
         losses.append(loss.item())
+        if stop is not None and stop(step):
+            break
     model.eval()
     return losses

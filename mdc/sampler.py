@@ -17,8 +17,8 @@ from mdc.model import evaluating
 __all__ = ["generate"]
 
 
-def generate(model, images, length: int = 15, *, beam_size: int = 6, generator=None, return_tokens: bool = False,
-             precision: str = "auto", encode=None, **options):
+def generate(model, images, length: int = 15, *, beam_size: int = 6, min_length=None, generator=None,
+             return_tokens: bool = False, precision: str = "auto", encode=None, **options):
     """Captions for `images` [B, 3, H, W]: list[str] (or the token tensor).
 
     A diffusion captioner samples with its noise process (``model.noise.sample``): MDC's absorbing
@@ -27,7 +27,8 @@ def generate(model, images, length: int = 15, *, beam_size: int = 6, generator=N
     samples; ``trace``: a list that receives each step's revealed positions, tokens and confidences,
     see :func:`mdc.absorbing.mdc_sample`); a ``mask_replace`` model runs the D3PM reverse process
     (``generator`` drives it) and refuses those options. ARC: at most `length` tokens, beam search
-    with `beam_size` (1 = greedy). ``precision``: "auto" (bf16 autocast on CUDA, fp32 elsewhere) |
+    with `beam_size` (1 = greedy), [EOT] held back until `min_length` tokens (one int, or one per image;
+    ARC only, :func:`mdc.autoregressive.arc_sample`). ``precision``: "auto" (bf16 autocast on CUDA, fp32 elsewhere) |
     "fp32" | "bf16". ``encode`` makes the caption distribution of the images (MC-Diffusion's
     guidance, wired by :func:`mdc.api.generate`).
     """
@@ -35,13 +36,16 @@ def generate(model, images, length: int = 15, *, beam_size: int = 6, generator=N
         raise ValueError("a CLIP model cannot generate captions; use an 'mdc' or 'arc' model")
     model.check_images(images)
     options = {name: value for name, value in options.items() if value is not None}  # the sampler's defaults else
+    if min_length is not None and model.noise is not None:
+        raise ValueError("min_length holds ARC's [EOT] back; a diffusion captioner writes exactly `length` tokens")
     if model.noise is None and options:
         what = "trace records MDC's unmasking steps" if "trace" in options else \
             f"{sorted(options)} are options of MDC's unmasking sampler"
         raise ValueError(f"{what}; this model samples otherwise (objective {model.config.objective!r})")
     with evaluating(model, precision):
         if model.noise is None:  # ARC: no noise process
-            tokens = arc_sample(model, images, max_length=length, beam_size=beam_size)
+            tokens = arc_sample(model, images, max_length=length, beam_size=beam_size,
+                                min_length=0 if min_length is None else min_length)
         else:
             tokens = model.noise.sample(model, images, length, generator=generator, encode=encode, **options)
     return tokens if return_tokens else model.tokenizer.batch_decode(tokens)

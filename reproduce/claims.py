@@ -68,8 +68,10 @@ Each row's p-value is that of the test its claim is reproduced by (``greater``: 
 verdicts stay per row, at 5%). The build also writes the verdict counts (:func:`summary`) into the
 README and docs/results.md between ``<!-- claims-summary:begin -->`` and ``<!-- claims-summary:end -->``.
 
-Claims that rest on other measurements (compositionality, Table 2; caption length, Fig. 6 and
-Table 3) are not judged here: their tables carry the numbers (docs/results.md).
+Claim 8 (Table 3's captions) is judged in CIDEr-D points at matched length, paired by test image, with the
+same intervals and verdicts (:mod:`reproduce.caption_claims`, which states its margin and one-seed spread).
+Claims that rest on other measurements (compositionality, Table 2; caption length, Fig. 6) are not judged
+here: their tables carry the numbers (docs/results.md).
 """
 from __future__ import annotations
 
@@ -78,11 +80,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reproduce.caption_claims import CAPTION_CLAIMS, CaptionClaim, caption_difference
+from reproduce.caption_claims import FALLBACK_MARGIN as CAPTION_FALLBACK
+from reproduce.caption_claims import SEED_SD as CAPTION_SEED_SD
+from reproduce.caption_claims import margin as caption_margin
 from reproduce.claims_stats import LEVEL, SEED_SD, TASKS, difference, holm, tost_p, two_sided_p
 from reproduce.probe_records import informative_mean, probe_top1
 from reproduce.tables import write_table
 
-__all__ = ["CLAIMS", "Claim", "LEVEL", "SEED_SD", "TASKS", "build", "difference", "margins", "paired_items",
+__all__ = ["CAPTION_CLAIMS", "CLAIMS", "Claim", "LEVEL", "SEED_SD", "TASKS", "build", "difference", "margins", "paired_items",
            "summary", "verdict", "write_block", "write_readme_table"]
 MARGIN_FRACTION = 0.10  # of the caption style's gain over random init (module docstring)
 FALLBACK_MARGIN = 2.0  # points, for a style whose records hold no random-init floor
@@ -268,14 +274,26 @@ def summary(rows: list[dict]) -> str:
 
 
 def _row(c: Claim, runs: list[dict], margin: dict[str, float]) -> dict:
-    """One claim's table row, with its p-value as a float under ``_p`` (None: not run)."""
+    """A probe claim's table row (:func:`_verdict_row`), its margin that of its caption style."""
     style = c.a.get("style")
-    m = margin.get(style, FALLBACK_MARGIN)
-    test = ("two-sided at 0" if c.expect == "greater" else "TOST") + f"; margin +-{m:g}" + (
-        "" if style in margin else " (fixed: no random-init floor recorded)")
+    note = "" if style in margin else " (fixed: no random-init floor recorded)"
+    return _verdict_row(c, lambda: difference(paired_items(runs, c)), margin.get(style, FALLBACK_MARGIN), note)
+
+
+def _caption_row(c: CaptionClaim, runs: list[dict]) -> dict:
+    """A claim-8 row (:mod:`reproduce.caption_claims`): CIDEr-D points, its margin a tenth of ARC's CIDEr."""
+    m = caption_margin(runs)
+    return _verdict_row(c, lambda: caption_difference(runs, c), CAPTION_FALLBACK if m is None else m,
+                        "" if m is not None else " (fixed: no ARC record)")
+
+
+def _verdict_row(c, measure, m: float, note: str) -> dict:
+    """One claim's table row from ``measure()`` (a :func:`difference`), with its p-value as a float under
+    ``_p`` (None: not run)."""
+    test = ("two-sided at 0" if c.expect == "greater" else "TOST") + f"; margin +-{m:g}" + note
     row = {"claim": c.claim, "difference (mean4, points)": c.what, "test at 5%": test}
     try:
-        d = difference(paired_items(runs, c))
+        d = measure()
     except ValueError as exn:
         return {**row, "seeds": "0", "mean": "-", "95% interval": "-", "90% interval": "-", "p": "-",
                 "verdict": f"not run ({exn})", "_p": None}
@@ -295,7 +313,7 @@ def build(runs: list[dict], paper_dir: str, out: str) -> list[str]:
     Holm-adjusted p-value and verdict. Built into the repository's ``figures/``, the README's claim table
     becomes the same table and the README and docs/results.md get its :func:`summary`."""
     margin = margins(runs)
-    rows = [_row(c, runs, margin) for c in CLAIMS]
+    rows = [_row(c, runs, margin) for c in CLAIMS] + [_caption_row(c, runs) for c in CAPTION_CLAIMS]
     ran = [i for i, r in enumerate(rows) if r["_p"] is not None]
     adjusted = dict(zip(ran, holm([rows[i]["_p"] for i in ran])))
     rows = [{**{k: v for k, v in r.items() if k not in ("_p", "verdict")},
@@ -304,7 +322,9 @@ def build(runs: list[dict], paper_dir: str, out: str) -> list[str]:
     anchors = ", ".join(f"{s} +-{m:g}" for s, m in sorted(margin.items())) or "none recorded"
     files = write_table(
         rows, os.path.join(out, "claims"),
-        f"The paper's probe claims: difference in mean4 points, mean over seeds of the paired per-seed "
+        f"The paper's probe claims: difference in mean4 points (claim 8: in CIDEr-D points, paired by test image, "
+        f"its margin a tenth of ARC's CIDEr, its one-seed spread {CAPTION_SEED_SD:g} points; "
+        f"reproduce/caption_claims.py), mean over seeds of the paired per-seed "
         f"difference; 95% interval from the seeds' spread (Student's t, seeds - 1 df) and the test items' "
         f"(normal; the same items in every seed), each with its own quantile; the 90% interval likewise "
         f"(for two one-sided tests, TOST). With one seed the seeds' spread is taken as {SEED_SD:g} points and "

@@ -85,23 +85,25 @@ def half_width(d: dict, p: float) -> float:
     return math.sqrt(z**2 * d["v_items"] + q**2 * d["v_seeds"])
 
 
-def difference(pairs: list[tuple[dict, dict]], seed_sd: float = SEED_SD, level: float = LEVEL) -> dict:
+def difference(pairs: list[tuple[dict, dict]], seed_sd: float = SEED_SD, level: float = LEVEL,
+               tasks: tuple[str, ...] = TASKS) -> dict:
     """Mean over seeds of mean4(a) - mean4(b), in points, and its intervals (module docstring):
     ``low``/``high`` at ``level``, ``tost_low``/``tost_high`` at 1 - 2 (1 - level) for TOST; ``v_items``
     and ``v_seeds``; ``seeds``; ``per_seed`` (the d_s). ``seed_sd`` (points) stands for the seeds' spread
-    with one seed."""
+    with one seed. ``tasks``: the keys of each side's per-item outcomes, averaged with equal weight (mean4's
+    four tasks; claim 8's one, per-image CIDEr-D as a fraction, so that 100 x is CIDEr points)."""
     if not pairs:
         raise ValueError("no seed has runs on both sides")
     k = len(pairs)
-    if any(len({len(p[side][t]) for p in pairs}) > 1 for t in TASKS for side in (0, 1)):
+    if any(len({len(p[side][t]) for p in pairs}) > 1 for t in tasks for side in (0, 1)):
         raise ValueError("every seed must be probed on the same test items")
-    D = {t: np.stack([a[t].astype(float) - b[t].astype(float) for a, b in pairs]) for t in TASKS}  # [k, N_t]
-    per_seed = 100 * np.mean([D[t].mean(1) for t in TASKS], axis=0)  # [k] d_s
-    v_items = 100**2 / len(TASKS)**2 * sum(D[t].mean(0).var(ddof=1) / D[t].shape[1] for t in TASKS)
+    D = {t: np.stack([a[t].astype(float) - b[t].astype(float) for a, b in pairs]) for t in tasks}  # [k, N_t]
+    per_seed = 100 * np.mean([D[t].mean(1) for t in tasks], axis=0)  # [k] d_s
+    v_items = 100**2 / len(tasks)**2 * sum(D[t].mean(0).var(ddof=1) / D[t].shape[1] for t in tasks)
     v_seeds = seed_sd**2 if k == 1 else per_seed.var(ddof=1) / k
     mean = float(per_seed.mean())
     out = {"seeds": k, "mean": mean, "v_items": float(v_items), "v_seeds": float(v_seeds),
-           "per_seed": [float(x) for x in per_seed], "items": int(sum(D[t].shape[1] for t in TASKS))}
+           "per_seed": [float(x) for x in per_seed], "items": int(sum(D[t].shape[1] for t in tasks))}
     for name, p in (("", 1 - (1 - level) / 2), ("tost_", level)):
         half = half_width(out, p)
         out[f"{name}low"], out[f"{name}high"] = mean - half, mean + half

@@ -181,7 +181,8 @@ def _captioning(run: Run, cost: Cost, runs: dict[str, Run]) -> None:
         f += captioner.generate(COCO_TEST_IMAGES, decoder, forward_flops(name, objective, "head"), p)
         cost.params = num_params(name, objective)
     cost.flops = f
-    cost.notes.append(f"fine-tunes MDC and ARC ({steps} steps x {batch}), captions {COCO_TEST_IMAGES:,} test images")
+    cost.notes.append(f"fine-tunes MDC and ARC (at most {steps} steps x {batch}: the stopping rule may end it sooner), "
+                      f"captions {COCO_TEST_IMAGES:,} test images")
 
 
 def plan(runs: list[Run], out: str, environ=None) -> list[Cost]:

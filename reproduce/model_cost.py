@@ -76,15 +76,22 @@ def _mdc_score(row: float, head: float, n: int, p: dict) -> float:
     return 2 * (elbo + heuristic)
 
 
+MATCHED_TOKENS = 12  # the sets at matched length (ARC's, the references'): a COCO caption's tokens
+
+
 def _mdc_generate(images: int, decoder: Callable[[int], float], head: float, p: dict) -> float:
-    """MDC-10/15/20: N steps of N + 2 tokens, the head at the masked ones."""
-    return images * sum(k * decoder(k + 2) + k * (k + 1) / 2 * head for k in p.get("lengths", (10, 15, 20)))
+    """MDC-10/15/20 and, matched, two sets of about a caption's length: N steps of N + 2 tokens, the head at
+    the masked ones."""
+    ks = list(p.get("lengths", (10, 15, 20))) + [MATCHED_TOKENS] * 2 * bool(p.get("matched_length", True))
+    return images * sum(k * decoder(k + 2) + k * (k + 1) / 2 * head for k in ks)
 
 
 def _arc_generate(images: int, decoder: Callable[[int], float], head: float, p: dict) -> float:
-    """Beam 6 over 20 tokens, KV-cached: a token's share of a 22-token row, and the head."""
-    beam, k = int(p.get("beam_size", 6)), 20
-    return images * beam * k * (decoder(k + 2) / (k + 2) + head)
+    """Beam 6 (and, matched, beam 6 again with [EOT] held back) and greedy over 20 tokens, KV-cached: a
+    token's share of a 22-token row, and the head."""
+    beams = int(p.get("beam_size", 6)) * (1 + bool(p.get("matched_length", True))) + bool(p.get("arc_greedy", True))
+    k = 20
+    return images * beams * k * (decoder(k + 2) / (k + 2) + head)
 
 
 OBJECTIVES = {

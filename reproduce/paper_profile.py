@@ -148,7 +148,8 @@ def _evaluation_runs(pre: list[Run], seed: int, probe_roots: dict) -> list[Run]:
                          arc_checkpoint=f"{{run:pretrain/vit-b-16-arc-alt-s{seed}}}",
                          captions_json=env("MDC_COCO_KARPATHY"), captions_format="karpathy",
                          image_root=env("MDC_COCO_IMAGES"), train_split=["train", "restval"],
-                         finetune_steps=5000, device="cuda", seed=seed,
+                         finetune_steps=5000, finetune_eval_every=250, finetune_val_images=1000, device="cuda",
+                         seed=seed,
                          output_dir=f"{{run:captioning/coco-s{seed}}}"),
                     deps=(f"pretrain/vit-b-16-mdc-alt-s{seed}", f"pretrain/vit-b-16-arc-alt-s{seed}"),
                     artifacts=("table3", "fig6"), labels=dict(seed=seed), timeout_s=DAY))

@@ -108,16 +108,21 @@ def grid_cells(records: list[dict], floor: bool) -> dict[str, str]:
 
 
 def table3(runs: list[dict], paper_dir: str, out: str) -> list[str]:
-    """Table 3: captioning metrics per caption set (ARC beam 6, MDC-10/15/20) with the paper's COCO rows."""
+    """Table 3: captioning metrics per caption set (ARC beam 6, MDC-10/15/20 with the paper's COCO rows;
+    beside them ARC greedy and the sets at matched length), each with its mean length in words and BLEU's
+    brevity penalty."""
     paper = {p["method"]: p for p in paper_table(paper_dir, "table3_captioning")}
     per_method = defaultdict(list)
+    reference_words = []
     for r in runs:
         if r["notebook"] == "captioning" and "table3" in r["artifacts"]:
+            reference_words.append(r["record"]["results"]["dataset"].get("reference_words"))
             for row in table3_rows(r["record"]["results"], "coco"):
                 per_method[row.pop("method")].append(row)
     rows = []
     for method, vals in per_method.items():
-        row = {"method": method, "seeds": str(len(vals))}
+        row = {"method": method, "seeds": str(len(vals)), "words": cell([v.get("words") for v in vals], scale=1.0),
+               "BP (%)": cell([v.get("bp") for v in vals], scale=1.0)}
         for c in ("coco_bleu4", "coco_meteor", "coco_cider", "coco_spice", "coco_rougeL", "coco_llm_judge"):
             row[c.removeprefix("coco_")] = cell([v.get(c) for v in vals], scale=1.0)
             ref = paper.get(method)
@@ -127,8 +132,12 @@ def table3(runs: list[dict], paper_dir: str, out: str) -> list[str]:
         rows.append(row)
     return write_table(rows, os.path.join(out, "table3_captioning"),
                        "Table 3: captioning on the held-out references (pycocoevalcap, x100); paper: MSCOCO. "
-                       "Beside them (not in the paper): distinct words of a caption found in its image's "
-                       "references, and the share of its words that repeat an earlier one")
+                       "Beside them (not in the paper): a caption set's mean length in words (references: "
+                       f"{cell(reference_words, scale=1.0)}) and BLEU's brevity penalty BP (below 100: shorter than "
+                       "the closest references); ARC greedy; the sets at matched length: MDC at ARC's length and "
+                       "at the references' median length per image, ARC's beam with [EOT] held back to the "
+                       "references' length; distinct words of a caption found in its image's references, and the "
+                       "share of its words that repeat an earlier one")
 
 
 def table4(runs: list[dict], paper_dir: str, out: str) -> list[str]:

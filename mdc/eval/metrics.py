@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import os
 import re
 import socket
@@ -17,9 +18,13 @@ from typing import Mapping, Sequence
 
 logger = logging.getLogger(__name__)
 
-#: pycocoevalcap scorers -> the names they report under.
-METRICS = {"bleu": ("bleu1", "bleu2", "bleu3", "bleu4"), "meteor": ("meteor",), "rouge_l": ("rouge_l",),
+#: pycocoevalcap scorers -> the names they report under (bp: BLEU's brevity penalty, :func:`brevity_penalty`).
+METRICS = {"bleu": ("bleu1", "bleu2", "bleu3", "bleu4", "bp"), "meteor": ("meteor",), "rouge_l": ("rouge_l",),
            "cider": ("cider",), "spice": ("spice",)}
+#: Metrics whose per-image scores are kept (under ``<metric>_per_image``, in the images' sorted order):
+#: CIDEr-D's corpus score is the mean of its per-image scores, so a paired difference reads them.
+PER_IMAGE = ("cider",)
+PER_IMAGE_DIGITS = 4  # fractions rounded to 1e-4 (0.01 CIDEr points): the run records stay small
 SPICE_DOWNLOAD_TIMEOUT = 60  # seconds per socket operation while SPICE fetches its CoreNLP jars
 #: Words that name nothing in an image: articles, conjunctions, prepositions, copulas, pronouns.
 FUNCTION_WORDS = frozenset("a an the and or but of on in at to with without from by for as into onto near "
@@ -30,6 +35,13 @@ DESCRIPTIVENESS = ("words", "content_words", "grounded_words", "repeated")
 
 def _words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def mean_words(texts: Sequence[str]) -> float:
+    """The mean number of words of ``texts`` (words as :func:`descriptiveness` counts them)."""
+    if not texts:
+        raise ValueError("no texts to count")
+    return sum(len(_words(t)) for t in texts) / len(texts)
 
 
 def descriptiveness(predictions: Mapping, references: Mapping[object, Sequence[str]]) -> dict[str, float]:
@@ -54,6 +66,21 @@ def descriptiveness(predictions: Mapping, references: Mapping[object, Sequence[s
     if not rows:
         raise ValueError("no captions to measure")
     return {key: sum(r[k] for r in rows) / len(rows) for k, key in enumerate(DESCRIPTIVENESS)}
+
+
+def brevity_penalty(references: Mapping, captions: Mapping) -> float:
+    """BLEU's corpus brevity penalty BP = min(1, exp(1 - r/c)), as pycocoevalcap computes it: c the summed
+    length of the captions (``{key: [caption]}``), r the summed length of each caption's closest reference
+    (``{key: [references]}``; a tie goes to the shorter), both in whitespace tokens of the PTB-tokenized text.
+    BLEU-n is BP times the geometric mean of the n-gram precisions, so BP < 1 says the captions are
+    shorter than the references and by how much BLEU is cut for it."""
+    c = r = 0
+    for key, (caption,) in captions.items():
+        n = len(caption.split())
+        c += n
+        r += min((abs(len(ref.split()) - n), len(ref.split())) for ref in references[key])[1]
+    ratio = (c + 1e-15) / (r + 1e-9)  # pycocoevalcap's guards against zero
+    return 1.0 if ratio >= 1 else math.exp(1 - 1 / ratio)
 
 
 def _scorer(metric: str):
@@ -108,7 +135,9 @@ def ptb_tokenize(captions: Mapping) -> dict:
 def evaluate_captions(captions_by_model: Mapping[str, Mapping], references: Mapping[object, Sequence[str]],
                       metrics: Sequence[str] = tuple(METRICS)) -> dict[str, dict]:
     """:func:`caption_metrics` of several models at once (one tokenizer run, one METEOR process),
-    each with its :func:`descriptiveness` (which needs no tokenizer and is always computed)."""
+    each with its :func:`descriptiveness` (which needs no tokenizer and is always computed), BLEU's
+    brevity penalty ``bp`` beside BLEU, and the per-image scores of :data:`PER_IMAGE` (``cider_per_image``,
+    in the order of the model's image ids sorted as strings)."""
     unknown = set(metrics) - set(METRICS)
     if unknown:
         raise ValueError(f"unknown metrics {sorted(unknown)}; choose from {list(METRICS)}")
@@ -152,16 +181,27 @@ def evaluate_captions(captions_by_model: Mapping[str, Mapping], references: Mapp
                 keys = sorted(predictions, key=str)
                 try:
                     with contextlib.redirect_stdout(io.StringIO()):
-                        score, _ = scorer.compute_score({i: gts[i] for i in keys}, {i: res[(name, i)] for i in keys})
+                        score, per_image = scorer.compute_score({i: gts[i] for i in keys},
+                                                                 {i: res[(name, i)] for i in keys})
                 except Exception as exn:
                     logger.warning("%s failed for %s: %s", metric, name or "predictions", exn)
                     unavailable(metric, f"{type(exn).__name__}: {exn}", [name])
                     continue
-                scores = score if isinstance(score, list) else [score]
-                out[name].update({k: float(s) for k, s in zip(METRICS[metric], scores)})
+                _record(out[name], metric, score, per_image, {i: gts[i] for i in keys}, {i: res[(name, i)] for i in keys})
         finally:
             _close(scorer)
     return out
+
+
+def _record(out: dict, metric: str, score, per_image, gts: Mapping, res: Mapping) -> None:
+    """Write a scorer's corpus score(s) into one model's ``out``, with BLEU's brevity penalty and the
+    per-image scores of :data:`PER_IMAGE`."""
+    scores = score if isinstance(score, list) else [score]
+    out.update({k: float(s) for k, s in zip(METRICS[metric], scores)})
+    if metric == "bleu":
+        out["bp"] = brevity_penalty(gts, res)
+    if metric in PER_IMAGE:
+        out[f"{metric}_per_image"] = [round(float(x), PER_IMAGE_DIGITS) for x in per_image]
 
 
 def caption_metrics(predictions: Mapping, references: Mapping[object, Sequence[str]],

@@ -28,16 +28,19 @@ def test_arc_loss_is_teacher_forced_mean(images):
     torch.testing.assert_close(model.loss(images, tokens), total / n)
 
 
-def _plain_greedy(model, images, max_length):
-    """ARC greedy decoding without any cache: re-run the decoder on the whole prefix."""
+def _plain_greedy(model, images, max_length, min_lengths=None):
+    """ARC greedy decoding without any cache: re-run the decoder on the whole prefix; [EOT] banned
+    before ``min_lengths[b]`` caption tokens."""
     tok = model.tokenizer
     outs = []
     with torch.no_grad():
-        for img in images:
+        for b, img in enumerate(images):
             seq = [tok.sot_id]
             for _ in range(max_length):
                 logp = model(img[None], torch.tensor([seq]))[0, -1]
                 logp[[i for i in banned_ids(tok) if i != tok.eot_id]] = -math.inf
+                if min_lengths is not None and len(seq) - 1 < min_lengths[b]:
+                    logp[tok.eot_id] = -math.inf
                 nxt = int(logp.argmax())
                 if nxt == tok.eot_id:
                     break
@@ -54,6 +57,26 @@ def test_arc_greedy_kv_cache_equals_plain_loop(images):
     model = small_model("arc").eval()
     got = arc_sample(model, images, max_length=6, beam_size=1)
     assert _rows(got, model.tokenizer.eot_id) == _plain_greedy(model, images, 6)
+
+
+def test_eot_held_back_until_the_minimum_length(images):
+    """[EOT] is banned before min_length caption tokens (one for the batch, or one per image), in greedy
+    decoding as in a plain loop, and in beam search every finished caption has at least that many tokens."""
+    model = small_model("arc").eval()
+    eot = model.tokenizer.eot_id
+    free = [len(r) - 2 for r in _rows(arc_sample(model, images, 8, beam_size=1), eot)]
+    per_image = [min(8, n + 2 + i % 2) for i, n in enumerate(free)]  # longer than each image's free caption
+    for minimum in (5, per_image, torch.tensor(per_image)):
+        want = [minimum] * len(images) if isinstance(minimum, int) else list(minimum)
+        got = _rows(arc_sample(model, images, 8, beam_size=1, min_length=minimum), eot)
+        assert got == _plain_greedy(model, images, 8, [int(m) for m in want])
+        beams = _rows(arc_sample(model, images, 8, beam_size=3, min_length=minimum), eot)
+        assert all(len(r) - 2 >= int(m) for r, m in zip(beams, want))
+    assert _rows(arc_sample(model, images, 8, beam_size=1, min_length=0), eot) == _plain_greedy(model, images, 8)
+    with pytest.raises(ValueError, match="min_length"):
+        arc_sample(model, images, 4, min_length=5)
+    with pytest.raises(ValueError, match="min_length"):
+        arc_sample(model, images, 8, min_length=[3, 4])  # not one per image
 
 
 def test_beam_one_equals_greedy_and_beam_search_runs(images):

@@ -35,3 +35,12 @@ def test_generate_never_returns_banned_ids(images):
         out = mdc.generate(arc, images, length=6, beam_size=beam, return_tokens=True)
         body = [r[1 : r.index(tok.eot_id)] for r in out.tolist()]
         assert not any(set(b) & set(banned_ids(tok)) for b in body)
+
+
+def test_min_length_holds_arcs_end_back_and_is_refused_for_mdc(images):
+    arc = small_model("arc").eval()
+    eot = arc.tokenizer.eot_id
+    out = mdc.generate(arc, images, length=8, beam_size=2, min_length=[6, 7, 8, 6], return_tokens=True)
+    assert all(r.index(eot) - 1 >= m for r, m in zip(out.tolist(), [6, 7, 8, 6]))
+    with pytest.raises(ValueError, match="min_length.*ARC"):
+        mdc.generate(small_model(), images, length=5, min_length=3)  # MDC writes exactly `length` tokens

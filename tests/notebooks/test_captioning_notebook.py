@@ -29,21 +29,26 @@ def test_captioning_notebook_smoke(tmp_path, run_notebook, checkpoints, fake_jud
     results = record["results"]
     assert set(results) == {"dataset", "metrics", "judge", "unavailable", "checkpoints", "finetune", "files", "examples"}
     assert len(results["examples"]) == 3 and all(os.path.isfile(e["image_path"]) for e in results["examples"])
-    assert results["dataset"] | {"captions_json": None} == {
-        "name": "coco", "captions_json": None, "format": "karpathy", "split": "test",
-        "images_evaluated": 3, "images_total": 4, "images_missing": 0}
-    assert list(results["metrics"]) == ["mdc-10", "mdc-15", "mdc-20", "arc-beam6"]
+    dataset = results["dataset"]
+    assert dataset | {"captions_json": None, "reference_words": None} == {
+        "name": "coco", "captions_json": None, "format": "karpathy", "split": "test", "reference_words": None,
+        "images_evaluated": 3, "images_total": 4, "images_missing": 0, "image_ids": dataset["image_ids"]}
+    assert len(dataset["image_ids"]) == 3 and dataset["reference_words"] > 3
+    assert list(results["metrics"]) == ["arc-greedy", "arc-beam6", "arc-beam6-ref", "mdc-10", "mdc-15", "mdc-20",
+                                        "mdc-arc", "mdc-ref"]  # ARC first: MDC is matched to its lengths
     for m in results["metrics"].values():
         assert m["bleu4"] is not None and m["cider"] is not None and m["meteor"] is None and m["spice"] is None
+        assert 0 < m["bp"] <= 1 and m["words"] > 0 and len(m["cider_per_image"]) == 3
     assert results["unavailable"] == {"meteor": "not requested", "spice": "not requested"}
     judge = results["judge"]
-    assert judge["images"] == 3 and judge["valid"] + judge["invalid"] == 3 and len(judge["models"]) == 4
+    assert judge["images"] == 3 and judge["valid"] + judge["invalid"] == 3 and len(judge["models"]) == 4  # the paper's
     assert set(results["finetune"]) == {"mdc", "arc"} and len(results["finetune"]["arc"]["loss"]) == 2
+    assert [s for s, _ in results["finetune"]["mdc"]["val"]] == [0, 2]  # the stopping rule read the validation loss
     assert results["checkpoints"]["arc"]["path"] == checkpoints[1]
     assert os.path.isdir(results["checkpoints"]["mdc"]["finetuned"])
     predictions = json.loads(open(results["files"]["predictions"]).read())
     assert len(predictions["mdc-15"]) == 3 and all(len(c.split()) <= 15 for c in predictions["mdc-15"].values())
-    assert open(results["files"]["table"]).readline().startswith("method,length_coco,coco_bleu4")
+    assert open(results["files"]["table"]).readline().startswith("method,length_coco,words,bp,coco_bleu4")
     assert os.path.isfile(results["files"]["figure"]) and os.path.isfile(results["files"]["judge_answers"])
     assert os.path.isfile(out / "fig6_captions.pdf")
 

@@ -204,8 +204,10 @@ def test_the_claims_table_from_records_shaped_as_the_registry_writes_them(tmp_pa
     files = registry.build_artifacts(records, str(tmp_path / "figures"), "unused", ["claims"])
     table = open(files["claims"][0]).read()
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == len(claims.CLAIMS) + len(claims.CAPTION_CLAIMS)
+    assert all("not run (no captioning run" in row[-1] for row in rows[len(claims.CLAIMS):])  # no captioning here
+    rows = rows[: len(claims.CLAIMS)]
     by_what = {row[1]: row for row in rows}
-    assert len(rows) == len(claims.CLAIMS)
     verdicts = {what: row[-1].rstrip(" |") for what, row in by_what.items()}
     assert verdicts["MDC - CLIP, descriptive"] == "reproduced" and verdicts["MDC - BERT 15%, alt"] == "reproduced"
     assert verdicts["MDC - ARC, descriptive"] in ("reproduced", "not resolved")
@@ -222,6 +224,8 @@ def test_a_claim_without_runs_says_so(tmp_path):
     assert open(files["claims"][0]).read().count("not run (no seed has runs on both sides)") == len(claims.CLAIMS)
     assert os.path.isfile(files["claims"][1]) and os.path.isfile(files["claims"][2])
 
+
+ROWS = claims.CLAIMS + claims.CAPTION_CLAIMS  # the probe claims' rows and claim 8's
 
 README = """# Title
 
@@ -264,7 +268,7 @@ def test_only_a_build_into_the_repositorys_figures_rewrites_its_readme(tmp_path,
     assert (tmp_path / "README.md").read_bytes() == README.encode()
     files = claims.build([], "unused", str(tmp_path / "figures"))
     table = "".join(line for line in open(files[0]) if line.startswith("|"))
-    assert table.count("not run (") == len(claims.CLAIMS)
+    assert table.count("not run (") == len(ROWS)
     assert claims.BEGIN + "\n" + table + claims.END in (tmp_path / "README.md").read_text()
 
 
@@ -277,9 +281,9 @@ def test_the_verdict_counts_are_written_by_the_build_not_typed(tmp_path, monkeyp
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "results.md").write_text("# Results\n\n" + block + "More.\n")
     claims.build([], "unused", str(tmp_path / "figures"))
-    want = (f"Of the {len(claims.CLAIMS)} claim rows, each tested at 5%: 0 reproduced, 0 contradicted, 0 with no "
-            f"effect of the margin's size, 0 not resolved, {len(claims.CLAIMS)} not run; 0 of the 0 reproduced rows "
-            f"keep p < 0.05 after Holm's adjustment over the {len(claims.CLAIMS)} rows.")
+    want = (f"Of the {len(ROWS)} claim rows, each tested at 5%: 0 reproduced, 0 contradicted, 0 with no "
+            f"effect of the margin's size, 0 not resolved, {len(ROWS)} not run; 0 of the 0 reproduced rows "
+            f"keep p < 0.05 after Holm's adjustment over the {len(ROWS)} rows.")
     for doc in (tmp_path / "README.md", tmp_path / "docs" / "results.md"):
         assert stale not in doc.read_text() and f"{claims.SUMMARY[0]}\n{want}\n{claims.SUMMARY[1]}" in doc.read_text()
     assert (tmp_path / "docs" / "results.md").read_text().endswith(claims.SUMMARY[1] + "\nMore.\n")

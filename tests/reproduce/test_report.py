@@ -3,8 +3,8 @@ run index, byte for byte.
 
 The index mimics the registry's wiring (two seeds of the probe runs, Table 2's three scorers, two
 captioning runs); the expected digests are those of the tables the builders wrote before they
-moved out of ``mdc`` (mdc/report.py), Table 1's since it gained the pretraining-loss column, so a change
-to any table's bytes shows up here.
+moved out of ``mdc`` (mdc/report.py), Table 1's since it gained the pretraining-loss column, Table 3's since
+it gained the length columns (words, BP), so a change to any table's bytes shows up here.
 """
 import hashlib
 import json
@@ -29,9 +29,9 @@ EXPECTED = {
     "table2_compositionality.csv": "f1591da84e06d5d0",
     "table2_compositionality.md": "68c1ebd9be665829",
     "table2_compositionality.tex": "847f483f07b9abdb",
-    "table3_captioning.csv": "2e6384557db7f151",
-    "table3_captioning.md": "b718a96f50e4b5d5",
-    "table3_captioning.tex": "6b1cf536494604a9",
+    "table3_captioning.csv": "68dcf55789d2abc6",
+    "table3_captioning.md": "8285f01cd33c5b17",
+    "table3_captioning.tex": "0ee27e43b466e0f7",
     "table4_time_weighting.csv": "bba00b6b94c15522",
     "table4_time_weighting.md": "2158bf74282a8eef",
     "table4_time_weighting.tex": "0cce0a77195d1fc2",
@@ -52,7 +52,7 @@ def _probe(rng) -> dict:
 def synthetic_index(folder) -> tuple[str, list[str]]:
     """Run records in ``folder``/records, shaped as a reproduction writes them; returns that folder and
     the runs in the registry's order."""
-    rng = np.random.default_rng(0)
+    rng, lengths = np.random.default_rng(0), np.random.default_rng(1)
     index = {}
 
     def add(name, notebook, results, artifacts, labels):
@@ -84,9 +84,12 @@ def synthetic_index(folder) -> tuple[str, list[str]]:
                           "cider": float(rng.uniform(0, 1.5)), "spice": None, "rouge_l": float(rng.uniform(0, 0.6)),
                           "grounded_words": float(rng.uniform(0, 4)), "repeated": float(rng.uniform(0, 0.6))}
                    for name in ("arc-beam6", "mdc-10", "mdc-15", "mdc-20")}
+        for name, m in metrics.items():  # the length columns, from their own draws (the others' values stay)
+            m |= {"words": float(lengths.uniform(5, 20)), "bp": float(lengths.uniform(0.3, 1.0))}
         judge = {"selection_rate": {n: 0.25 for n in metrics}} if seed == 0 else None
         add(f"captioning/alt-s{seed}", "captioning",
-            {"dataset": {"name": "coco"}, "metrics": metrics, "judge": judge, "examples": []},
+            {"dataset": {"name": "coco", "reference_words": 14.0 + seed}, "metrics": metrics, "judge": judge,
+             "examples": []},
             ["table3"], dict(style="alt", seed=seed))
     return write_records(os.path.join(folder, "records"), index), list(index)
 

@@ -1,5 +1,6 @@
 """Captioning evaluation: pycocoevalcap metrics, fine-tuning, generation, the LLM judge, loaders, figure."""
 import json
+import math
 
 import numpy as np
 import pytest
@@ -56,6 +57,35 @@ def test_caption_metrics_equal_pycocoevalcap():
     assert 0 < got["bleu4"] < got["bleu1"] < 1 and got["cider"] > 0
     assert got["meteor"] is None and got["spice"] is None
     assert got["unavailable"] == {"meteor": "not requested", "spice": "not requested"}
+    assert 0 < got["bp"] <= 1 and len(got["cider_per_image"]) == len(PREDICTIONS)
+
+
+def test_brevity_penalty_and_per_image_cider_are_pycocoevalcaps():
+    """BLEU's corpus brevity penalty BP = min(1, exp(1 - r/c)) (r: each caption's closest reference length, c:
+    the captions' length, PTB tokens, summed) equals pycocoevalcap's own; the per-image CIDEr-D scores are
+    pycocoevalcap's and average to the corpus CIDEr."""
+    from pycocoevalcap.bleu.bleu_scorer import BleuScorer
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    tok = PTBTokenizer()
+    gts = tok.tokenize({i: [{"caption": r} for r in refs] for i, refs in REFERENCES.items()})
+    short = {1: "a red circle", 2: "a green star above the triangle", 3: "two squares"}
+    res = tok.tokenize({i: [{"caption": c}] for i, c in short.items()})
+    scorer = BleuScorer(n=4)
+    for i in sorted(short):
+        scorer += (res[i][0], gts[i])
+    scorer.compute_score(option="closest")
+    expected = math.exp(1 - scorer._reflen / scorer._testlen)
+    got = cap.evaluate_captions({"short": short, "full": PREDICTIONS}, REFERENCES, metrics=["bleu", "cider"])
+    assert got["short"]["bp"] == pytest.approx(expected, rel=1e-9) and expected < 0.8
+    assert got["full"]["bp"] == 1.0  # as long as its closest references
+    ids = sorted(short, key=str)
+    cider = Cider().compute_score({i: gts[i] for i in ids}, {i: res[i] for i in ids})[1]
+    assert got["short"]["cider_per_image"] == pytest.approx(list(cider), abs=1e-4)
+    assert np.mean(got["short"]["cider_per_image"]) == pytest.approx(got["short"]["cider"], abs=1e-4)
+    none = cap.evaluate_captions({"short": short}, REFERENCES, metrics=["cider"])["short"]
+    assert none["bp"] is None and none["unavailable"]["bp"] == "not requested"
 
 
 def test_descriptiveness_counts_grounded_and_repeated_words():
@@ -169,8 +199,15 @@ def test_caption_options_hold_the_defaults_and_name_an_unknown_option(tmp_path):
                                  save_dir=str(tmp_path / "finetuned"))
     captions, info = cap.caption_checkpoint(str(tmp_path / "mdc"), "mdc", items, items, options)
     again, info_again = cap.caption_checkpoint(str(tmp_path / "mdc"), "mdc", items, items, options, save_dir=None)
-    assert list(captions) == ["mdc-3"] and captions == again
+    assert list(captions) == ["mdc-3", "mdc-ref"] and captions == again  # and at the references' length
     assert info["finetune"]["steps"] == 2 and info["finetune"]["loss"] == info_again["finetune"]["loss"]
+    matched, _ = cap.caption_checkpoint(str(tmp_path / "mdc"), "mdc", items, items, lengths=(3,), batch_size=2,
+                                        match={"arc": {it["image_id"]: "a b" for it in items}})
+    assert list(matched) == ["mdc-3", "mdc-arc", "mdc-ref"]
+    stopped = cap.caption_checkpoint(str(tmp_path / "mdc"), "mdc", items, items, options, save_dir=None,
+                                     val_items=items, finetune_steps=4, finetune_eval_every=2, matched_length=False)
+    assert list(stopped[0]) == ["mdc-3"]
+    assert {"val", "best_step", "stopped", "steps_taken", "eval_every", "patience"} <= set(stopped[1]["finetune"])
     assert info["finetuned"] == str(tmp_path / "finetuned" / "mdc") and info_again["finetuned"] is None
 
 
@@ -253,14 +290,19 @@ def test_llm_judge_skipped_or_failing(tmp_path):
 def test_table3_rows_and_figure(tmp_path):
     results = {"dataset": {"name": "coco"}, "judge": {"selection_rate": {"mdc-10": 0.25, "arc-beam6": 0.75}},
                "metrics": {"mdc-10": {"bleu4": 0.2, "meteor": 0.1, "cider": 0.6, "spice": None, "rouge_l": 0.4,
-                                      "grounded_words": 2.5, "repeated": 0.125},
+                                      "grounded_words": 2.5, "repeated": 0.125, "words": 9.5, "bp": 0.75},
                            "arc-beam6": {"bleu4": 0.1, "meteor": 0.2, "cider": 0.5, "spice": 0.1, "rouge_l": 0.3}}}
     rows = cap.table3_rows(results)
     assert [r["method"] for r in rows] == ["ARC (beam 6)", "MDC-10"]
-    assert rows[1] == {"method": "MDC-10", "length_coco": 10, "coco_bleu4": 20.0, "coco_meteor": 10.0,
+    assert rows[1] == {"method": "MDC-10", "length_coco": 10, "words": 9.5, "bp": 75.0, "coco_bleu4": 20.0, "coco_meteor": 10.0,
                        "coco_cider": 60.0, "coco_spice": None, "coco_rougeL": 40.0, "coco_llm_judge": 25.0,
                        "grounded_words": 2.5, "repeated": 12.5}
-    assert rows[0]["grounded_words"] is None  # results written before the column existed
+    assert rows[0]["grounded_words"] is None and rows[0]["bp"] is None  # results written before the columns existed
+    matched = {"metrics": {n: {"cider": 0.5} for n in ("mdc-ref", "arc-beam6-ref", "mdc-arc", "arc-greedy",
+                                                       "mdc-15", "arc-beam6")}, "dataset": {"name": "coco"}}
+    assert [r["method"] for r in cap.table3_rows(matched)] == [
+        "ARC (greedy)", "ARC (beam 6)", "ARC (beam 6, ref. length)", "MDC-15", "MDC (ARC's length)", "MDC (ref. length)"]
+    assert cap.paper_sets(matched["metrics"]) == ["mdc-15", "arc-beam6"]
     assert "flickr_bleu4" in cap.table3_rows(results, "flickr30k")[0]
     items = _items(tmp_path, 3)
     picked = cap.pick_examples(items, {"mdc-10": {i: "a caption " * 9 for i in range(3)},

@@ -1,0 +1,60 @@
+"""The fine-tuning stopping rule: validation loss every K steps, patience, tolerance, best weights kept."""
+import pytest
+import torch
+from PIL import Image
+
+from conftest import CAPTIONS, small_model
+from mdc.eval import captioning as cap
+from mdc.eval.caption_finetune import StopRule, validation_loss
+
+
+def _items(tmp_path, n=4, offset=0):
+    items = []
+    for i in range(n):
+        path = tmp_path / f"{i + offset}.png"
+        Image.new("RGB", (32, 32), (60 * i % 255, 90, 200)).save(path)
+        items.append({"image_id": i + offset, "image_path": str(path),
+                      "references": [CAPTIONS[i % 4], CAPTIONS[(i + 1) % 4]]})
+    return items
+
+
+def test_the_rule_stops_after_patience_evaluations_without_a_relative_improvement():
+    losses = iter([3.0, 2.5, 2.48, 2.49, 2.485, 1.0])
+    rule = StopRule(lambda: next(losses), every=10, patience=3, tolerance=0.01)
+    model = torch.nn.Linear(2, 2)
+    stop = next(s for s in range(0, 60) if rule.check(model, s))
+    # 2.5 beats 3.0 by more than 1%; 2.48, 2.49, 2.485 do not beat 2.5 by 1% (2.475): the third of them stops it
+    assert stop == 40 and rule.history == [(0, 3.0), (10, 2.5), (20, 2.48), (30, 2.49), (40, 2.485)]
+    assert rule.best_step == 20 and rule.lowest == 2.48  # the lowest loss's weights are kept
+    assert StopRule(lambda: 1.0, every=10, patience=3, tolerance=0.0).check(model, 7, last=True) is False
+
+
+def test_validation_loss_is_the_same_draw_at_every_call(tmp_path):
+    model = small_model("mdc").eval()
+    val = _items(tmp_path)
+    a, b = validation_loss(model, val, batch_size=3), validation_loss(model, val, batch_size=3)
+    assert a == b and a > 0 and not model.training
+
+
+def test_finetune_stops_at_a_plateau_and_keeps_the_best_weights(tmp_path):
+    torch.manual_seed(0)
+    train, val = _items(tmp_path), _items(tmp_path, 2, offset=10)
+    model = small_model("arc")
+    model, log = cap.finetune(model, train, val_items=val, steps=200, batch_size=4, lr=3e-3, eval_every=5,
+                              patience=2, tolerance=0.01)
+    steps = [s for s, _ in log["val"]]
+    assert steps[0] == 0 and all(b - a == 5 for a, b in zip(steps, steps[1:]))
+    assert log["stopped"] == "plateau" and len(log["loss"]) == steps[-1] < 200
+    best = min(loss for _, loss in log["val"])
+    assert dict(map(tuple, log["val"]))[log["best_step"]] == best
+    assert validation_loss(model, val, batch_size=4) == pytest.approx(best, rel=1e-5)  # its weights are back
+    capped = cap.finetune(small_model("arc"), train, val_items=val, steps=6, batch_size=4, lr=1e-3, eval_every=4)[1]
+    assert capped["stopped"] == "cap" and [s for s, _ in capped["val"]] == [0, 4, 6]
+
+
+def test_the_rule_needs_validation_items(tmp_path):
+    with pytest.raises(ValueError, match="val_items"):
+        cap.finetune(small_model("arc"), _items(tmp_path), steps=3, eval_every=2)
+    with pytest.raises(ValueError, match="patience"):
+        cap.finetune(small_model("arc"), _items(tmp_path), val_items=_items(tmp_path), steps=3, eval_every=2,
+                     patience=0)
