@@ -22,10 +22,12 @@ SEED_SD (one seed only, CIDEr points): from the three-seed reference run of ``mi
 e9db34bbab887a3f), whose seed SDs of CIDEr were 13.6 (MDC-10) and 7.3 (ARC): a difference of the two has an
 SD of about sqrt(13.6^2 + 7.3^2) = 15.4 if they vary independently; rounded up to 16.
 
-The margin: MARGIN_FRACTION (10%, as the probe claims' fraction) of ARC (beam 6)'s CIDEr, the mean over the
-seeds in the records: a difference under a tenth of what the reference captioner scores is one we would not
-call a difference in captioning. Without an ARC record, FALLBACK_MARGIN (8 points: a tenth of the reference
-run's 80.1).
+The margin: MARGIN_FRACTION (10%, as the probe claims' fraction of the gain over random init) of what ARC
+(beam 6) gains by reading its image: its CIDEr-D minus its CIDEr-D with each caption scored against another
+image's references (the wrong-image control, :func:`mdc.eval.metrics.another_image_cider`), the mean over the
+seeds in the records. A difference under a tenth of the reference captioner's image-given gain is one we would
+not call a difference in captioning. Without that control in the records (runs before it was kept),
+FALLBACK_MARGIN (8 points: a tenth of the reference run's 80.1 CIDEr).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ __all__ = ["CAPTION_CLAIMS", "CaptionClaim", "SEED_SD", "margin", "paired_images
 
 SEED_SD = 16.0  # CIDEr points: a difference's seed SD with one seed (module docstring)
 MARGIN_FRACTION = 0.10  # of ARC (beam 6)'s CIDEr
-FALLBACK_MARGIN = 8.0  # CIDEr points, without an ARC record
+FALLBACK_MARGIN = 8.0  # CIDEr points, without the wrong-image control of ARC in the records
 REFERENCE = "arc-beam6"  # the caption set the margin is a fraction of
 CLAIM = "8. MDC's captions are comparable to ARC's (Tab. 3)"
 
@@ -92,10 +94,12 @@ def paired_images(runs: list[dict], claim: CaptionClaim) -> list[tuple[dict, dic
 
 
 def margin(runs: list[dict]) -> float | None:
-    """MARGIN_FRACTION of ARC (beam 6)'s mean CIDEr (points) over the captioning runs; None without one."""
-    ciders = [r["record"]["results"]["metrics"].get(REFERENCE, {}).get("cider") for r in _captioning(runs)]
-    ciders = [c for c in ciders if c is not None]
-    return round(MARGIN_FRACTION * 100 * float(np.mean(ciders)), 1) if ciders else None
+    """MARGIN_FRACTION of ARC (beam 6)'s mean gain in CIDEr-D (points) over its wrong-image control across the
+    captioning runs; None where no run holds both."""
+    sets = [r["record"]["results"]["metrics"].get(REFERENCE, {}) for r in _captioning(runs)]
+    gains = [m["cider"] - m["cider_another_image"] for m in sets
+             if m.get("cider") is not None and m.get("cider_another_image") is not None]
+    return round(MARGIN_FRACTION * 100 * float(np.mean(gains)), 1) if gains else None
 
 
 def caption_difference(runs: list[dict], claim: CaptionClaim) -> dict:

@@ -127,6 +127,7 @@ def table3(runs: list[dict], paper_dir: str, out: str) -> list[str]:
             row[c.removeprefix("coco_")] = cell([v.get(c) for v in vals], scale=1.0)
             ref = paper.get(method)
             row[f"{c.removeprefix('coco_')} (paper COCO)"] = paper_cell(ref[c]) if ref else "-"
+        row["cider, another image"] = cell([v.get("coco_cider_another_image") for v in vals], scale=1.0)
         row["grounded words"] = cell([v.get("grounded_words") for v in vals], scale=1.0)
         row["repeated (%)"] = cell([v.get("repeated") for v in vals], scale=1.0)
         rows.append(row)
@@ -136,7 +137,8 @@ def table3(runs: list[dict], paper_dir: str, out: str) -> list[str]:
                        f"{cell(reference_words, scale=1.0)}) and BLEU's brevity penalty BP (below 100: shorter than "
                        "the closest references); ARC greedy; the sets at matched length: MDC at ARC's length and "
                        "at the references' median length per image, ARC's beam with [EOT] held back to the "
-                       "references' length; distinct words of a caption found in its image's references, and the "
+                       "references' length; the wrong-image control: a set's CIDEr-D with each caption scored against "
+                       "another image's references (a captioner that reads its image scores far above it); distinct words of a caption found in its image's references, and the "
                        "share of its words that repeat an earlier one")
 
 

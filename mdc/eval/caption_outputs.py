@@ -57,7 +57,9 @@ def table3_rows(results: Mapping, dataset: str | None = None) -> list[dict]:
     a captioning ``results`` dict: ``method``, ``length_<dataset>`` (MDC's fixed length), ``words`` (mean
     words per caption), ``bp`` (BLEU's brevity penalty, %), ``<prefix>_bleu4, _meteor, _cider, _spice, _rougeL,
     _llm_judge`` (prefix coco | flickr) and, beside the paper's columns, :func:`descriptiveness`'
-    ``grounded_words`` and ``repeated`` (%); None where not computed."""
+    ``grounded_words`` and ``repeated`` (%) and the wrong-image control ``<prefix>_cider_another_image`` (the set's
+    CIDEr-D against another image's references, :func:`mdc.eval.metrics.another_image_cider`); None where not
+    computed."""
     dataset = dataset or results["dataset"]["name"]
     prefix = TABLE3_PREFIX[dataset]
     judge = (results.get("judge") or {}).get("selection_rate") or {}
@@ -70,7 +72,8 @@ def table3_rows(results: Mapping, dataset: str | None = None) -> list[dict]:
                "words": m.get("words"), "bp": percent(m.get("bp"))}
         row |= {f"{prefix}_{col}": percent(m.get(k)) for k, col in TABLE3_COLUMNS.items()}
         row[f"{prefix}_llm_judge"] = 100 * judge[name] if name in judge else None
-        row |= {"grounded_words": m.get("grounded_words"), "repeated": percent(m.get("repeated"))}
+        row |= {"grounded_words": m.get("grounded_words"), "repeated": percent(m.get("repeated")),
+                f"{prefix}_cider_another_image": percent(m.get("cider_another_image"))}
         rows.append(row)
     return rows
 

@@ -57,8 +57,8 @@ from mdc.eval.caption_generation import generate_captions  # noqa: F401
 from mdc.eval.caption_outputs import (MATCHED, TABLE3_COLUMNS, TABLE3_PREFIX, captioning_results,  # noqa: F401
                                       example_images, markdown_table, paper_sets, pick_examples, row_label,
                                       table3_rows, write_outputs)
-from mdc.eval.metrics import (METRICS, brevity_penalty, caption_metrics, descriptiveness,  # noqa: F401
-                              evaluate_captions, mean_words)
+from mdc.eval.metrics import (METRICS, another_image_cider, brevity_penalty, caption_metrics,  # noqa: F401
+                              descriptiveness, evaluate_captions, mean_words)
 from mdc.eval.results import checkpoint_id
 from mdc.options import with_options
 

@@ -12,6 +12,7 @@ import io
 import logging
 import math
 import os
+import random
 import re
 import socket
 from typing import Mapping, Sequence
@@ -214,3 +215,20 @@ def caption_metrics(predictions: Mapping, references: Mapping[object, Sequence[s
     Java, one not in ``metrics``) is None, with the reason under ``unavailable[name]``, logged.
     """
     return evaluate_captions({"": predictions}, references, metrics)[""]
+
+
+def on_another_image(captions: Mapping, seed: int = 0) -> dict:
+    """``{image_id: caption}`` with every caption moved to another image: a seeded cyclic derangement of the ids
+    (sorted as strings), so no caption stays on its own image (given two images or more)."""
+    ids = sorted(captions, key=str)
+    order = random.Random(seed).sample(ids, len(ids))
+    return {order[k]: captions[order[k - 1]] for k in range(len(order))}
+
+
+def another_image_cider(captions_by_model: Mapping[str, Mapping], references: Mapping[object, Sequence[str]],
+                        seed: int = 0) -> dict[str, float | None]:
+    """The wrong-image control of each caption set: CIDEr-D of its captions scored against the references of
+    another image (:func:`on_another_image`), what a set earns without describing the image it is scored on; a
+    captioner that reads its image scores far above it. None where CIDEr cannot be computed."""
+    moved = {name: on_another_image(c, seed) for name, c in captions_by_model.items()}
+    return {name: s["cider"] for name, s in evaluate_captions(moved, references, ["cider"]).items()}

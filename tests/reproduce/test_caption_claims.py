@@ -9,9 +9,10 @@ from reproduce.claims_stats import difference
 IMAGES = 300
 
 
-def _runs(tmp_path, shift: dict, seeds=(0, 1, 2), arc=0.8):
+def _runs(tmp_path, shift: dict, seeds=(0, 1, 2), arc=0.8, another=0.0):
     """Captioning records of the registry's mini runs: ARC beam 6 at CIDEr ``arc`` per image on average, each
-    other set shifted by ``shift[name]`` (fractions), per-image noise shared by the seeds (image difficulty)."""
+    other set shifted by ``shift[name]`` (fractions), per-image noise shared by the seeds (image difficulty);
+    every set at ``another`` against another image's references (the wrong-image control; None: not kept)."""
     rng = np.random.default_rng(0)
     difficulty = rng.normal(0, 0.3, IMAGES)
     index = {}
@@ -23,6 +24,8 @@ def _runs(tmp_path, shift: dict, seeds=(0, 1, 2), arc=0.8):
             per = arc + shift.get(name, 0.0) + difficulty + rng.normal(0, 0.2, IMAGES) + rng.normal(0, 0.02)
             metrics[name] = {"cider": arc + shift.get(name, 0.0),  # the corpus score: their mean
                              "cider_per_image": [round(float(x), 4) for x in per]}
+            if another is not None:
+                metrics[name]["cider_another_image"] = another
         results = {"dataset": {"name": "coco", "image_ids": list(range(IMAGES))}, "metrics": metrics}
         index[r.name] = {"notebook": "captioning", "labels": r.labels, "artifacts": list(r.artifacts),
                          "results": {"kind": "captioning", "results": results}}  # a results file's content
@@ -42,7 +45,7 @@ def test_claim_8_rows_pair_the_sets_at_matched_length(tmp_path):
     rows = _rows(tmp_path, records)
     assert list(rows) == [c.what for c in caption_claims.CAPTION_CLAIMS]
     matched = rows["MDC at ARC's length - ARC (beam 6), CIDEr-D"]
-    assert matched[2] == "TOST; margin +-8" and matched[3] == "3"  # a tenth of ARC's 80 CIDEr points
+    assert matched[2] == "TOST; margin +-8" and matched[3] == "3"  # a tenth of ARC's 80 - 0 CIDEr points
     verdict = lambda row: row[-1].rstrip(" |")  # noqa: E731
     assert verdict(matched) == "reproduced"  # equal within the margin
     assert verdict(rows["MDC - ARC (beam 6), both at the references' length, CIDEr-D"]) == "reproduced"
@@ -52,17 +55,23 @@ def test_claim_8_rows_pair_the_sets_at_matched_length(tmp_path):
 
 
 def test_the_difference_is_in_cider_points_over_the_same_images(tmp_path):
-    records = _runs(tmp_path, {"mdc-arc": 0.05})
+    records = _runs(tmp_path, {"mdc-arc": 0.05}, another=0.3)
     runs = ledger.for_build(ledger.read_all(str(records)))  # the runs as the builders read them
     claim = caption_claims.CAPTION_CLAIMS[0]
     d = caption_claims.caption_difference(runs, claim)
     pairs = caption_claims.paired_images(runs, claim)
     assert d == difference(pairs, seed_sd=caption_claims.SEED_SD, tasks=("cider",))
     assert d["seeds"] == 3 and d["items"] == IMAGES and d["mean"] == pytest.approx(5, abs=2.5)
-    assert caption_claims.margin(runs) == pytest.approx(8.0, abs=0.2)
+    assert caption_claims.margin(runs) == pytest.approx(5.0, abs=0.2)  # a tenth of ARC's gain over another image: 80 - 30
     one = [r for r in runs if r["labels"].get("seed") == 0]
     assert caption_claims.caption_difference(one, claim)["v_seeds"] == caption_claims.SEED_SD ** 2
     runs[1]["record"]["results"]["dataset"]["image_ids"] = list(range(1, IMAGES + 1))
     with pytest.raises(ValueError, match="other test images"):
         caption_claims.paired_images(runs, claim)
     assert "not run (no captioning run holds per-image CIDEr" in claims._caption_row(claim, [])["verdict"]
+
+
+def test_without_the_wrong_image_control_the_margin_falls_back(tmp_path):
+    """Records made before the control was kept: the margin is the fallback's 8 points, and the row says so."""
+    rows = _rows(tmp_path, _runs(tmp_path, {"mdc-arc": 0.0}, another=None))
+    assert rows["MDC at ARC's length - ARC (beam 6), CIDEr-D"][2].startswith("TOST; margin +-8")

@@ -10,6 +10,7 @@ import pycocoevalcap.meteor.meteor as meteor_module
 from mdc.data.formats import load_karpathy_test
 from mdc.data.transforms import image_transform
 from mdc.eval import captioning as cap
+from mdc.eval.metrics import on_another_image
 from mdc.eval.judge import JUDGE_PROMPT, llm_judge, parse_choice
 from mdc.plots import plot_captions
 from conftest import CAPTIONS, small_model
@@ -290,14 +291,16 @@ def test_llm_judge_skipped_or_failing(tmp_path):
 def test_table3_rows_and_figure(tmp_path):
     results = {"dataset": {"name": "coco"}, "judge": {"selection_rate": {"mdc-10": 0.25, "arc-beam6": 0.75}},
                "metrics": {"mdc-10": {"bleu4": 0.2, "meteor": 0.1, "cider": 0.6, "spice": None, "rouge_l": 0.4,
-                                      "grounded_words": 2.5, "repeated": 0.125, "words": 9.5, "bp": 0.75},
+                                      "grounded_words": 2.5, "repeated": 0.125, "words": 9.5, "bp": 0.75,
+                                      "cider_another_image": 0.05},
                            "arc-beam6": {"bleu4": 0.1, "meteor": 0.2, "cider": 0.5, "spice": 0.1, "rouge_l": 0.3}}}
     rows = cap.table3_rows(results)
     assert [r["method"] for r in rows] == ["ARC (beam 6)", "MDC-10"]
     assert rows[1] == {"method": "MDC-10", "length_coco": 10, "words": 9.5, "bp": 75.0, "coco_bleu4": 20.0, "coco_meteor": 10.0,
                        "coco_cider": 60.0, "coco_spice": None, "coco_rougeL": 40.0, "coco_llm_judge": 25.0,
-                       "grounded_words": 2.5, "repeated": 12.5}
+                       "grounded_words": 2.5, "repeated": 12.5, "coco_cider_another_image": 5.0}
     assert rows[0]["grounded_words"] is None and rows[0]["bp"] is None  # results written before the columns existed
+    assert rows[0]["coco_cider_another_image"] is None
     matched = {"metrics": {n: {"cider": 0.5} for n in ("mdc-ref", "arc-beam6-ref", "mdc-arc", "arc-greedy",
                                                        "mdc-15", "arc-beam6")}, "dataset": {"name": "coco"}}
     assert [r["method"] for r in cap.table3_rows(matched)] == [
@@ -315,3 +318,15 @@ def test_table3_rows_and_figure(tmp_path):
     assert all(np.array_equal(np.asarray(t), np.asarray(im.convert("RGB"))) for t, im in zip(thumbs, picked["images"]))
     fig = plot_captions(**picked, path=str(tmp_path / "fig6.png"))
     assert len(fig.axes) == 4 and (tmp_path / "fig6.png").is_file() and (tmp_path / "fig6.pdf").is_file()
+
+
+def test_the_wrong_image_control_moves_every_caption_and_scores_far_below_its_own_image():
+    """another_image_cider: each caption scored against another image's references (a seeded derangement) —
+    the same captions, none on its own image, and a captioner that describes its images falls far below."""
+    moved = on_another_image(PREDICTIONS, seed=0)
+    assert sorted(moved) == sorted(PREDICTIONS) and sorted(moved.values()) == sorted(PREDICTIONS.values())
+    assert all(moved[i] != PREDICTIONS[i] for i in PREDICTIONS)
+    assert moved == on_another_image(PREDICTIONS, seed=0) != on_another_image(PREDICTIONS, 3)
+    control = cap.another_image_cider({"full": PREDICTIONS}, REFERENCES, seed=0)["full"]
+    own = cap.evaluate_captions({"full": PREDICTIONS}, REFERENCES, metrics=["cider"])["full"]["cider"]
+    assert control < 0.2 * own
