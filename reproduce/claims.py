@@ -269,8 +269,10 @@ def summary(rows: list[dict]) -> str:
                                                          if direction else "")]
     if count("not run"):
         parts.append(f"{count('not run')} not run")
+    ran = sum(r["Holm p"] not in ("-", "") for r in rows)  # Holm's family: the rows with a p-value
     return (f"Of the {len(rows)} claim rows, each tested at 5%: {', '.join(parts)}; {held} of the "
-            f"{count('reproduced')} reproduced rows keep p < 0.05 after Holm's adjustment over the {len(rows)} rows.")
+            f"{count('reproduced')} reproduced rows keep p < 0.05 after Holm's adjustment over the {ran} rows "
+            f"that ran.")
 
 
 def _row(c: Claim, runs: list[dict], margin: dict[str, float]) -> dict:
@@ -281,10 +283,11 @@ def _row(c: Claim, runs: list[dict], margin: dict[str, float]) -> dict:
 
 
 def _caption_row(c: CaptionClaim, runs: list[dict]) -> dict:
-    """A claim-8 row (:mod:`reproduce.caption_claims`): CIDEr-D points, its margin a tenth of ARC's CIDEr."""
+    """A claim-8 row (:mod:`reproduce.caption_claims`): CIDEr-D points, its margin a tenth of ARC's gain over its
+    wrong-image control."""
     m = caption_margin(runs)
     return _verdict_row(c, lambda: caption_difference(runs, c), CAPTION_FALLBACK if m is None else m,
-                        "" if m is not None else " (fixed: no ARC record)")
+                        "" if m is not None else " (fixed: no wrong-image control of ARC recorded)")
 
 
 def _verdict_row(c, measure, m: float, note: str) -> dict:
@@ -323,7 +326,7 @@ def build(runs: list[dict], paper_dir: str, out: str) -> list[str]:
     files = write_table(
         rows, os.path.join(out, "claims"),
         f"The paper's probe claims: difference in mean4 points (claim 8: in CIDEr-D points, paired by test image, "
-        f"its margin a tenth of ARC's CIDEr, its one-seed spread {CAPTION_SEED_SD:g} points; "
+        f"its margin a tenth of ARC's gain over its wrong-image control, its one-seed spread {CAPTION_SEED_SD:g} points; "
         f"reproduce/caption_claims.py), mean over seeds of the paired per-seed "
         f"difference; 95% interval from the seeds' spread (Student's t, seeds - 1 df) and the test items' "
         f"(normal; the same items in every seed), each with its own quantile; the 90% interval likewise "
@@ -335,7 +338,7 @@ def build(runs: list[dict], paper_dir: str, out: str) -> list[str]:
         f"inside +-m (TOST), contradicted if the 95% interval lies beyond +-m; otherwise not resolved, with "
         f"the direction named where the 95% interval excludes 0. p: the p-value of the test the claim is "
         f"reproduced by (two-sided at 0, or TOST), consistent with the intervals; Holm p: adjusted by Holm's "
-        f"method over the {len(adjusted)} claim rows. {summary(rows)}")
+        f"method over the {len(adjusted)} claim rows that ran. {summary(rows)}")
     if os.path.realpath(out) == os.path.realpath(os.path.join(ROOT, "figures")):
         with open(files[0]) as f:
             write_readme_table(os.path.join(ROOT, "README.md"), "".join(line for line in f if line.startswith("|")))

@@ -283,7 +283,7 @@ def test_the_verdict_counts_are_written_by_the_build_not_typed(tmp_path, monkeyp
     claims.build([], "unused", str(tmp_path / "figures"))
     want = (f"Of the {len(ROWS)} claim rows, each tested at 5%: 0 reproduced, 0 contradicted, 0 with no "
             f"effect of the margin's size, 0 not resolved, {len(ROWS)} not run; 0 of the 0 reproduced rows "
-            f"keep p < 0.05 after Holm's adjustment over the {len(ROWS)} rows.")
+            f"keep p < 0.05 after Holm's adjustment over the 0 rows that ran.")
     for doc in (tmp_path / "README.md", tmp_path / "docs" / "results.md"):
         assert stale not in doc.read_text() and f"{claims.SUMMARY[0]}\n{want}\n{claims.SUMMARY[1]}" in doc.read_text()
     assert (tmp_path / "docs" / "results.md").read_text().endswith(claims.SUMMARY[1] + "\nMore.\n")
@@ -296,7 +296,7 @@ def test_the_summary_counts_each_verdict_and_the_rows_holm_keeps():
     assert claims.summary(rows) == (
         "Of the 6 claim rows, each tested at 5%: 2 reproduced, 1 contradicted, 1 with no effect of the margin's "
         "size, 2 not resolved (1 of them with a significant direction); 1 of the 2 reproduced rows keep p < 0.05 "
-        "after Holm's adjustment over the 6 rows.")
+        "after Holm's adjustment over the 6 rows that ran.")
 
 
 def test_the_margin_is_a_tenth_of_the_styles_gain_over_random_init():
@@ -311,3 +311,10 @@ def test_the_margin_is_a_tenth_of_the_styles_gain_over_random_init():
     runs = [run("MDC", "alt", 0.40, 0.25), run("ARC", "alt", 0.45, 0.25), run("CLIP", "alt", 0.35, 0.25),
             run("MDC", "descriptive", 0.55, 0.25), run("BERT", "alt", 0.9, 0.1, mask_ratio=0.15)]  # BERT: no anchor
     assert claims.margins(runs) == {"alt": 1.5, "descriptive": 3.0}
+
+
+def test_holms_family_is_the_rows_that_ran():
+    """A row not run has no p-value and is not in Holm's family: the summary says over how many rows it is."""
+    rows = [{"verdict": "reproduced", "Holm p": "0.010"}, {"verdict": "not run (no records)", "Holm p": "-"}]
+    assert claims.summary(rows).endswith("1 of the 1 reproduced rows keep p < 0.05 after Holm's adjustment over "
+                                         "the 1 rows that ran.")
