@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 
 from reproduce import ledger
+from reproduce.caption_claims import CAPTION_CLAIMS
 from reproduce.claims import CLAIMS
 from reproduce.graph import Run
 
@@ -126,14 +127,19 @@ def from_ledger(records: str, runs: list[Run]) -> SeedPlan:
 
 
 def claim_seeds(runs: list) -> dict[str, int]:
-    """{claim row: seeds with a probe run on both sides} among ``runs`` (Runs or the builders' dicts)."""
-    labels = [(r.labels if isinstance(r, Run) else r["labels"]) for r in runs
-              if (r.notebook if isinstance(r, Run) else r["notebook"]) == "linear_probe"]
+    """{claim row: seeds with a probe run on both sides} among ``runs`` (Runs or the builders' dicts); claim 8's
+    rows: the seeds of Table 3's captioning runs (both sides are one run's caption sets)."""
+    def field(r, name):
+        return getattr(r, name) if isinstance(r, Run) else r[name]
+
+    labels = [field(r, "labels") for r in runs if field(r, "notebook") == "linear_probe"]
 
     def seeds(want):
         return {lab.get("seed", 0) for lab in labels if all(lab.get(k) == v for k, v in want.items())}
 
-    return {c.what: len(seeds(c.a) & seeds(c.b)) for c in CLAIMS}
+    captioned = len({field(r, "labels").get("seed", 0) for r in runs
+                     if field(r, "notebook") == "captioning" and "table3" in field(r, "artifacts")})
+    return {c.what: len(seeds(c.a) & seeds(c.b)) for c in CLAIMS} | {c.what: captioned for c in CAPTION_CLAIMS}
 
 
 def richer_figures(figures: str, runs: list[Run]) -> str | None:

@@ -1,4 +1,5 @@
 """reproduce.seed_plan: seeds per run from a plan file or the ledger, and the claim-row seeds a build holds."""
+import csv
 import json
 import os
 
@@ -22,6 +23,7 @@ def test_a_plan_gives_a_pretraining_run_and_its_probe_more_seeds_and_the_rest_th
     assert len(registry.build("mini", 2)) + 2 * 2 == len(runs)  # seeds 2 and 3 of mdc-alt and its probe
     counts = seed_plan.claim_seeds(runs)
     assert counts["MDC - BERT 15%, alt"] == 2 and counts["MDC - ARC, descriptive"] == 2
+    assert counts["MDC at ARC's length - ARC (beam 6), CIDEr-D"] == 2  # claim 8: the captioning runs' seeds
 
 
 def test_the_ledgers_plan_is_the_seeds_it_recorded():
@@ -50,3 +52,19 @@ def test_richer_figures_names_the_rows_a_build_would_lose(tmp_path):
     assert why.startswith(f"{tmp_path} holds 3 seeds of 12 claim row(s)") and why.endswith("this build 1")
     assert seed_plan.richer_figures(str(tmp_path), registry.build("mini", 3)) is None
     assert seed_plan.richer_figures(str(tmp_path / "empty"), one) is None
+
+
+def test_claim_8s_seeds_count_in_the_rule_like_the_probe_claims(tmp_path):
+    """Once claim 8's rows have run, a build with as many captioning seeds keeps writing into figures/ (they were
+    not counted, so any build would have looked poorer), and one with fewer does not."""
+    with open(os.path.join(ROOT, "figures", "claims.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        if row["difference (mean4, points)"].endswith("CIDEr-D"):
+            row["seeds"] = "3"
+    with open(tmp_path / "claims.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    assert seed_plan.richer_figures(str(tmp_path), registry.build("mini", 3)) is None
+    assert "holds 3 seeds of 15 claim row(s)" in seed_plan.richer_figures(str(tmp_path), registry.build("mini", 1))
