@@ -33,13 +33,13 @@ import json
 import os
 from functools import lru_cache
 
+from mdc.eval.suites import OWN_SUITES
 from mdc.world.evalsets import PROBE_TEST_ITEMS, PROBE_TEST_OTHER, SUGARCREPE_FILES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNITS_FILE = os.path.join(ROOT, "reproduce", "studies", "eval_costs", "unit_seconds.json")
 # parameters that records made before them lack, and the behaviour those records had
 BEFORE = {"compositionality": {"shuffled": False}, "linear_probe": {"grid": 0}}
-OWN_SUITES = 9  # own_relation, own_attribute and the seven own SugarCrepe files (mdc.eval.suites.OWN_SUITES)
 ORDER_CAPTIONS = 5  # ARO's order task: captions per image, each an item of 5 candidates
 GROUPS = ("image", "blind", "shuffled")
 
@@ -76,7 +76,7 @@ def planned_suites(suites, n_items: int) -> dict[str, int]:
     names = [suites] if isinstance(suites, str) else list(suites)
     out = {}
     for name in names:
-        files = {"sugarcrepe": len(SUGARCREPE_FILES), "own": OWN_SUITES, "all": None}.get(name, 1)
+        files = {"sugarcrepe": len(SUGARCREPE_FILES), "own": len(OWN_SUITES), "all": None}.get(name, 1)
         if files is None:
             return planned_suites(["aro_relation", "aro_attribute", "aro_coco_order", "sugarcrepe", "own"], n_items)
         per_file = ORDER_CAPTIONS * 5 * n_items if name.endswith("_order") else 2 * n_items
