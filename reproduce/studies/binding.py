@@ -178,12 +178,17 @@ def main(argv: list[str] | None = None) -> int:
         if not args.work:
             p.error("--work is required unless --report")
         arms = [a for a in ARMS if not args.arms or a.name in args.arms]
-        now, later = pending(arms, args.records, None if args.time_budget is None else 60 * args.time_budget)
-        suites = load_suites(synthetic_data(os.path.join(args.work, "evalsets"), 0, 64, args.items), list(SUITES),
-                             attribute_min_count=1) if now else {}
-        for arm in now:
-            print(f"binding: {arm.name}", flush=True)
-            run_arm(arm, args.work, suites, args.records)
+        deadline = None if args.time_budget is None else time.monotonic() + 60 * args.time_budget
+        suites = None
+        while True:  # the budget is read again before each arm: the arms before it may have run slow
+            left = None if deadline is None else deadline - time.monotonic()
+            now, later = pending(arms, args.records, left)
+            if not now:
+                break
+            suites = suites or load_suites(synthetic_data(os.path.join(args.work, "evalsets"), 0, 64, args.items),
+                                           list(SUITES), attribute_min_count=1)
+            print(f"binding: {now[0].name}", flush=True)
+            run_arm(now[0], args.work, suites, args.records)
         if later:
             print(f"binding: left for later (over the budget): {' '.join(a.name for a in later)}")
     text = report(args.records)

@@ -49,3 +49,23 @@ def test_a_shipped_arm_is_scored_into_its_record_and_the_report(suites, tmp_path
     assert "| mdc-x1 | " in text and "Not yet run: mdc-x2, mdc-x4, arc-x1" in text
     assert binding.main(["--report", "--records", str(tmp_path / "binding")]) == 0
     assert os.path.isfile(tmp_path / "binding.md")
+
+
+def test_the_budget_is_read_again_before_each_arm(tmp_path, monkeypatch):
+    """An arm that ran slow leaves less time: the next arm starts only if it still fits."""
+    clock = iter([0.0, 0.0, 3000.0, 3000.0])  # the start, then after the first arm ran 50 minutes
+    monkeypatch.setattr(binding.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(binding, "load_suites", lambda *a, **k: {})
+    monkeypatch.setattr(binding, "synthetic_data", lambda *a: "unused")
+    ran = []
+    (tmp_path / "binding").mkdir()
+
+    def run_arm(arm, work, suites, records):
+        ran.append(arm.name)
+        (tmp_path / "binding" / f"{arm.name}.json").write_text("{}")
+
+    monkeypatch.setattr(binding, "run_arm", run_arm)
+    monkeypatch.setattr(binding, "report", lambda records: "")
+    binding.main(["--work", str(tmp_path / "work"), "--arms", "mdc-x1-t0.3-0.8", "mdc-x1-t0.4-0.9",
+                  "--time-budget", "75", "--records", str(tmp_path / "binding")])
+    assert ran == ["mdc-x1-t0.3-0.8"]  # 2,040 s of the 4,500 fitted; after 3,000 s the second no longer does
