@@ -146,6 +146,17 @@ def alive(pid: int) -> bool:
         return False
 
 
+def caption_items(folder, n: int, colour, size: tuple[int, int] = (32, 32)) -> list[dict]:
+    """``n`` captioning items (image_id, image_path, references) of one-colour images ``colour(i)`` written into
+    ``folder``, each with two of :data:`CAPTIONS` as references."""
+    items = []
+    for i in range(n):
+        path = folder / f"{i}.png"
+        Image.new("RGB", size, colour(i)).save(path)
+        items.append({"image_id": i, "image_path": str(path), "references": [CAPTIONS[i % 4], CAPTIONS[(i + 1) % 4]]})
+    return items
+
+
 def png(colour: tuple[int, int, int], size: tuple[int, int] = (32, 32)) -> bytes:
     """A one-colour PNG image, for shards written by hand."""
     buf = io.BytesIO()

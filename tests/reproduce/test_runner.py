@@ -9,6 +9,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
+from conftest import alive
 from reproduce import attempt, cluster, folders, graph, registry, runner
 from reproduce.__main__ import main
 from reproduce.graph import Run
@@ -207,18 +208,7 @@ def test_a_timeout_ends_what_the_run_started_in_sessions_of_its_own(toy):
                              log=lambda *a: None)
     assert outcome["spawn"]["status"] == "timeout"
     worker = int((toy / "spawn" / "worker.pid").read_text())
-    assert not _alive(worker), f"the run's worker {worker} outlived its timeout"
-
-
-def _alive(pid: int, wait_s: float = 5.0) -> bool:
-    """Is ``pid`` running (not gone, not a zombie awaiting its reaper) after up to ``wait_s``?"""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return False
-        except FileNotFoundError:
-            return False
+    deadline = time.monotonic() + 5  # a killed process may take a moment to be reaped
+    while alive(worker) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return True
+    assert not alive(worker), f"the run's worker {worker} outlived its timeout"

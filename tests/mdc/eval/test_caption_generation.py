@@ -2,18 +2,13 @@
 from PIL import Image
 
 import mdc
-from conftest import CAPTIONS, small_model
+from conftest import caption_items, small_model
 from mdc.data.transforms import image_transform
 from mdc.eval import captioning as cap
 
 
 def _items(tmp_path, n=3):
-    items = []
-    for i in range(n):
-        path = tmp_path / f"{i}.png"
-        Image.new("RGB", (32, 32), (70 * i % 255, 40, 180)).save(path)
-        items.append({"image_id": i, "image_path": str(path), "references": [CAPTIONS[i % 4], CAPTIONS[(i + 1) % 4]]})
-    return items
+    return caption_items(tmp_path, n, lambda i: (70 * i % 255, 40, 180))
 
 
 def _one(model, item, **kw):

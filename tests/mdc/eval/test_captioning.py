@@ -13,7 +13,7 @@ from mdc.eval import captioning as cap
 from mdc.eval.metrics import on_another_image
 from mdc.eval.judge import JUDGE_PROMPT, llm_judge, parse_choice
 from mdc.plots import plot_captions
-from conftest import CAPTIONS, small_model
+from conftest import caption_items, small_model
 
 PREDICTIONS = {1: "A red circle left of a blue square.", 2: "a green star above the triangle",
                3: "two blue squares, below a cross"}
@@ -23,12 +23,7 @@ REFERENCES = {1: ["a red circle left of a blue square", "A red circle and a blue
 
 
 def _items(tmp_path, n=4):
-    items = []
-    for i in range(n):
-        path = tmp_path / f"{i}.png"
-        Image.new("RGB", (40, 32), (60 * i % 255, 90, 200)).save(path)
-        items.append({"image_id": i, "image_path": str(path), "references": [CAPTIONS[i % 4], CAPTIONS[(i + 1) % 4]]})
-    return items
+    return caption_items(tmp_path, n, lambda i: (60 * i % 255, 90, 200), size=(40, 32))
 
 
 # ------------------------------------------------------------------ metrics
