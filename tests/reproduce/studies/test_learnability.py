@@ -164,13 +164,18 @@ def test_a_learning_rate_variant_keeps_its_recipe(monkeypatch):
     assert rules.recipe("a")["lr"] == 3e-3 and rules.recipe("a@0.001") == dict(rules.CONFIGS["a"], lr=1e-3)
 
 
-def test_the_ceiling_trains_on_labels_and_probes_beside_random_init(tmp_path, monkeypatch):
-    """End to end at a toy size: labels from the training scenes, the probe on every task, one row."""
+def _toy_ceiling(monkeypatch, steps: int) -> None:
+    """The ceiling's config "toy" at a toy size, on tiny evaluation sets."""
     monkeypatch.setattr(rules, "CONFIGS", {"toy": dict(
         model=dict(rules.BASE, image_size=16, patch_size=4, vision_stem="conv", vision_width=32, vision_layers=1,
                    vision_heads=2, text_width=32, text_layers=1, text_heads=2, embed_dim=32),
-        style="descriptive", steps=3, batch=8, lr=1e-3, warmup=1)})
+        style="descriptive", steps=steps, batch=8, lr=1e-3, warmup=1)})
     monkeypatch.setattr(runs, "evalsets", lambda root, size: _tiny_evalsets(root, size))
+
+
+def test_the_ceiling_trains_on_labels_and_probes_beside_random_init(tmp_path, monkeypatch):
+    """End to end at a toy size: labels from the training scenes, the probe on every task, one row."""
+    _toy_ceiling(monkeypatch, steps=3)
     row = runs.ceiling_run("toy", 0, str(tmp_path), lr=2e-3)
     assert row["objective"] == "labels" and row["recipe"]["lr"] == 2e-3 and set(row["gap"]) == set(rules.TASKS)
     assert json.loads((tmp_path / "ceiling.jsonl").read_text())["gap_mean4"] == pytest.approx(row["gap_mean4"])
@@ -238,11 +243,7 @@ def test_the_relation_label_is_where_the_largest_object_is_relative_to_the_small
 
 
 def test_the_relation_ceiling_keeps_its_own_record_and_weights(tmp_path, monkeypatch):
-    monkeypatch.setattr(rules, "CONFIGS", {"toy": dict(
-        model=dict(rules.BASE, image_size=16, patch_size=4, vision_stem="conv", vision_width=32, vision_layers=1,
-                   vision_heads=2, text_width=32, text_layers=1, text_heads=2, embed_dim=32),
-        style="descriptive", steps=2, batch=8, lr=1e-3, warmup=1)})
-    monkeypatch.setattr(runs, "evalsets", lambda root, size: _tiny_evalsets(root, size))
+    _toy_ceiling(monkeypatch, steps=2)
     row = runs.ceiling_run("toy", 0, str(tmp_path), relation=True)
     assert row["objective"] == "labels+relation" and not (tmp_path / "ceiling.jsonl").exists()
     assert json.loads((tmp_path / "ceiling_relation.jsonl").read_text())["objective"] == "labels+relation"
