@@ -103,9 +103,9 @@ def _table2_cell(results: list[dict], column: str, variant: str, baseline: str |
     return f"{a:.1f} [{lo:.1f}, {hi:.1f}]" + ("↑" if lo > 100 * results[0]["columns"][column]["chance"] else "")
 
 
-def _table2_models(runs: list[dict]) -> list[dict]:
-    """Table 2's results, one per model: the runs of one model's parts (the same labels but for ``part``:
-    reproduce.registry.TABLE2_PARTS, disjoint suites) joined into one."""
+def table2_models(runs: list[dict]) -> list[tuple[dict, dict]]:
+    """Table 2's results, one per model, with its labels (but ``part``): the runs of one model's parts (the same
+    labels but for ``part``: reproduce.registry.TABLE2_PARTS, disjoint suites) joined into one."""
     models: dict[str, list[dict]] = {}
     for r in runs:
         if r["notebook"] == "compositionality" and "table2" in r["artifacts"]:
@@ -124,7 +124,7 @@ def _table2_models(runs: list[dict]) -> list[dict]:
                 results[section] |= part.get(section, {})
             for variant, cells in part["table2"].items():
                 results["table2"].setdefault(variant, {}).update(cells)
-        joined.append(results)
+        joined.append(({k: v for k, v in parts[0]["labels"].items() if k != "part"}, results))
     return joined
 
 
@@ -155,7 +155,7 @@ def table2(runs: list[dict], paper_dir: str, out: str) -> list[str]:
     and image-debiased (rows below it)."""
     paper = {p["method"]: p for p in paper_table(paper_dir, "table2_compositionality")}
     by_variant, far = defaultdict(list), defaultdict(set)  # far: blind cells at least 10 points from chance
-    for results in _table2_models(runs):
+    for _, results in table2_models(runs):
         for variant in results["table2"]:
             if variant.endswith(("_blind_lengthnorm", "_debiased_lengthnorm")) or "_shuffled" in variant:
                 continue  # per token, only the raw scores; the shuffled-image controls go beside their scorer

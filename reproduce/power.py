@@ -30,6 +30,11 @@ v_items is the claims' estimate, which also holds each seed's own item noise (co
 that noise / k), and both s and d come from k seeds: with 3 seeds s is uncertain by a factor of about 2,
 so the seeds needed are a plan, not a promise.
 
+Table 2 (claim 3, no claim row here): per column and difference (MDC's Monte Carlo score against ARC's exact
+and CLIP's cosine), the images at which the items' part of the 95% half-width equals the seeds' part
+(:func:`table2_items`: the rule that sizes the probe's test sets, counted in images, the bootstrap's unit). The
+``mini`` profile scores ARO's order task on as many images as its largest row needs (``reproduce/registry.py``).
+
 The seed plan (``--write-plan``, read by ``python -m reproduce --seed-plan FILE``): a row is resolvable
 when its seeds needed are finite and at most ``--max-seeds``; each pretraining run that feeds one or more
 resolvable rows (a probe on either side) gets the most seeds those rows need, at least FLOOR_SEEDS;
@@ -44,7 +49,11 @@ import sys
 from statistics import NormalDist
 
 from mdc.cli import ArgumentParser, report
-from reproduce import claims, ledger, registry
+import numpy as np
+
+from mdc.eval.accuracy import item_outcomes
+from mdc.eval.compositionality import OWN_COLUMNS, TEMPLATE_COLUMNS
+from reproduce import claims, compositionality_table, ledger, registry
 from reproduce.claims_stats import LEVEL, difference, quantiles, t_quantile
 from reproduce.seed_plan import SeedPlan, write
 
@@ -52,6 +61,8 @@ POWER = 0.80
 FLOOR_SEEDS = 3  # every run of a plan, at least
 MAX_SEEDS = 10  # a row that needs more is left at the floor
 SEARCH = 10_000  # the most seeds searched
+# claim 3 (Table 2): MDC on par with ARC and above CLIP, each by its Table 2 scorer
+TABLE2_DIFFERENCES = ((("MDC", "elbo"), ("ARC", "exact")), (("MDC", "elbo"), ("CLIP", "cosine")))
 
 
 def needed_seeds(e: float, s: float, v_items: float, p: float, scale: float = 1.0) -> int | None:
@@ -172,6 +183,47 @@ def claim_test_items(runs: list[dict]) -> dict[str, dict]:
     return out
 
 
+def _per_image(outcomes, clusters) -> dict[str, float]:
+    """An item outcome per image [its items' mean], the unit Table 2's intervals resample."""
+    sums: dict[str, list[float]] = {}
+    for y, c in zip(outcomes, clusters):
+        sums.setdefault(c, []).append(float(y))
+    return {c: sum(v) / len(v) for c, v in sums.items()}
+
+
+def table2_items(runs: list[dict]) -> list[dict]:
+    """Per Table 2 column and claim 3's differences (:data:`TABLE2_DIFFERENCES`), the images per column at
+    which its items' part of the 95% half-width would equal its seeds' part: :func:`claim_test_items`'s rule,
+    counted in images (the bootstrap's unit, so COCO-Order's five captions of an image count once), from the
+    per-item outcomes the compositionality records hold, paired by seed and image. A column needs at least
+    two seeds on both sides (a seeds' part measured, not assumed) and the same items in every seed."""
+    by_model = {(labels.get("method"), labels.get("seed")): results
+                for labels, results in compositionality_table.table2_models(runs)}
+    rows = []
+    for column in (*OWN_COLUMNS, *TEMPLATE_COLUMNS):
+        for (a, va), (b, vb) in TABLE2_DIFFERENCES:
+            pairs = []
+            for seed in sorted({s for m, s in by_model if m == a and (b, s) in by_model}, key=str):
+                try:
+                    sides = [_per_image(*item_outcomes(by_model[m, seed], column, v)[:2]) for m, v in ((a, va), (b, vb))]
+                except KeyError:
+                    break
+                images = sorted(sides[0])
+                if sorted(sides[1]) != images or (pairs and len(pairs[0][0][column]) != len(images)):
+                    break
+                pairs.append(tuple({column: np.array([side[i] for i in images])} for side in sides))
+            if len(pairs) < 2:
+                continue
+            d = difference(pairs, tasks=(column,))
+            z, q = quantiles(1 - (1 - LEVEL) / 2, d["seeds"])
+            items, seeds, n = z * math.sqrt(d["v_items"]), q * math.sqrt(d["v_seeds"]), len(pairs[0][0][column])
+            rows.append({"column": column, "difference": f"{a} {va} - {b} {vb}", "mean": f"{d['mean']:+.1f}",
+                         "seeds": d["seeds"], "images": n, "items' half-width": f"{items:.2f}",
+                         "seeds' half-width": f"{seeds:.2f}",
+                         "images needed": math.ceil(n * (items / seeds) ** 2) if seeds > 0 else "any"})
+    return rows
+
+
 def main(argv=None) -> int:
     p = ArgumentParser(prog="python -m reproduce.power", description=__doc__.split("\n\n")[0])
     p.add_argument("--records", default=os.path.join("reproduce", "records", "mini"), help="the ledger")
@@ -187,7 +239,8 @@ def _main(args: argparse.Namespace) -> int:
     found = ledger.read_all(args.records)
     if not found:
         raise ValueError(f"--records {args.records}: no run records there")
-    rows = power_table(ledger.for_build(found))
+    runs = ledger.for_build(found)
+    rows = power_table(runs)
     print(markdown(rows))
     plan = plan_from(rows, args.profile, args.max_seeds)
     print(f"\nseed plan (rows needing at most {args.max_seeds} seeds; at least {FLOOR_SEEDS} everywhere): "
@@ -197,6 +250,10 @@ def _main(args: argparse.Namespace) -> int:
                                      f"each resolvable claim row's current mean, at least {FLOOR_SEEDS}")
         print(f"wrote {args.write_plan}; run it with: python -m reproduce --profile {args.profile} "
               f"--seed-plan {args.write_plan}")
+    images = table2_items(runs)
+    if images:
+        print("\nTable 2 (claim 3), images per column at which the items' part of a difference's 95% half-width "
+              "equals its seeds' part:\n\n" + markdown(images))
     return 0
 
 

@@ -47,6 +47,7 @@ class LoadOptions:
     on_missing: str = "error"  # an item whose image is absent: "error" or "skip" it
     attribute_min_count: int = 25  # VG-Attribution keeps attribute pairs with at least this many items (ARO)
     order_seed: int = 0  # the order suites' perturbations
+    order_images: int | None = None  # the order suites: the captions of the file's first N images (None: all)
     tagger: str = "auto"  # nouns and adjectives of the order suites: "spacy" | "builtin" | "auto"
 
 
@@ -118,10 +119,13 @@ def _suite(name: str, data: str, path: str, image_dir: str | None, o: LoadOption
                       [pair[i] for i in keep], image_dir)
     if name in ("aro_coco_order", "aro_flickr30k_order"):
         items = comp.load_order_suite(path, image_dir, o.order_seed, on_missing=o.on_missing, tagger=o.tagger)
-        identical = np.array([[False, *it["identical"]] for it in items], dtype=bool).reshape(len(items), 5)
-        return Suite(name, data, list(items), [[it["caption"], *it["perturbed"]] for it in items], [""] * len(items),
-                     [path], items.total, items.total - len(items), 0, 0.2, identical, items.tagger,
-                     image_ids(items, image_dir))
+        clusters = image_ids(items, image_dir)
+        first = set(list(dict.fromkeys(clusters))[:o.order_images]) if o.order_images is not None else set(clusters)
+        kept = [i for i, c in enumerate(clusters) if c in first]  # [M] the first images' captions, in file order
+        identical = np.array([[False, *items[i]["identical"]] for i in kept], dtype=bool).reshape(len(kept), 5)
+        return Suite(name, data, [items[i] for i in kept], [[items[i]["caption"], *items[i]["perturbed"]] for i in kept],
+                     [""] * len(kept), [path], items.total, items.total - len(items), len(items) - len(kept), 0.2,
+                     identical, items.tagger, [clusters[i] for i in kept])
     subset = name.split("/")[1]
     items = comp.load_sugarcrepe(path, image_dir, [subset], o.on_missing)[subset]
     return _pairs(name, data, items, items, "caption", "negative_caption", [""] * len(items), image_dir)
@@ -183,6 +187,8 @@ def load_suites(data_dir: str | None = None, suites="all", options: LoadOptions 
     exist, a path without its partner, a suite asked for without data, or a suite given both
     synthetic and real data is a ValueError naming it."""
     o = with_options(LoadOptions, options, kw, "load_suites")
+    if o.order_images is not None and o.order_images < 1:
+        raise ValueError(f"order_images: at least 1 image (None: all); got {o.order_images}")
     sources = _sources(data_dir, o)
     out = {}
     for name in _expand(suites):

@@ -130,3 +130,37 @@ def test_the_items_a_row_needs_do_not_depend_on_how_many_it_had():
     assert abs(four["needed"] - one["needed"]) <= 0.01 * one["needed"]
     assert one["needed"] == math.ceil(400 * (one["items_half"] / one["seeds_half"]) ** 2)
     assert set(power.claim_test_items(_probe_runs())) == {"MDC - CLIP, descriptive"}  # rows without records are left out
+
+
+# ------------------------------------------------------------ the images a Table 2 column needs
+def _table2_runs(captions: int = 2, seeds=(0, 1, 2)) -> list[dict]:
+    """MDC and ARC on COCO-Order, 6 images of ``captions`` captions each (an image's captions share their
+    outcome), ARC always wrong; MDC's outcomes differ by seed."""
+    mdc = {0: [1, 1, 0, 1, 0, 0], 1: [1, 0, 0, 1, 1, 0], 2: [1, 1, 1, 1, 0, 0]}
+    runs = []
+    for seed in seeds:
+        for method, variant, right in (("MDC", "elbo", mdc[seed]), ("ARC", "exact", [0] * 6)):
+            records = {"ids": [f"{i}.{c}" for i in range(6) for c in range(captions)],
+                       "clusters": [f"images/{i}.png" for i in range(6) for _ in range(captions)],
+                       "correct": {variant: "".join(str(y) for y in right for _ in range(captions))}}
+            results = {"columns": {"aro_coco_order": {"records": records}}, "table2": {}}
+            runs.append({"name": f"compositionality/{method}-order-s{seed}", "notebook": "compositionality",
+                         "artifacts": ["table2"], "labels": dict(method=method, seed=seed, part="order"),
+                         "record": {"results": results}})
+    return runs
+
+
+def test_table2_images_needed_recomputed_by_hand():
+    (row,) = power.table2_items(_table2_runs())  # MDC - CLIP has no CLIP runs: no row
+    D = 100 * np.array([[1, 1, 0, 1, 0, 0], [1, 0, 0, 1, 1, 0], [1, 1, 1, 1, 0, 0]], float)  # [seed, image]
+    v_items, v_seeds = D.mean(0).var(ddof=1) / 6, D.mean(1).var(ddof=1) / 3
+    items, seeds = 1.959964 * math.sqrt(v_items), t_quantile(0.975, 2) * math.sqrt(v_seeds)
+    assert (row["column"], row["difference"], row["seeds"], row["images"]) == ("aro_coco_order", "MDC elbo - ARC exact", 3, 6)
+    assert row["mean"] == f"{D.mean():+.1f}" and row["items' half-width"] == f"{items:.2f}"
+    assert row["seeds' half-width"] == f"{seeds:.2f}" and row["images needed"] == math.ceil(6 * (items / seeds) ** 2)
+
+
+def test_table2_counts_images_not_captions_and_needs_two_seeds():
+    """An image's captions resample together: five captions an image need as many images as two."""
+    assert power.table2_items(_table2_runs(captions=5)) == power.table2_items(_table2_runs(captions=2))
+    assert power.table2_items(_table2_runs(seeds=(0,))) == []  # no seeds' spread measured

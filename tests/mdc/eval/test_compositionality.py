@@ -232,6 +232,20 @@ def test_suites_count_missing_and_excluded_items(tmp_path):
     assert (len(suite.items), suite.total, suite.missing) == (2, 4, 2)  # an absent image drops its captions
 
 
+def test_order_images_keeps_the_first_images_captions_unchanged(evalsets):
+    full = C.load_suites(evalsets, ["aro_coco_order"], tagger="builtin")["aro_coco_order"]
+    part = C.load_suites(evalsets, ["aro_coco_order"], tagger="builtin", order_images=2)["aro_coco_order"]
+    first = list(dict.fromkeys(full.clusters))[:2]
+    assert len(set(part.clusters)) == 2 and set(part.clusters) == set(first)
+    assert (len(part.items), part.total, part.excluded) == (10, full.total, len(full.items) - 10)  # 5 captions an image
+    # the kept items are the full suite's first ones, with their candidates, noise keys and identical flags
+    assert part.keys() == full.keys()[:10] and part.candidates == full.candidates[:10]
+    assert (part.identical == full.identical[:10]).all()
+    assert C.load_suites(evalsets, ["aro_coco_order"], tagger="builtin", order_images=99)["aro_coco_order"].excluded == 0
+    with pytest.raises(ValueError, match="order_images: at least 1 image"):
+        C.load_suites(evalsets, ["aro_coco_order"], order_images=0)
+
+
 @pytest.mark.parametrize("objective", ["mdc", "arc", "clip"])
 def test_end_to_end_on_synthetic_sets(evalsets, objective, tmp_path):
     suites = C.load_suites(evalsets, ["aro_relation", "aro_attribute", "aro_coco_order", "sugarcrepe"],
