@@ -48,9 +48,9 @@ import os
 import sys
 from statistics import NormalDist
 
-from mdc.cli import ArgumentParser, report
 import numpy as np
 
+from mdc.cli import ArgumentParser, report
 from mdc.eval.accuracy import item_outcomes
 from mdc.eval.compositionality import OWN_COLUMNS, TEMPLATE_COLUMNS
 from reproduce import claims, compositionality_table, ledger, registry
@@ -203,9 +203,10 @@ def table2_items(runs: list[dict]) -> list[dict]:
     for column in (*OWN_COLUMNS, *TEMPLATE_COLUMNS):
         for (a, va), (b, vb) in TABLE2_DIFFERENCES:
             pairs = []
-            for seed in sorted({s for m, s in by_model if m == a and (b, s) in by_model}, key=str):
+            for seed in sorted(s for m, s in by_model if m == a and (b, s) in by_model):
                 try:
-                    sides = [_per_image(*item_outcomes(by_model[m, seed], column, v)[:2]) for m, v in ((a, va), (b, vb))]
+                    sides = [_per_image(*item_outcomes(by_model[m, seed], column, v)[:2])
+                             for m, v in ((a, va), (b, vb))]
                 except KeyError:
                     break
                 images = sorted(sides[0])

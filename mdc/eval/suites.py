@@ -123,9 +123,10 @@ def _suite(name: str, data: str, path: str, image_dir: str | None, o: LoadOption
         first = set(list(dict.fromkeys(clusters))[:o.order_images]) if o.order_images is not None else set(clusters)
         kept = [i for i, c in enumerate(clusters) if c in first]  # [M] the first images' captions, in file order
         identical = np.array([[False, *items[i]["identical"]] for i in kept], dtype=bool).reshape(len(kept), 5)
-        return Suite(name, data, [items[i] for i in kept], [[items[i]["caption"], *items[i]["perturbed"]] for i in kept],
-                     [""] * len(kept), [path], items.total, items.total - len(items), len(items) - len(kept), 0.2,
-                     identical, items.tagger, [clusters[i] for i in kept])
+        return Suite(name, data, [items[i] for i in kept],
+                     [[items[i]["caption"], *items[i]["perturbed"]] for i in kept], [""] * len(kept), [path],
+                     items.total, items.total - len(items), len(items) - len(kept), 0.2, identical, items.tagger,
+                     [clusters[i] for i in kept])
     subset = name.split("/")[1]
     items = comp.load_sugarcrepe(path, image_dir, [subset], o.on_missing)[subset]
     return _pairs(name, data, items, items, "caption", "negative_caption", [""] * len(items), image_dir)

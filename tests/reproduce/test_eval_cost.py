@@ -61,7 +61,8 @@ def test_suites_count_their_candidate_captions_by_kind():
     assert eval_cost.recorded_suites(columns) == {"template": 1200, "order": 7500}
     # the order task of its first 20 images: 20 x 5 captions x 5 candidates, planned and recorded alike
     assert eval_cost.planned_suites("all", 300, order_images=20)["order"] == 25 * 20
-    assert eval_cost.recorded_suites({"aro_coco_order": {"total": 1500, "items": 100, "candidates": 5}}) == {"order": 500}
+    scored = {"aro_coco_order": {"total": 1500, "items": 100, "candidates": 5}}
+    assert eval_cost.recorded_suites(scored) == {"order": 500}
 
 
 def test_a_probe_record_of_fewer_test_images_is_scaled_by_the_images(tmp_path):

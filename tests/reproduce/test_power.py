@@ -155,7 +155,8 @@ def test_table2_images_needed_recomputed_by_hand():
     D = 100 * np.array([[1, 1, 0, 1, 0, 0], [1, 0, 0, 1, 1, 0], [1, 1, 1, 1, 0, 0]], float)  # [seed, image]
     v_items, v_seeds = D.mean(0).var(ddof=1) / 6, D.mean(1).var(ddof=1) / 3
     items, seeds = 1.959964 * math.sqrt(v_items), t_quantile(0.975, 2) * math.sqrt(v_seeds)
-    assert (row["column"], row["difference"], row["seeds"], row["images"]) == ("aro_coco_order", "MDC elbo - ARC exact", 3, 6)
+    assert (row["column"], row["difference"]) == ("aro_coco_order", "MDC elbo - ARC exact")
+    assert (row["seeds"], row["images"]) == (3, 6)
     assert row["mean"] == f"{D.mean():+.1f}" and row["items' half-width"] == f"{items:.2f}"
     assert row["seeds' half-width"] == f"{seeds:.2f}" and row["images needed"] == math.ceil(6 * (items / seeds) ** 2)
 
