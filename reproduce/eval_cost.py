@@ -6,7 +6,8 @@ the run's any more. Each evaluation kind here has a cost model: its work counted
 effective parameters, each unit weighed by its measured seconds (:data:`UNITS`, measured on the shipped
 ``mini`` weights by ``reproduce/studies/eval_costs.py``), summed to modeled seconds. The estimate is the
 record's seconds times modeled(now) / modeled(record): the machine's speed comes from the record, the units
-only weigh a kind's parts against each other.
+only weigh a kind's parts against each other. A run no record speaks for is its modeled seconds
+(:func:`planned_seconds`) times the machine's speed that the records of its kind show (``reproduce.ledger``).
 
 The work of a run now comes from its notebook's defaults (the ``parameters`` cell) overridden by the
 registry's parameters, and from the evaluation sets its ``data/evalsets`` dependency writes; the work of a
@@ -200,6 +201,16 @@ MODELS = {"linear_probe": _probe_seconds, "compositionality": _composition_secon
 def modeled_seconds(notebook: str, work: dict, unit_seconds: dict | None = None) -> float:
     """A run's modeled seconds: its ``work`` weighed by the measured seconds per unit."""
     return MODELS[notebook](work, (unit_seconds or units())[notebook])
+
+
+def planned_seconds(run, runs: dict | None = None, unit_seconds: dict | None = None) -> float | None:
+    """The modeled seconds of ``run``'s work as it would execute now (None: no model for it): what estimates a
+    run no record speaks for, with the units' one-thread seconds standing for the machine's."""
+    try:
+        work = planned_work(run, runs)
+    except (KeyError, TypeError, ValueError, OSError):
+        return None
+    return None if work is None else modeled_seconds(run.notebook, work, unit_seconds)
 
 
 def _count(value) -> str:

@@ -166,14 +166,42 @@ def _nearest_record(run, records: str) -> tuple[dict, str] | None:
     return record, f"the record of seed {record.get('seed')}"
 
 
+def _speed(run, records: str | None) -> tuple[float, str]:
+    """(median of recorded / modeled seconds, which records) over the ledger's records of ``run``'s kind (its
+    folder, notebook and method): the machine's speed against the units', for a run with no record of its own;
+    (1.0, "") where none is modeled."""
+    kin = os.path.dirname(run.name)
+    ratios = []
+    for p in sorted(glob.glob(os.path.join(records or "", glob.escape(kin), "*.json"))) if records and kin else ():
+        r = read(records, os.path.relpath(p, records)[: -len(".json")])
+        if not r or r.get("notebook") != run.notebook or r.get("labels", {}).get("method") != run.labels.get("method"):
+            continue
+        work = eval_cost.recorded_work(r)
+        modeled = eval_cost.modeled_seconds(run.notebook, work) if work is not None else 0.0
+        if modeled > 0 and run_seconds(r) > 0:
+            ratios.append(run_seconds(r) / modeled)
+    if not ratios:
+        return 1.0, ""
+    ratios.sort()
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return median, f"the {len(ratios)} {run.labels.get('method') or ''} {kin} record(s)".replace("  ", " ")
+
+
 def estimate(run, records: str | None, profile: str, runs: dict | None = None) -> tuple[float, str]:
     """(seconds ``run`` should take, where they come from): its latest record's length (any key,
     :func:`run_seconds`), else the longest of the same run's records for other seeds, scaled by the cost of its
     parameters now against the record's (:func:`reproduce.eval_cost.scale`; ``runs``: the graph by name, whose
-    ``data/evalsets`` gives the sizes); else the profile's default. The note is empty for a record taken as is."""
+    ``data/evalsets`` gives the sizes); else its work by the cost model (:func:`reproduce.eval_cost.planned_seconds`)
+    where that exceeds the profile's default, else the default. The note is empty for a record taken as is."""
     found = _nearest_record(run, records) if records else None
-    if found is None:
-        return _default_seconds(run, profile), "no record: the profile's default"
+    if found is None:  # its work by the cost model where one applies, the default a floor for fixed costs
+        default, modeled = _default_seconds(run, profile), eval_cost.planned_seconds(run, runs)
+        if modeled is not None and modeled > default:
+            speed, kin = _speed(run, records)
+            return modeled * speed, ("no record: its work x the cost model's seconds per unit" +
+                                     (f" x {speed:.2f} (recorded / modeled seconds of {kin})" if kin else ""))
+        return default, "no record: the profile's default"
     record, source = found
     factor, changed = eval_cost.scale(run, record, runs)
     if factor != 1.0:

@@ -119,6 +119,29 @@ def test_table2_s_shuffled_control_and_image_free_images_scale_a_record_made_bef
     assert ledger.estimate(_composition_run(), records, "mini", {"data/evalsets": EVALSETS}) == (1000.0, "")
 
 
+def test_a_run_without_any_record_is_estimated_from_its_work_above_the_profile_s_default(tmp_path):
+    """A new run of a modelled kind (a Table 2 part no seed has run): its work x the seconds per unit, the
+    profile's default a floor for the fixed costs the units leave out; a kind without a model: the default."""
+    run = Run("compositionality/mdc-descriptive-own-s0", "compositionality",
+              dict(suites=["own"], blind_images=4, num_samples=32),
+              deps=("pretrain/mdc-descriptive-s0", "data/evalsets"), labels={"method": "MDC", "part": "own"})
+    seconds, note = ledger.estimate(run, str(tmp_path), "mini", {"data/evalsets": EVALSETS})
+    assert seconds == pytest.approx(2 * 300 * 9 * (1 + 4 * 0.5 + 1))  # 5,400 candidates: image, K = 4 blind, shuffled
+    assert note == "no record: its work x the cost model's seconds per unit"
+    # the machine's speed from the records of its kind: an MDC Table 2 part that took half its modeled seconds
+    _composition(str(tmp_path), shuffled=True, seconds=7500 * (1 + 4 * 0.5 + 1) / 2)
+    seconds, note = ledger.estimate(run, str(tmp_path), "mini", {"data/evalsets": EVALSETS})
+    assert seconds == pytest.approx(2 * 300 * 9 * (1 + 4 * 0.5 + 1) / 2)
+    assert note.endswith("x 0.50 (recorded / modeled seconds of the 1 MDC compositionality record(s))")
+    tiny = Run(run.name, "compositionality", dict(run.params, suites=["own_relation"]), deps=run.deps,
+               labels=run.labels)
+    small = Run("data/evalsets", "data", dict(EVALSETS.params, n_items=2))
+    assert ledger.estimate(tiny, str(tmp_path), "mini", {"data/evalsets": small}) == (
+        ledger.MDC_TABLE2_SECONDS["order"] + ledger.MDC_TABLE2_SECONDS["pairs"], "no record: the profile's default")
+    assert ledger.estimate(Run("captioning/alt-s0", "captioning", {}), str(tmp_path), "mini")[1] == (
+        "no record: the profile's default")
+
+
 def test_the_guidance_sweep_without_its_guided_compositionality_keeps_its_captions(tmp_path):
     records = str(tmp_path)
     params = dict(max_images=300, strengths=[1.0, 2.0], composition_items=10, guidances=["cfg", "mcs"],
