@@ -43,6 +43,7 @@ UNITS_FILE = os.path.join(ROOT, "reproduce", "studies", "eval_costs", "unit_seco
 BEFORE = {"compositionality": {"shuffled": False}, "linear_probe": {"grid": 0}}
 ORDER_CAPTIONS = 5  # ARO's order task: captions per image, each an item of 5 candidates
 GROUPS = ("image", "blind", "shuffled")
+UNREADABLE = (KeyError, TypeError, ValueError, OSError)  # parameters or a record this model cannot read
 
 
 @lru_cache(maxsize=None)
@@ -208,7 +209,7 @@ def planned_seconds(run, runs: dict | None = None, unit_seconds: dict | None = N
     run no record speaks for, with the units' one-thread seconds standing for the machine's."""
     try:
         work = planned_work(run, runs)
-    except (KeyError, TypeError, ValueError, OSError):
+    except UNREADABLE:
         return None
     return None if work is None else modeled_seconds(run.notebook, work, unit_seconds)
 
@@ -241,7 +242,7 @@ def scale(run, record: dict, runs: dict | None = None, unit_seconds: dict | None
     other parameters."""
     try:
         now, then = planned_work(run, runs), recorded_work(record)
-    except (KeyError, TypeError, ValueError, OSError):  # parameters this model does not know: no scaling
+    except UNREADABLE:  # parameters this model does not know: no scaling
         now, then = None, None
     if now is None or then is None:
         if record.get("params") == run.params:

@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import time
 
 from mdc.checkpoint import atomic_write_text
@@ -170,22 +171,20 @@ def _speed(run, records: str | None) -> tuple[float, str]:
     """(median of recorded / modeled seconds, which records) over the ledger's records of ``run``'s kind (its
     folder, notebook and method): the machine's speed against the units', for a run with no record of its own;
     (1.0, "") where none is modeled."""
-    kin = os.path.dirname(run.name)
+    kin, method = os.path.dirname(run.name), run.labels.get("method")
     ratios = []
     for p in sorted(glob.glob(os.path.join(records or "", glob.escape(kin), "*.json"))) if records and kin else ():
         r = read(records, os.path.relpath(p, records)[: -len(".json")])
-        if not r or r.get("notebook") != run.notebook or r.get("labels", {}).get("method") != run.labels.get("method"):
+        if not r or r.get("notebook") != run.notebook or r.get("labels", {}).get("method") != method:
             continue
-        work = eval_cost.recorded_work(r)
+        work, seconds = eval_cost.recorded_work(r), run_seconds(r)
         modeled = eval_cost.modeled_seconds(run.notebook, work) if work is not None else 0.0
-        if modeled > 0 and run_seconds(r) > 0:
-            ratios.append(run_seconds(r) / modeled)
+        if modeled > 0 and seconds > 0:
+            ratios.append(seconds / modeled)
     if not ratios:
         return 1.0, ""
-    ratios.sort()
-    mid = len(ratios) // 2
-    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
-    return median, f"the {len(ratios)} {run.labels.get('method') or ''} {kin} record(s)".replace("  ", " ")
+    return statistics.median(ratios), " ".join(["the", str(len(ratios)), *([method] if method else []), kin,
+                                                 "record(s)"])
 
 
 def estimate(run, records: str | None, profile: str, runs: dict | None = None) -> tuple[float, str]:
