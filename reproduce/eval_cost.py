@@ -73,19 +73,22 @@ def suite_kind(name: str) -> str:
     return "order" if name.endswith("_order") else "own" if name.startswith("own") else "template"
 
 
-def planned_suites(suites, n_items: int, order_images: int | None = None) -> dict[str, int]:
+def planned_suites(suites, n_items: int, order_images: int | None = None,
+                   own_items: int | None = None) -> dict[str, int]:
     """Candidate captions per suite kind of a run scoring ``suites`` on synthetic sets of ``n_items`` per file
-    (the order task's captions of its first ``order_images`` images only, where given)."""
+    (the order task's captions of its first ``order_images`` images only, the in-distribution suites' first
+    ``own_items`` items only, where given)."""
     names = [suites] if isinstance(suites, str) else list(suites)
     out = {}
     for name in names:
         files = {"sugarcrepe": len(SUGARCREPE_FILES), "own": len(OWN_SUITES), "all": None}.get(name, 1)
         if files is None:
             return planned_suites(["aro_relation", "aro_attribute", "aro_coco_order", "sugarcrepe", "own"], n_items,
-                                  order_images)
-        images = n_items if order_images is None else min(order_images, n_items)
-        per_file = ORDER_CAPTIONS * 5 * images if name.endswith("_order") else 2 * n_items
+                                  order_images, own_items)
         kind = suite_kind(name)
+        first = {"order": order_images, "own": own_items}.get(kind)
+        items = n_items if first is None else min(first, n_items)
+        per_file = ORDER_CAPTIONS * 5 * items if kind == "order" else 2 * items
         out[kind] = out.get(kind, 0) + files * per_file
     return out
 
@@ -99,11 +102,12 @@ def suite_names(columns) -> list[str]:
 
 def recorded_suites(columns: dict) -> dict[str, int]:
     """Candidate captions per suite kind of a compositionality record's columns (items in the files x candidates;
-    the order task's items scored, which its ``order_images`` may make fewer than its file's)."""
+    the order task's and the in-distribution suites' items scored, which ``order_images`` and ``own_items`` may
+    make fewer than their files')."""
     out = {}
     for name, c in columns.items():
         kind = suite_kind(name)
-        items = c.get("items") if kind == "order" else c.get("total") or c.get("items")
+        items = c.get("items") if kind in ("order", "own") else c.get("total") or c.get("items")
         out[kind] = out.get(kind, 0) + int(items or 0) * int(c.get("candidates") or 2)
     return out
 
@@ -127,8 +131,8 @@ def planned_work(run, runs: dict | None = None) -> dict | None:
     if run.notebook == "compositionality":
         method = run.labels.get("method", "MDC")  # CLIP's cosine has no image-free score
         blind = p["blind_images"] if p["blind"] and method != "CLIP" else 0
-        return _composition_work(method, planned_suites(p["suites"], sets.get("n_items", 500), p.get("order_images")),
-                                 blind, p["shuffled"])
+        suites = planned_suites(p["suites"], sets.get("n_items", 500), p.get("order_images"), p.get("own_items"))
+        return _composition_work(method, suites, blind, p["shuffled"])
     if run.notebook == "guidance":
         images = min(p["max_images"] or 10**9, sets.get("n_items", p["synthetic_images"]))
         comp = planned_suites("all", p["composition_items"]) if p["composition_items"] else {}

@@ -28,7 +28,7 @@ Results schema (the ``results`` part of a ``kind="compositionality"`` results fi
       "settings": {"methods": [...], "variants": [...], "num_samples": int, "max_samples": int | None, "paired": bool,
                    "stratified": bool, "seed": int, "t_interval_trained": [w_l, w_u], "blind_images": K,
                    "resamples": int, "level": 0.95, "attribute_min_count": 25, "debias_alpha": float,
-                   "shuffled": bool, "order_images": int | None},
+                   "shuffled": bool, "order_images": int | None, "own_items": int | None},
       "columns": {                  # Table 2 columns that were evaluated, keys from COLUMNS:
         "aro_relation" | "aro_attribute" | "aro_coco_order" | "aro_flickr30k_order" |
         "sugarcrepe_add" | "sugarcrepe_replace" | "sugarcrepe_swap" |

@@ -48,6 +48,7 @@ class LoadOptions:
     attribute_min_count: int = 25  # VG-Attribution keeps attribute pairs with at least this many items (ARO)
     order_seed: int = 0  # the order suites' perturbations
     order_images: int | None = None  # the order suites: the captions of the file's first N images (None: all)
+    own_items: int | None = None  # the in-distribution suites: each file's first N items (None: all)
     tagger: str = "auto"  # nouns and adjectives of the order suites: "spacy" | "builtin" | "auto"
 
 
@@ -100,11 +101,12 @@ def _pairs(name, data, loaded, kept, true, false, groups, image_dir) -> Suite:
 
 def _suite(name: str, data: str, path: str, image_dir: str | None, o: LoadOptions) -> Suite:
     """Read one suite's file; ``path`` is the JSON file (a SugarCrepe folder for sugarcrepe/*)."""
-    if name in ("own_relation", "own_attribute"):  # micro averages: every item, no group filter
+    if name in ("own_relation", "own_attribute"):  # micro averages: the first own_items items, no group filter
         items = (comp.load_vg_relation if name == "own_relation" else comp.load_vg_attribution)(
             path, image_dir, o.on_missing)
-        groups = [it["relation_name"] if name == "own_relation" else "_".join(it["attributes"]) for it in items]
-        return _pairs(name, data, items, items, "true_caption", "false_caption", groups, image_dir)
+        kept = items[:o.own_items]
+        groups = [it["relation_name"] if name == "own_relation" else "_".join(it["attributes"]) for it in kept]
+        return _pairs(name, data, items, kept, "true_caption", "false_caption", groups, image_dir)
     if name == "aro_relation":
         items = comp.load_vg_relation(path, image_dir, o.on_missing)
         kept = [it for it in items if it["relation_name"] not in comp.ARO_SYMMETRIC_RELATIONS]
@@ -129,7 +131,8 @@ def _suite(name: str, data: str, path: str, image_dir: str | None, o: LoadOption
                      [clusters[i] for i in kept])
     subset = name.split("/")[1]
     items = comp.load_sugarcrepe(path, image_dir, [subset], o.on_missing)[subset]
-    return _pairs(name, data, items, items, "caption", "negative_caption", [""] * len(items), image_dir)
+    kept = items[:o.own_items] if name.startswith("own_") else items
+    return _pairs(name, data, items, kept, "caption", "negative_caption", [""] * len(kept), image_dir)
 
 
 def _expand(suites) -> list[str]:
@@ -188,8 +191,9 @@ def load_suites(data_dir: str | None = None, suites="all", options: LoadOptions 
     exist, a path without its partner, a suite asked for without data, or a suite given both
     synthetic and real data is a ValueError naming it."""
     o = with_options(LoadOptions, options, kw, "load_suites")
-    if o.order_images is not None and o.order_images < 1:
-        raise ValueError(f"order_images: at least 1 image (None: all); got {o.order_images}")
+    for field, unit in (("order_images", "image"), ("own_items", "item")):
+        if getattr(o, field) is not None and getattr(o, field) < 1:
+            raise ValueError(f"{field}: at least 1 {unit} (None: all); got {getattr(o, field)}")
     sources = _sources(data_dir, o)
     out = {}
     for name in _expand(suites):

@@ -26,7 +26,7 @@ def test_compositionality_notebook_smoke(tmp_path, run_notebook):
     small_model("mdc").save(str(checkpoint))
     out = tmp_path / "run"
     run_notebook("compositionality", checkpoint=str(checkpoint), num_samples=2, n_items=4, attribute_min_count=1,
-                 tagger="builtin", batch_size=4, resamples=20, output_dir=str(out))
+                 tagger="builtin", batch_size=4, resamples=20, own_items=2, output_dir=str(out))
     record = read_results(out / "results.json", kind="compositionality")
     results = record["results"]
     assert record["parameters"]["num_samples"] == 2 and record["model"]["objective"] == "mdc"
@@ -40,7 +40,9 @@ def test_compositionality_notebook_smoke(tmp_path, run_notebook):
     kinds = ("", "_shuffled", "_blind")
     assert results["settings"]["variants"] == [f"{v}{k}" for v in raw for k in kinds] + [f"{v}_debiased" for v in debiased]
     assert results["settings"]["debias_alpha"] == 1.0 and results["settings"]["blind_images"] == 8
-    assert results["settings"]["shuffled"] is True
+    assert results["settings"]["shuffled"] is True and results["settings"]["own_items"] == 2
+    own = results["columns"]["own_relation"]
+    assert (own["items"], own["total"]) == (2, 4)  # each in-distribution file's first 2 of its 4 items
     assert set(results["table2"]) == {f"{v}{k}{s}" for v in raw for k in kinds for s in ("", "_lengthnorm")} \
         | {f"{v}_debiased{s}" for v in debiased for s in ("", "_lengthnorm")}
     entry = results["columns"]["aro_relation"]

@@ -63,6 +63,10 @@ def test_suites_count_their_candidate_captions_by_kind():
     assert eval_cost.planned_suites("all", 300, order_images=20)["order"] == 25 * 20
     scored = {"aro_coco_order": {"total": 1500, "items": 100, "candidates": 5}}
     assert eval_cost.recorded_suites(scored) == {"order": 500}
+    # the in-distribution suites' first 60 items a file: planned and recorded alike, the template suites untouched
+    assert eval_cost.planned_suites("all", 300, own_items=60) == {"template": 2 * 300 * 9, "order": 25 * 300,
+                                                                   "own": 2 * 60 * 9}
+    assert eval_cost.recorded_suites({"own_swap": {"total": 900, "items": 180, "candidates": 2}}) == {"own": 360}
 
 
 def test_a_probe_record_of_fewer_test_images_is_scaled_by_the_images(tmp_path):
@@ -136,7 +140,12 @@ def test_a_run_without_any_record_is_estimated_from_its_work_above_the_profile_s
     tiny = Run(run.name, "compositionality", dict(run.params, suites=["own_relation"]), deps=run.deps,
                labels=run.labels)
     small = Run("data/evalsets", "data", dict(EVALSETS.params, n_items=2))
+    # a part no seed has measured floors at the notebook's default, not at the measured parts' sum (a 60-item own
+    # part models at a fifth of the 300-item one, far below the order and pair parts together)
     assert ledger.estimate(tiny, str(tmp_path), "mini", {"data/evalsets": small}) == (
+        ledger.DEFAULT_SECONDS["mini"]["compositionality"], "no record: the profile's default")
+    whole = Run(run.name, "compositionality", tiny.params, deps=run.deps, labels={"method": "MDC"})
+    assert ledger.estimate(whole, str(tmp_path), "mini", {"data/evalsets": small}) == (
         ledger.MDC_TABLE2_SECONDS["order"] + ledger.MDC_TABLE2_SECONDS["pairs"], "no record: the profile's default")
     assert ledger.estimate(Run("captioning/alt-s0", "captioning", {}), str(tmp_path), "mini")[1] == (
         "no record: the profile's default")

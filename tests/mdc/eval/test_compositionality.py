@@ -247,6 +247,21 @@ def test_order_images_keeps_the_first_images_captions_unchanged(evalsets):
         C.load_suites(evalsets, ["aro_coco_order"], order_images=0)
 
 
+def test_own_items_keeps_each_in_distribution_file_s_first_items_and_nothing_else(evalsets):
+    full = C.load_suites(evalsets, ["own", "aro_relation"])
+    part = C.load_suites(evalsets, ["own", "aro_relation"], own_items=3)
+    for name, suite in part.items():
+        whole = full[name]
+        if not name.startswith("own"):  # the template suites keep every item
+            assert suite.keys() == whole.keys() and suite.excluded == whole.excluded
+            continue
+        assert (len(suite.items), suite.total, suite.excluded) == (3, whole.total, len(whole.items) - 3), name
+        assert suite.keys() == whole.keys()[:3] and suite.candidates == whole.candidates[:3]
+        assert suite.groups == whole.groups[:3] and suite.clusters == whole.clusters[:3]
+    with pytest.raises(ValueError, match="own_items: at least 1 item"):
+        C.load_suites(evalsets, ["own"], own_items=0)
+
+
 @pytest.mark.parametrize("objective", ["mdc", "arc", "clip"])
 def test_end_to_end_on_synthetic_sets(evalsets, objective, tmp_path):
     suites = C.load_suites(evalsets, ["aro_relation", "aro_attribute", "aro_coco_order", "sugarcrepe"],
