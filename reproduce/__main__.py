@@ -17,11 +17,13 @@
 Completed runs are skipped (keyed by notebook, parameters and dependencies); a failed run is
 reported at the end and the exit status is non-zero. Every finished run writes a small record into
 the ledger (--records; for mini the committed reproduce/records/mini/), from which the tables and
-figures are built; a run whose record carries its key is done even with no run folder. Without --seeds
-or --seed-plan a build takes the seeds the ledger holds (reproduce/seed_plan.py). A build with fewer
-seeds of some claim row than the figures folder's claims.csv holds goes to OUT/<profile>/figures
-instead, in one line, unless --overwrite-figures. One runner per output folder: a second one
-on the same OUT/<profile>/ is refused, naming the first. A bad value prints one line,
+figures are built; a run whose record carries its key is done even with no run folder. A run that writes
+a ledger of the repository (reproduce/records/<name>/, mini's default) keeps the float16 weights of every
+seed of the descriptive MDC, ARC and CLIP in reproduce/weights/<name>/ (--kept-weights DIR: there instead;
+reproduce/pretrained.py). Without --seeds or --seed-plan a build takes the seeds the ledger holds
+(reproduce/seed_plan.py). A build with fewer seeds of some claim row than the figures folder's claims.csv
+holds goes to OUT/<profile>/figures instead, in one line, unless --overwrite-figures. One runner per output
+folder: a second one on the same OUT/<profile>/ is refused, naming the first. A bad value prints one line,
 ``error: --jobs must be >= 1, got 0``, and exits 2; --debug (or MDC_DEBUG=1) shows the traceback.
 """
 from __future__ import annotations
@@ -88,6 +90,9 @@ def main(argv=None) -> int:
                    help="start no run that would not finish within MINUTES; the rest is left for the next call")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep checkpoints whose every reader is recorded (default: removed)")
+    p.add_argument("--kept-weights", metavar="DIR", help="where every seed of the descriptive MDC, ARC and CLIP "
+                   "leaves its weights in float16 (default: reproduce/weights/<name> for a ledger "
+                   "reproduce/records/<name>, else none)")
     p.add_argument("--debug", action="store_true", help="on an error, show the traceback (or set MDC_DEBUG=1)")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
@@ -126,7 +131,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         only={args.run} if args.run else None,  # --run: its dependencies ran as earlier jobs
         records=records, time_budget_s=None if args.time_budget is None else args.time_budget * 60,
         keep_checkpoints=args.keep_checkpoints or bool(args.only),  # --only: a partial graph
-        profile=args.profile)
+        profile=args.profile, kept_weights=_kept_weights(args, records))
     if args.dry_run:
         runner.dry_run(runs, out, settings, flops=_flops if args.profile != "paper" else None)
     outcome = {} if args.dry_run else runner.run_all(runs, out, settings)
@@ -165,6 +170,18 @@ def _planned_runs(args: argparse.Namespace, records: str) -> list:
     if not args.list:
         print(f"seed plan ({source}): {plan.describe()}")
     return seed_plan.apply(registry.build(args.profile, plan.most), plan)
+
+
+def _kept_weights(args: argparse.Namespace, records: str) -> str | None:
+    """Where the runs of reproduce.pretrained.KEEP leave their float16 weights: --kept-weights, else beside a
+    ledger of the repository (reproduce/records/<name>: a reference run, mini's by default) in
+    reproduce/weights/<name>, else nowhere (a test or an ad-hoc ledger keeps nothing unless asked)."""
+    if args.kept_weights:
+        return args.kept_weights
+    ledgers = os.path.join(ledger.ROOT, "reproduce", "records")
+    if os.path.dirname(os.path.abspath(records)) == ledgers:
+        return os.path.join(ledger.ROOT, "reproduce", "weights", os.path.basename(os.path.abspath(records)))
+    return None
 
 
 def _seeds_flag(args: argparse.Namespace) -> str:

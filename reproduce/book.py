@@ -5,7 +5,9 @@ checkpoints no unrecorded run reads any more.
 A run whose record carries its current key counts as done even where no run folder exists; it executes
 again only when a run that will execute needs its output (a checkpoint, data). Once every run that reads
 a pretraining run's checkpoints has a record, its checkpoints are removed (unless kept) and its folder no
-longer counts as done: the record stands for it.
+longer counts as done: the record stands for it. With ``kept_weights``, a run of
+:data:`reproduce.pretrained.KEEP` leaves its weights there in float16 before its record is written
+(:func:`reproduce.pretrained.keep`), so a recorded run of a reference run always has them.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import os
 import shutil
 
 from mdc.eval.results import read_results
-from reproduce import graph, ledger
+from reproduce import graph, ledger, pretrained
 from reproduce.folders import is_done
 from reproduce.graph import Run, code_digest, run_dir
 
@@ -24,8 +26,9 @@ READS_RECORDS_ONLY = ("figures",)  # notebooks that need their dependencies' rec
 class Book:
     """What is done and where: run folders, the ledger, the records to write and the checkpoints to free."""
 
-    def __init__(self, runs, key, out, records, keep_checkpoints, log):
+    def __init__(self, runs, key, out, records, keep_checkpoints, log, kept_weights=None):
         self.runs, self.key, self.out, self.records, self.keep, self.log = runs, key, out, records, keep_checkpoints, log
+        self.kept_weights = kept_weights  # where the float16 weights of the runs in pretrained.KEEP go
         self.digest = {nb: code_digest(os.path.join(graph.NOTEBOOKS, f"{nb}.ipynb")) for nb in {r.notebook for r in runs}}
         self.in_folder = {r.name for r in runs if is_done(out, r, key[r.name])}
         self.recorded = {r.name for r in runs if ledger.done(records, r.name, key[r.name])}
@@ -43,10 +46,16 @@ class Book:
         return needed
 
     def record(self, r: Run, outcome: dict) -> None:
-        """Write ``r``'s record from its folder's results.json (a run just done, or done before the ledger)."""
+        """Write ``r``'s record from its folder's results.json (a run just done, or done before the ledger), its
+        kept weights first (``kept_weights``): a run whose weights could not be kept gets no record, and the next
+        runner keeps them as it records the run from its folder."""
         if not self.records or r.notebook in READS_RECORDS_ONLY:  # the figures are built from records, not one
             return
         results = read_results(os.path.join(run_dir(self.out, r), "results.json"))
+        if self.kept_weights and pretrained.is_kept(r.name):
+            kept = pretrained.keep(run_dir(self.out, r), self.kept_weights,
+                                   {"run": r.name, "key": self.key[r.name], "results": results})
+            self.log(f"{r.name}: float16 weights kept in {kept}")
         ledger.write(self.records, r, self.key[r.name], results, self.out, self.digest[r.notebook], outcome)
         self.recorded.add(r.name)
 

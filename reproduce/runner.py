@@ -21,8 +21,10 @@ continues in its folder, a pretraining run from its last checkpoint); :mod:`repr
 the ledger (:mod:`reproduce.ledger`): with ``records=DIR`` every run that succeeds writes one small
 record into DIR, a run whose record carries its current key counts as done even where no run folder
 exists, and the checkpoints every reader of which is recorded are removed (``keep_checkpoints``
-keeps them). With ``time_budget_s`` the runner starts no run that would not finish in time, lets the
-running ones finish and returns with the rest ``left``.
+keeps them); with ``kept_weights=DIR`` the runs of :data:`reproduce.pretrained.KEEP` (every seed of the
+descriptive MDC, ARC and CLIP) leave their weights in DIR in float16 as they are recorded. With
+``time_budget_s`` the runner starts no run that would not finish in time, lets the running ones finish and
+returns with the rest ``left``.
 
 One owner: a runner holds ``<out>/<profile>/.reproduce.lock`` (:mod:`mdc.lock`) while it runs
 (``only=`` a run, as a SLURM job does: that run's folder instead), so a second runner on the
@@ -62,6 +64,7 @@ class RunSettings:
     time_budget_s: float | None = None  # start no run that would not finish within it
     keep_checkpoints: bool = True  # False: remove the checkpoints every reader of which is recorded
     profile: str = ""  # picks the default estimates of runs not yet recorded
+    kept_weights: str | None = None  # where the runs of reproduce.pretrained.KEEP leave float16 weights
 
 
 def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), log=print) -> dict[str, dict]:
@@ -83,7 +86,8 @@ def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), lo
     with contextlib.ExitStack() as held:
         for folder in locked:
             held.enter_context(FolderLock(folder, RUNNER_LOCK, "a reproduction runner", hint))
-        book = Book(runs, key, out, settings.records, settings.keep_checkpoints or only is not None, log)
+        book = Book(runs, key, out, settings.records, settings.keep_checkpoints or only is not None, log,
+                    settings.kept_weights)
         skipped = [] if only is None else [r.name for r in runs if r.name not in only]
         if only is not None:
             book.needed = set(only)
