@@ -24,7 +24,7 @@ from argparse import ArgumentParser
 import torch
 from safetensors.torch import load_file, save_file
 
-from mdc.checkpoint import fsync_path
+from mdc.checkpoint import atomic_write_text, fsync_path
 from mdc.eval.results import checkpoint_id
 from mdc.factory import PRETRAINED_DIR, checkpoint_folder
 from reproduce import ledger
@@ -84,13 +84,13 @@ def keep(run_folder: str, out: str, record: dict) -> str | None:
                          f"names (its sha256 is {found})")
     target = os.path.join(out, run)
     os.makedirs(target, exist_ok=True)
-    _replace(os.path.join(target, "config.json"),
-             lambda tmp: shutil.copyfile(os.path.join(source, "config.json"), tmp))
+    with open(os.path.join(source, "config.json")) as f:
+        atomic_write_text(os.path.join(target, "config.json"), f.read())
     weights = half(load_file(os.path.join(source, "model.safetensors")))
     _replace(os.path.join(target, "model.safetensors"),  # one metadata key: safetensors orders several at random
              lambda tmp: save_file(weights, tmp, metadata={"source": _source(record)}))
     note = {"run": run, "key": record["key"], "checkpoint_id": wanted, "float16_id": checkpoint_id(target)}
-    _replace(os.path.join(target, KEPT_NOTE), lambda tmp: _write_json(note, tmp))
+    atomic_write_text(os.path.join(target, KEPT_NOTE), json.dumps(note, indent=1, sort_keys=True) + "\n")
     return target
 
 
