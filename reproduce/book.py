@@ -3,7 +3,8 @@ where (a run folder, a record), which must execute, the record each finished run
 checkpoints no unrecorded run reads any more.
 
 A run whose record carries its current key counts as done even where no run folder exists; it executes
-again only when a run that will execute needs its output (a checkpoint, data). Once every run that reads
+again only when a run that will execute needs its output (a checkpoint, data), and then must make the
+checkpoint its record names (:meth:`Book.differs`). Once every run that reads
 a pretraining run's checkpoints has a record, its checkpoints are removed (unless kept) and its folder no
 longer counts as done: the record stands for it. With ``kept_weights``, a run of
 :data:`reproduce.pretrained.KEEP` leaves its weights there in float16 before its record is written
@@ -44,6 +45,25 @@ class Book:
                         needed.add(d)
                         self.log(f"{d}: recorded, but {r.name} reads its output, which is not here: it executes again")
         return needed
+
+    def differs(self, r: Run) -> str | None:
+        """Why ``r``, a recorded run executed again for a reader (same key), may not replace its record: its
+        folder's weights are not the checkpoint the record names, so its recorded readers read another model.
+        None where it made the same (or either names none)."""
+        if r.name not in self.recorded:
+            return None
+        old = ((ledger.read(self.records, r.name) or {}).get("results") or {}).get("checkpoint_id")
+        new = read_results(os.path.join(run_dir(self.out, r), "results.json")).get("checkpoint_id")
+        if old and new and old != new:
+            return (f"{r.name} executed again with its recorded parameters but made checkpoint {new}, not the "
+                    f"recorded {old}: the runs that read its record read another model; the record is kept")
+        return None
+
+    def refuse(self, r: Run, why: str) -> None:
+        """Leave ``r``'s folder not done (it holds weights its record does not name), saying why."""
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(run_dir(self.out, r), "done.json"))
+        self.log(why)
 
     def record(self, r: Run, outcome: dict) -> None:
         """Write ``r``'s record from its folder's results.json (a run just done, or done before the ledger), its

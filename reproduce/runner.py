@@ -48,7 +48,7 @@ from mdc.checkpoint import atomic_write_text
 from mdc.lock import FolderLock
 from reproduce import ledger
 from reproduce.book import Book
-from reproduce.folders import RUNNER_LOCK, is_done, superseded_key
+from reproduce.folders import RUNNER_LOCK, superseded_key
 from reproduce.graph import Run, keys, order, run_dir
 from reproduce.scheduler import Scheduler
 
@@ -99,7 +99,8 @@ def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), lo
 
 
 def dry_run(runs: list[Run], out: str, settings: RunSettings = RunSettings(), log=print, flops=None) -> None:
-    """What :func:`run_all` would do, without a lock and writing nothing: each run's state, estimated minutes
+    """What :func:`run_all` would do, without a lock and writing nothing: each run's state (a recorded run that
+    a run to execute reads again, with the line why, would run), estimated minutes
     (where its record was scaled or is not its own, from what: :func:`reproduce.ledger.estimate`; and FLOPs,
     ``flops(run)`` where it counts them), the run-hours left, by kind (pretraining, evaluation), and the
     run-hours of all ``runs`` (a seed plan's, done or not) by kind (data, pretraining, evaluation), with
@@ -108,8 +109,9 @@ def dry_run(runs: list[Run], out: str, settings: RunSettings = RunSettings(), lo
     key = keys(runs)
     records, left, plan = settings.records, {"pretraining": 0.0, "evaluation": 0.0}, {}
     by_name = {r.name: r for r in runs}
+    needed = Book(runs, key, out, records, settings.keep_checkpoints, log).needed  # what run_all would execute
     for r in runs:
-        done = is_done(out, r, key[r.name]) or ledger.done(records, r.name, key[r.name])
+        done = r.name not in needed
         seconds, source = ledger.estimate(r, records, settings.profile, by_name)
         minutes = seconds / 60
         kind = "pretraining" if r.notebook == "pretrain" else "evaluation"

@@ -127,6 +127,9 @@ class Scheduler:
         for fut in finished:
             r = self.running.pop(fut)
             o = self.outcome[r.name] = fut.result()
+            if o["status"] == "ok" and (why := self.book.differs(r)):
+                o.update(status="failed", error=why)
+                self.book.refuse(r, why)
             if o["status"] == "ok":
                 self.book.in_folder.add(r.name)
                 self.book.record(r, o)

@@ -23,6 +23,7 @@ time.sleep(sleep)
 with open(os.path.join(output_dir, "calls.txt"), "a") as f:
     f.write("x")
 json.dump({"schema": "mdc.results/1", "kind": "toy", "checkpoint": os.path.abspath(output_dir),
+           "checkpoint_id": os.environ.get("TOY_CHECKPOINT_ID", "c1"),  # what a run's weights hash to
            "results": {"value": value, "correct": [1, 0, 1]}}, open(os.path.join(output_dir, "results.json"), "w"))
 '''
 
@@ -87,6 +88,36 @@ def test_a_recorded_run_executes_again_when_a_run_that_executes_reads_its_output
     assert outcome["eval/c"]["status"] == "skipped"
     assert any("pre/a: recorded, but eval/b reads its output" in line for line in lines)
     assert ledger.read(records, "eval/b")["results"]["results"]["value"] == 5
+
+
+def test_a_recorded_run_that_executes_again_must_make_the_checkpoint_its_record_names(toy, monkeypatch):
+    """A pretraining run executed again for a reader whose key changed must make the weights its record names:
+    other weights would leave its recorded readers (a probe) on another model than the new one. Then it fails,
+    its reader is blocked and the ledger keeps what it had."""
+    out, records = toy
+    runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
+    before = {name: ledger.read(records, name) for name in ("pre/a", "eval/b")}
+    shutil.rmtree(out)
+    monkeypatch.setenv("TOY_CHECKPOINT_ID", "c2")  # the same parameters train other weights
+    outcome = runner.run_all(_runs(b=5), out, RunSettings(records=records), log=lambda *a: None)
+    assert outcome["pre/a"]["status"] == "failed" and outcome["eval/b"]["status"] == "blocked"
+    assert "made checkpoint c2, not the recorded c1" in outcome["pre/a"]["error"]
+    assert {name: ledger.read(records, name) for name in before} == before
+    again = runner.run_all(_runs(b=5), out, RunSettings(records=records), log=lambda *a: None)
+    assert again["pre/a"]["status"] == "failed" and again["eval/b"]["status"] == "blocked"  # its folder is not done
+
+
+def test_the_dry_run_counts_a_recorded_run_that_executes_again(toy):
+    """What run_all would execute, the dry run says it would run and counts in the hours left: a recorded
+    pretraining run whose output is gone, read by a run whose key changed."""
+    out, records = toy
+    runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
+    shutil.rmtree(out)
+    lines = []
+    runner.dry_run(_runs(b=5), out, RunSettings(records=records), log=lines.append)
+    state = {line.split("  (")[0].split()[-1]: line.split()[0] for line in lines if "  (" in line}
+    assert state == {"pre/a": "would", "eval/b": "would", "eval/c": "done"}
+    assert any("pre/a: recorded, but eval/b reads its output" in line for line in lines)
 
 
 def test_runs_done_before_the_ledger_get_their_records_from_their_folders(toy):
