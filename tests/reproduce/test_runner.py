@@ -112,6 +112,26 @@ def test_bookkeeping_parameters_leave_the_key_alone():
     assert graph.keys(run(steps=9)) != graph.keys(run())
 
 
+def test_a_table2_part_carries_only_the_sizes_it_reads(monkeypatch):
+    """A new size of the in-distribution suites re-keys the own parts alone, and a new order size the order
+    parts alone: the pair parts' records (and the other part's) stay valid."""
+    mini = registry.PROFILES["mini"]
+
+    def table2_keys(**sizes):
+        monkeypatch.setitem(registry.PROFILES, "mini",
+                            {**mini, "compositionality": {**mini["compositionality"], **sizes}})
+        runs = registry.build("mini", 1)
+        return {k: v for k, v in graph.keys(runs).items() if k.startswith("compositionality/")}
+
+    sizes = mini["compositionality"]
+    before = table2_keys()
+    own, order = table2_keys(own_items=sizes["own_items"] + 1), table2_keys(order_images=sizes["order_images"] + 1)
+    assert len(before) == 9
+    for name, key in before.items():
+        assert (own[name] != key) == name.endswith("-own-s0"), name
+        assert (order[name] != key) == name.endswith("-order-s0"), name
+
+
 def test_a_notebook_saved_with_outputs_keeps_its_runs(toy):
     """Opening a notebook in Jupyter, running it and saving it (outputs, counts, metadata, a markdown note)
     does not change what its runs compute; a change to its code does."""
