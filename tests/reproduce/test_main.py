@@ -72,9 +72,11 @@ def test_the_dry_run_of_a_seed_plan_shows_its_runs_and_run_hours(tmp_path, capsy
     out = capsys.readouterr().out
     would = [line.split()[2] for line in out.splitlines() if line.startswith("would run")]
     # the plan's extra seed runs; seeds 0-2 run only where the ledger's records no longer match their runs (the
-    # evaluations whose instruments changed after the ledger was written), never a fourth seed of another run
+    # evaluations whose instruments changed after the ledger was written) and the recorded pretraining runs those
+    # read, each with the line why; never a fourth seed of another run
     assert [name for name in would if name.endswith("-s3")] == ["pretrain/mdc-alt-s3", "probe/mdc-alt-s3"]
-    assert not [name for name in would if name.startswith("pretrain/") and not name.endswith("-s3")]
+    again = [name for name in would if name.startswith("pretrain/") and not name.endswith("-s3")]
+    assert all(f"{name}: recorded, but " in out for name in again)
     assert would[-1] == "figures"
     assert "seed plan" in out and "4 seeds for mdc-alt, 3 elsewhere" in out
     assert "run-hours left" in out and "in this plan" in out
