@@ -41,6 +41,7 @@ PEAK_BF16 = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H1
              ("A100", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10", 125e12), ("RTX 4090", 165e12))
 PAPER_MICRO_BATCH = 128  # per GPU, ViT-B (paper Sec. 4.1)
 OBJECTIVES = ("mdc", "arc", "clip")  # the training rows, in this order
+PARTS = ("training", "sampling", "scoring")  # MDC_GPU_PARTS picks some (default all), run in this order
 GiB = 2**30
 
 
@@ -209,12 +210,19 @@ def _scoring(sec: Section, ctx: Context, device: torch.device, models: dict) -> 
 
 
 def measure(ctx: Context, device: torch.device) -> Section:
-    """The section's figures on ``device`` (tests run it on the CPU)."""
+    """The section's figures on ``device`` (tests run it on the CPU); ``MDC_GPU_PARTS`` (e.g. ``training``) picks
+    the parts of a second try."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    parts = os.environ.get("MDC_GPU_PARTS", ",".join(PARTS)).split(",")
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise ValueError(f"MDC_GPU_PARTS names {', '.join(map(repr, unknown))}; the parts are {', '.join(PARTS)}")
     sec = Section("gpu", f"GPU ({name}): vit-b-32 MDC, ARC and CLIP training in bf16, sampling, scoring")
-    _training(sec, ctx, device, name)
-    models = _models(ctx, device)
-    for part in (_sampling, _scoring):
+    if "training" in parts:
+        _training(sec, ctx, device, name)
+    later = [part for key, part in (("sampling", _sampling), ("scoring", _scoring)) if key in parts]
+    models = _models(ctx, device) if later else {}
+    for part in later:
         first = len(sec.rows)
         part(sec, ctx, device, models)
         _print_rows(sec, first)

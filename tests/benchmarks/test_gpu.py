@@ -38,3 +38,16 @@ def test_a_second_try_picks_objectives_leaves_out_compile_and_profiles(monkeypat
     names = [row.name for row in sec.rows]
     assert names and all(n.startswith("CLIP ") for n in names) and not any("compile" in n for n in names)
     assert "CLIP profile, 3 eager steps, by self_cpu_time_total" in capsys.readouterr().out
+
+
+def test_a_second_try_picks_the_parts(monkeypatch):
+    """MDC_GPU_PARTS=training leaves out sampling and scoring (measured on an earlier try); an unknown part is
+    refused by name before anything is measured."""
+    monkeypatch.setenv("MDC_GPU_PARTS", "training")
+    monkeypatch.setenv("MDC_GPU_OBJECTIVES", "clip")
+    monkeypatch.setenv("MDC_GPU_COMPILE", "0")
+    names = [row.name for row in gpu.measure(Context(quick=True), torch.device("cpu")).rows]
+    assert names and all(n.startswith("CLIP ") for n in names)
+    monkeypatch.setenv("MDC_GPU_PARTS", "training,sampleing")
+    with pytest.raises(ValueError, match="MDC_GPU_PARTS.*'sampleing'.*training, sampling, scoring"):
+        gpu.measure(Context(quick=True), torch.device("cpu"))
