@@ -43,8 +43,9 @@ from reproduce.paper_profile import PER_GPU_BATCH, data_vars
 H100_BF16 = 989e12  # FLOP/s, H100 SXM dense bf16 tensor cores (benchmarks/gpu.py: PEAK_BF16)
 # The utilisation used unless --mfu is given: measured by `python -m benchmarks gpu` on an NVIDIA H100 80GB HBM3
 # (2026-11-26, docs/benchmarks.md "GPU first contact: measured"), ViT-B/32 at the paper's micro-batch of 128 in
-# bf16, eager: MDC 0.052, ARC 0.038, CLIP 0.052 (MDC compiled: 1.19x). The step waits on the host there (the
-# GPU is busy 35 of its 85 ms), so larger backbones should reach more; until measured, this is the floor.
+# bf16, eager: MDC 0.052, ARC 0.038, CLIP 0.052 (compiled: MDC 1.19x; ARC 1.24x, CLIP 1.22x on 2026-11-27). The
+# step waits on the host there (the GPU is busy 35 of its 85 ms; batch 256 takes about the step time of 128, MFU
+# 0.09-0.11), so larger backbones and micro-batches should reach more; until measured, this is the floor.
 MFU = 0.05
 # Activations autograd saves per sample under autocast (fp32 weights) / with the model in bf16: 1.11-1.17
 # measured on CPU autocast for ViT-B/32, ViT-B/16 (depth cut) and tiny (tests/reproduce/test_cost.py re-measures it).
