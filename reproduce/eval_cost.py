@@ -36,6 +36,7 @@ from functools import lru_cache
 
 from mdc.eval.suites import OWN_SUITES
 from mdc.world.evalsets import PROBE_TEST_ITEMS, PROBE_TEST_OTHER, SUGARCREPE_FILES
+from reproduce import graph
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNITS_FILE = os.path.join(ROOT, "reproduce", "studies", "eval_costs", "unit_seconds.json")
@@ -53,10 +54,14 @@ def units(path: str = UNITS_FILE) -> dict:
         return json.load(f)
 
 
-@lru_cache(maxsize=None)
 def notebook_defaults(notebook: str) -> dict:
-    """The literal values of a notebook's ``parameters`` cell, by name."""
-    with open(os.path.join(ROOT, "notebooks", f"{notebook}.ipynb")) as f:
+    """The literal values of a notebook's ``parameters`` cell (in :data:`reproduce.graph.NOTEBOOKS`), by name."""
+    return _parameter_literals(os.path.join(graph.NOTEBOOKS, f"{notebook}.ipynb"))
+
+
+@lru_cache(maxsize=None)
+def _parameter_literals(path: str) -> dict:
+    with open(path) as f:
         cells = json.load(f)["cells"]
     cell = next(c for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
     out = {}

@@ -71,11 +71,15 @@ def package_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def device() -> str:
-    """Where runs execute: the CUDA device's name, or the CPU and its core count."""
+def device(run) -> str:
+    """Where ``run`` executed: the CUDA device's name, or the CPU and its core count. A notebook with a ``device``
+    parameter runs where it says (its default, "cpu" for the evaluations, where the run names none); pretraining
+    takes the GPU wherever there is one (``mdc.train``'s rule); the data notebook runs on the CPU."""
     import torch  # the runner is imported by tools that do not need torch
 
-    if torch.cuda.is_available():
+    named = run.params.get("device", eval_cost.notebook_defaults(run.notebook).get("device"))
+    on_gpu = str(named).startswith("cuda") if named is not None else run.notebook == "pretrain"
+    if on_gpu and torch.cuda.is_available():
         return f"cuda: {torch.cuda.get_device_name(0)}"
     return f"cpu: {platform.machine()}, {os.cpu_count()} cores"
 
@@ -132,7 +136,7 @@ def write(records: str, run, key: str, results: dict, out: str, notebook_digest:
         "schema": SCHEMA, "run": run.name, "key": key, "notebook": run.notebook, "params": run.params,
         "labels": run.labels, "artifacts": list(run.artifacts), "seed": run.labels.get("seed"),
         "code": {"notebook": notebook_digest, "package": package_digest()},
-        "device": outcome.get("device") or device(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device": outcome.get("device") or device(run), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": round(outcome.get("seconds", 0.0), 1), "cpu_seconds": round(outcome.get("cpu_seconds", 0.0), 1),
         "peak_mb": round(outcome.get("peak_mb", 0.0)), "results": _relative(results, out),
     }

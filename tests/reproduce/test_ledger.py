@@ -315,3 +315,17 @@ def test_an_attempt_whose_runner_was_stopped_counts_to_its_log_s_last_line(toy):
     assert 67.0 <= ledger.read(records, "eval/b")["seconds"] < 67.0 + 60
     runner.run_all([run], out, RunSettings(records=records), log=lambda *a: None)  # done: nothing added, nothing run
     assert ledger.read(records, "eval/b")["seconds"] < 67.0 + 60
+
+
+def test_a_record_names_the_device_its_notebook_ran_on(monkeypatch):
+    """On a GPU machine pretraining takes the GPU (``mdc.train``'s rule) while an evaluation runs where its
+    notebook's ``device`` parameter says, the CPU unless the run names cuda: the machine's GPU is not the
+    device of a probe that ran on its CPU."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "Some GPU")
+    assert ledger.device(Run("pretrain/m-s0", "pretrain", {})) == "cuda: Some GPU"
+    assert ledger.device(Run("probe/m-s0", "linear_probe", {})).startswith("cpu: ")
+    assert ledger.device(Run("probe/m-s0", "linear_probe", {"device": "cuda"})) == "cuda: Some GPU"
+    assert ledger.device(Run("data/world", "data", {})).startswith("cpu: ")
