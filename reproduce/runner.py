@@ -23,8 +23,9 @@ record into DIR, a run whose record carries its current key counts as done even 
 exists, and the checkpoints every reader of which is recorded are removed (``keep_checkpoints``
 keeps them); with ``kept_weights=DIR`` the runs of :data:`reproduce.pretrained.KEEP` (every seed of the
 descriptive MDC, ARC and CLIP) leave their weights in DIR in float16 as they are recorded. With
-``time_budget_s`` the runner starts no run that would not finish in time, lets the running ones finish and
-returns with the rest ``left``.
+``time_budget_s`` the runner starts no run that would not finish in time (but a short reader of a run
+executed in this part: :mod:`reproduce.scheduler`), lets the running ones finish and returns with the rest
+``left``.
 
 One owner: a runner holds ``<out>/<profile>/.reproduce.lock`` (:mod:`mdc.lock`) while it runs
 (``only=`` a run, as a SLURM job does: that run's folder instead), so a second runner on the

@@ -14,7 +14,10 @@ chain first, so the longest evaluation starts early in a time box.
 Under a time budget a run starts only if its estimate (its last record, scaled where its parameters changed,
 or the profile's default: :func:`reproduce.ledger.estimate_seconds`) with its longest reader's still to run fits in what is left:
 a checkpoint left unread is trained again by the next part. A run that does not fit is ``left``; the
-running ones finish.
+running ones finish. One exception bounds the cost of an estimate that was short: a run that reads a run
+executed in this part and is both shorter than it and a tenth of the budget at most (a probe after a
+pretraining run that ended just past the budget) still starts, since leaving it would have the next part
+execute that run again.
 """
 from __future__ import annotations
 
@@ -80,6 +83,12 @@ class Scheduler:
                   and x.name in self.book.needed and self.status(x.name) is None]
         return self.estimate[r.name] + max(follow, default=0.0)
 
+    def saves(self, r: Run) -> bool:
+        """Whether ``r`` starts past the budget: it is short (a tenth of the budget at most) and reads a run
+        executed in this part that takes longer, which the next part would execute again were ``r`` left."""
+        own = self.estimate[r.name]
+        return own <= self.budget_s / 10 and any(self.status(d) == "ok" and self.estimate[d] > own for d in r.deps)
+
     def _log(self, done: int, status: str, message: str) -> None:
         self.book.log(f"[{done}/{len(self.book.runs)}] {status:8s} {message}")
 
@@ -111,7 +120,7 @@ class Scheduler:
                 break
             self.pending.remove(r)
             elapsed = time.perf_counter() - self.start
-            if self.budget_s is not None and elapsed + self.chain(r) > self.budget_s:
+            if self.budget_s is not None and elapsed + self.chain(r) > self.budget_s and not self.saves(r):
                 self.outcome[r.name] = quiet("left")
                 continue
             key = self.book.key[r.name]

@@ -228,6 +228,21 @@ def test_a_time_budget_starts_no_run_whose_readers_could_not_follow_it(toy, monk
         "pre/long": "left", "eval/long": "left", "pre/short": "ok", "eval/short": "ok"}
 
 
+def test_past_the_budget_a_short_reader_of_a_run_trained_in_this_part_still_starts(toy, monkeypatch):
+    """A pretraining run that overran its estimate ends past the budget: its short reader (a tenth of the
+    budget at most, shorter than the run it reads) still starts, else the next part would train that run
+    again for a run of a few minutes. A long reader, or a run reading nothing trained here, is left."""
+    out, records = toy
+    runs = [Run("pre/a", "toy", {"output_dir": "{run:pre/a}", "sleep": 1.0}),
+            Run("eval/short", "toy", {"output_dir": "{run:eval/short}"}, deps=("pre/a",)),
+            Run("eval/long", "toy", {"output_dir": "{run:eval/long}"}, deps=("pre/a",)),
+            Run("pre/other", "toy", {"output_dir": "{run:pre/other}"})]
+    _estimates(monkeypatch, {"pre/a": 0.2, "eval/short": 0.01, "eval/long": 0.1, "pre/other": 0.01})
+    outcome = runner.run_all(runs, out, RunSettings(records=records, time_budget_s=0.5), log=lambda *a: None)
+    assert {n: o["status"] for n, o in outcome.items()} == {
+        "pre/a": "ok", "eval/short": "ok", "eval/long": "left", "pre/other": "left"}
+
+
 def test_a_seed_s_runs_start_before_the_next_seed_s(toy, monkeypatch):
     out, _ = toy
     runs = [Run("pre/long-s1", "toy", {"output_dir": "{run:pre/long-s1}"}, labels={"seed": 1}),
