@@ -187,6 +187,25 @@ def write_records(folder, runs: dict) -> str:
     return str(folder)
 
 
+# What an instant run's command does in place of its notebook: write the results file the runner waits for.
+INSTANT = ("import json, sys; "
+           "json.dump({'schema': 'mdc.results/1', 'kind': 'instant', 'results': {}}, open(sys.argv[1], 'w'))")
+
+
+@pytest.fixture
+def instant_runs(monkeypatch):
+    """Each run's command writes its results file and ends (a bare interpreter, tens of milliseconds, where a
+    notebook kernel takes seconds): for tests of which run starts when. The attempt around the command is the
+    runner's own (its subprocess, folder, log, done.json, record); only the notebook is left out."""
+    from reproduce import attempt
+    from reproduce.graph import run_dir
+
+    def command(out, run, params_file, torchrun=None):
+        return [sys.executable, "-c", INSTANT, os.path.join(run_dir(out, run), "results.json")]
+
+    monkeypatch.setattr(attempt, "command", command)
+
+
 @pytest.fixture
 def fake_judge():
     """An OpenAI-style chat server on 127.0.0.1 answering from a list, in turn."""

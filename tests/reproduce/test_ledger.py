@@ -28,16 +28,42 @@ json.dump({"schema": "mdc.results/1", "kind": "toy", "checkpoint": os.path.abspa
 '''
 
 
-@pytest.fixture
-def toy(tmp_path, monkeypatch):
-    """A notebook folder with one fast toy notebook in place of notebooks/; returns (out, records)."""
+def _write_toy(folder) -> str:
+    """A notebook folder with one fast toy notebook in place of notebooks/; returns its path."""
     nb = new_notebook(cells=[new_code_cell('output_dir = ""\nvalue = 0\nsleep = 0.0\ncheckpoint = False',
                                            metadata={"tags": ["parameters"]}), new_code_cell(TOY)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    (tmp_path / "notebooks").mkdir()
-    nbformat.write(nb, tmp_path / "notebooks" / "toy.ipynb")
-    monkeypatch.setattr(graph, "NOTEBOOKS", str(tmp_path / "notebooks"))
+    os.makedirs(folder, exist_ok=True)
+    nbformat.write(nb, os.path.join(folder, "toy.ipynb"))
+    return str(folder)
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    """The toy notebook in place of notebooks/; returns (out, records), neither made yet."""
+    monkeypatch.setattr(graph, "NOTEBOOKS", _write_toy(tmp_path / "notebooks"))
     return str(tmp_path / "out"), str(tmp_path / "records")
+
+
+@pytest.fixture(scope="module")
+def first_ledger(tmp_path_factory):
+    """``_runs()`` executed once with a ledger, shared by the tests that start from it (each run is a notebook
+    kernel: seconds): (out, records, outcome). Read it only; :func:`recorded` gives a test its own copy."""
+    base = tmp_path_factory.mktemp("first-ledger")
+    out, records = str(base / "out"), str(base / "records")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(graph, "NOTEBOOKS", _write_toy(base / "notebooks"))  # the same notebook, so the same keys
+        outcome = runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
+    return out, records, outcome
+
+
+@pytest.fixture
+def recorded(toy, first_ledger):
+    """A fresh machine with the committed ledger only: a copy of :func:`first_ledger`'s records, no run folder;
+    returns (out, records) like :func:`toy`."""
+    out, records = toy
+    shutil.copytree(first_ledger[1], records)
+    return out, records
 
 
 def _runs(b=2, sleep=0.0, checkpoint=False):
@@ -52,9 +78,9 @@ def _calls(out, name):
     return len(open(path).read()) if os.path.exists(path) else 0
 
 
-def test_every_finished_run_leaves_a_record_that_names_its_code_and_no_machine_path(toy):
-    out, records = toy
-    outcome = runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
+@pytest.mark.usefixtures("toy")  # the same notebook in graph.NOTEBOOKS: the digest and keys the records name
+def test_every_finished_run_leaves_a_record_that_names_its_code_and_no_machine_path(first_ledger):
+    out, records, outcome = first_ledger
     assert {o["status"] for o in outcome.values()} == {"ok"}
     found = ledger.read_all(records)
     assert sorted(found) == ["eval/b", "eval/c", "pre/a"]
@@ -68,19 +94,15 @@ def test_every_finished_run_leaves_a_record_that_names_its_code_and_no_machine_p
     assert os.path.abspath(out) not in open(ledger.path(records, "eval/b")).read()
 
 
-def test_a_recorded_run_is_done_without_its_folder(toy):
-    out, records = toy
-    runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
-    shutil.rmtree(out)  # a fresh machine with the committed ledger only
+def test_a_recorded_run_is_done_without_its_folder(recorded):
+    out, records = recorded
     outcome = runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
     assert {o["status"] for o in outcome.values()} == {"skipped"}
     assert not any(_calls(out, r.name) for r in _runs())
 
 
-def test_a_recorded_run_executes_again_when_a_run_that_executes_reads_its_output(toy):
-    out, records = toy
-    runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
-    shutil.rmtree(out)
+def test_a_recorded_run_executes_again_when_a_run_that_executes_reads_its_output(recorded):
+    out, records = recorded
     lines = []
     # b changed: it reads pre/a's folder
     outcome = runner.run_all(_runs(b=5), out, RunSettings(records=records), log=lines.append)
@@ -90,14 +112,12 @@ def test_a_recorded_run_executes_again_when_a_run_that_executes_reads_its_output
     assert ledger.read(records, "eval/b")["results"]["results"]["value"] == 5
 
 
-def test_a_recorded_run_that_executes_again_must_make_the_checkpoint_its_record_names(toy, monkeypatch):
+def test_a_recorded_run_that_executes_again_must_make_the_checkpoint_its_record_names(recorded, monkeypatch):
     """A pretraining run executed again for a reader whose key changed must make the weights its record names:
     other weights would leave its recorded readers (a probe) on another model than the new one. Then it fails,
     its reader is blocked and the ledger keeps what it had."""
-    out, records = toy
-    runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
+    out, records = recorded
     before = {name: ledger.read(records, name) for name in ("pre/a", "eval/b")}
-    shutil.rmtree(out)
     monkeypatch.setenv("TOY_CHECKPOINT_ID", "c2")  # the same parameters train other weights
     outcome = runner.run_all(_runs(b=5), out, RunSettings(records=records), log=lambda *a: None)
     assert outcome["pre/a"]["status"] == "failed" and outcome["eval/b"]["status"] == "blocked"
@@ -107,12 +127,10 @@ def test_a_recorded_run_that_executes_again_must_make_the_checkpoint_its_record_
     assert again["pre/a"]["status"] == "failed" and again["eval/b"]["status"] == "blocked"  # its folder is not done
 
 
-def test_the_dry_run_counts_a_recorded_run_that_executes_again(toy):
+def test_the_dry_run_counts_a_recorded_run_that_executes_again(recorded):
     """What run_all would execute, the dry run says it would run and counts in the hours left: a recorded
     pretraining run whose output is gone, read by a run whose key changed."""
-    out, records = toy
-    runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
-    shutil.rmtree(out)
+    out, records = recorded
     lines = []
     runner.dry_run(_runs(b=5), out, RunSettings(records=records), log=lines.append)
     state = {line.split("  (")[0].split()[-1]: line.split()[0] for line in lines if "  (" in line}
@@ -160,24 +178,22 @@ def test_checkpoints_go_once_every_reader_is_recorded(toy, keep):
     assert {o["status"] for o in again.values()} == {"skipped"}  # the records stand for the removed folder
 
 
-def test_provenance_lists_records_of_different_package_versions(toy):
-    out, records = toy
-    runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
-    found = ledger.read_all(records)
+def test_provenance_lists_records_of_different_package_versions(first_ledger):
+    found = ledger.read_all(first_ledger[1])
     assert ledger.provenance(found) == f"From 3 run records of package {ledger.package_digest()}."
     found["eval/c"] = {**found["eval/c"], "code": {**found["eval/c"]["code"], "package": "0" * 16}}
     line = ledger.provenance(found)
     assert "2 package versions" in line and f"package {'0' * 16}: 1 (eval/c)" in line
 
 
-def test_a_record_is_one_small_json_file(toy):
-    out, records = toy
-    runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
+def test_a_record_is_one_small_json_file(first_ledger):
+    records = first_ledger[1]
     with open(ledger.path(records, "pre/a")) as f:
         record = json.load(f)
     assert record["schema"] == ledger.SCHEMA and os.path.getsize(ledger.path(records, "pre/a")) < 4000
 
 
+@pytest.mark.usefixtures("instant_runs")
 def test_depth_first_a_pretraining_run_s_evaluations_come_before_the_next_pretraining_run(toy):
     """Evaluations also need the evaluation data, which nothing else needs: it runs as soon as an evaluation
     waits for it, so a runner stopped by its budget leaves few checkpoints without their evaluations."""
@@ -198,6 +214,7 @@ def _estimates(monkeypatch, seconds):
     monkeypatch.setattr(ledger, "estimate_seconds", lambda run, records, profile, runs=None: seconds.get(run.name, 0.0))
 
 
+@pytest.mark.usefixtures("instant_runs")
 def test_the_run_at_the_head_of_the_longest_chain_starts_first(toy, monkeypatch):
     """Of two ready pretraining runs, the one whose reader takes longest goes first, whatever the order the
     registry lists them in: a session's long evaluation (MDC's Table 2) starts early enough to finish."""
@@ -214,6 +231,7 @@ def test_the_run_at_the_head_of_the_longest_chain_starts_first(toy, monkeypatch)
     assert started == ["data/alt", "pre/long", "eval/long", "pre/short", "eval/short"]
 
 
+@pytest.mark.usefixtures("instant_runs")
 def test_a_time_budget_starts_no_run_whose_readers_could_not_follow_it(toy, monkeypatch):
     """A checkpoint that its reader cannot use before the budget ends would be trained again by the next
     part: such a run is left, and a run whose readers fit still starts."""
@@ -243,6 +261,7 @@ def test_past_the_budget_a_short_reader_of_a_run_trained_in_this_part_still_star
         "pre/a": "ok", "eval/short": "ok", "eval/long": "left", "pre/other": "left"}
 
 
+@pytest.mark.usefixtures("instant_runs")
 def test_a_seed_s_runs_start_before_the_next_seed_s(toy, monkeypatch):
     out, _ = toy
     runs = [Run("pre/long-s1", "toy", {"output_dir": "{run:pre/long-s1}"}, labels={"seed": 1}),
@@ -262,6 +281,7 @@ def test_without_its_own_record_a_run_is_estimated_from_the_same_run_of_another_
     assert ledger.estimate_seconds(other, records, "mini") == 0  # another run's record is not its own
 
 
+@pytest.mark.usefixtures("instant_runs")
 def test_a_finished_checkpoint_s_readers_go_before_a_longer_pretraining_run(toy, monkeypatch):
     """The chain orders runs of one depth only: a short evaluation of a checkpoint that is here goes before a
     pretraining run with a longer chain, or a time box ends with checkpoints whose evaluations never ran."""

@@ -3,6 +3,7 @@ and writes cluster scripts; the registry names every artifact."""
 import csv
 import json
 import os
+import shutil
 import time
 
 import nbformat
@@ -31,17 +32,39 @@ json.dump({"schema": "mdc.results/1", "kind": "toy", "results": {"value": value}
 '''
 
 
-@pytest.fixture
-def toy(tmp_path, monkeypatch):
-    """A notebook folder with one fast toy notebook, in place of notebooks/."""
+def _write_toy(folder) -> str:
+    """A notebook folder with one fast toy notebook in place of notebooks/; returns its path."""
     nb = new_notebook(cells=[new_code_cell('output_dir = ""\nvalue = 0\nfail = False\nsleep = 0.0',
                                            metadata={"tags": ["parameters"]}), new_code_cell(TOY)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    folder = tmp_path / "notebooks"
-    folder.mkdir()
-    nbformat.write(nb, folder / "toy.ipynb")
-    monkeypatch.setattr(graph, "NOTEBOOKS", str(folder))
+    os.makedirs(folder, exist_ok=True)
+    nbformat.write(nb, os.path.join(folder, "toy.ipynb"))
+    return str(folder)
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    """The toy notebook in place of notebooks/; returns the output folder, not made yet."""
+    monkeypatch.setattr(graph, "NOTEBOOKS", _write_toy(tmp_path / "notebooks"))
     return tmp_path / "out"
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """``_runs()`` executed once, shared by the tests that start from a finished output folder (each run is a
+    notebook kernel: seconds): (out, outcome). Read it only; :func:`executed` gives a test its own copy."""
+    base = tmp_path_factory.mktemp("first-run")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(graph, "NOTEBOOKS", _write_toy(base / "notebooks"))  # the same notebook, so the same keys
+        outcome = runner.run_all(_runs(), str(base / "out"), log=lambda *a: None)
+    return base / "out", outcome
+
+
+@pytest.fixture
+def executed(toy, first_run):
+    """A copy of :func:`first_run`'s output folder where :func:`toy` puts it: ``_runs()`` done there."""
+    shutil.copytree(first_run[0], toy)
+    return toy
 
 
 def _runs(a=1, b=2, fail_b=False):
@@ -56,10 +79,9 @@ def _calls(out, name):
     return len(path.read_text()) if path.exists() else 0
 
 
-def test_completed_runs_are_skipped_and_a_change_reruns_its_dependents(toy):
-    out = toy
-    first = runner.run_all(_runs(), str(out), log=lambda *a: None)
-    assert {o["status"] for o in first.values()} == {"ok"}
+def test_completed_runs_are_skipped_and_a_change_reruns_its_dependents(executed, first_run):
+    out = executed
+    assert {o["status"] for o in first_run[1].values()} == {"ok"}
     again = runner.run_all(_runs(), str(out), log=lambda *a: None)
     assert {o["status"] for o in again.values()} == {"skipped"}
     key = graph.keys(_runs())
@@ -75,10 +97,9 @@ def test_completed_runs_are_skipped_and_a_change_reruns_its_dependents(toy):
     assert params["output_dir"] == str(out / "b") and (out / "b" / "toy.ipynb").is_file()
 
 
-def test_a_cluster_job_keeps_its_lock_when_it_sets_an_old_run_aside(toy, monkeypatch):
+def test_a_cluster_job_keeps_its_lock_when_it_sets_an_old_run_aside(executed, monkeypatch):
     """``--run`` (one SLURM job) locks the run's own folder: moving the old run aside keeps the lock in place."""
-    out = toy
-    runner.run_all(_runs(), str(out), log=lambda *a: None)
+    out = executed
     held, run_attempt = [], attempt.run_attempt
 
     def spy(out_, run, key, torchrun=None):
@@ -93,9 +114,8 @@ def test_a_cluster_job_keeps_its_lock_when_it_sets_an_old_run_aside(toy, monkeyp
     assert _calls(out, old.name) == 1 and not (old / folders.RUNNER_LOCK).exists()
 
 
-def test_a_run_stopped_half_way_continues_in_its_folder(toy):
-    out = toy
-    runner.run_all(_runs(), str(out), log=lambda *a: None)
+def test_a_run_stopped_half_way_continues_in_its_folder(executed):
+    out = executed
     os.remove(out / "b" / "done.json")  # killed before it finished: same parameters, not done
     (out / "b" / "checkpoint.txt").write_text("step 3")
     again = runner.run_all(_runs(), str(out), log=lambda *a: None)
@@ -149,6 +169,7 @@ def test_a_notebook_saved_with_outputs_keeps_its_runs(toy):
     assert graph.keys(_runs())["a"] != before["a"]
 
 
+@pytest.mark.usefixtures("instant_runs")
 def test_a_ready_evaluation_goes_before_the_next_pretraining_run(toy):
     runs = [Run("pre0", "toy", {"output_dir": "{run:pre0}"}), Run("pre1", "toy", {"output_dir": "{run:pre1}"}),
             Run("pre2", "toy", {"output_dir": "{run:pre2}"}),
