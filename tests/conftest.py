@@ -6,8 +6,10 @@ import tarfile
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+import nbformat
 import pytest
 import torch
+from nbformat.v4 import new_code_cell, new_notebook
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -184,6 +186,16 @@ def write_records(folder, runs: dict) -> str:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             json.dump(record, f)
+    return str(folder)
+
+
+def toy_notebook(folder, name: str, parameters: str, code: str) -> str:
+    """``name``.ipynb in ``folder`` (made if missing): a ``parameters``-tagged cell, as papermill expects, then
+    ``code``; a fast stand-in for a package notebook in the runner's tests. Returns ``folder``."""
+    nb = new_notebook(cells=[new_code_cell(parameters, metadata={"tags": ["parameters"]}), new_code_cell(code)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    os.makedirs(folder, exist_ok=True)
+    nbformat.write(nb, os.path.join(folder, f"{name}.ipynb"))
     return str(folder)
 
 

@@ -29,9 +29,7 @@ import sys
 import textwrap
 import time
 
-import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
 from safetensors.torch import load_file
 
 import faultkit
@@ -43,7 +41,7 @@ from mdc import checkpoint
 from mdc.lock import FolderLock
 from reproduce import folders, graph, runner
 from reproduce.graph import Run
-from conftest import SUBPROCESS_ENV, TRAIN_MODEL, alive, latest_weights, same_weights
+from conftest import SUBPROCESS_ENV, TRAIN_MODEL, alive, latest_weights, same_weights, toy_notebook
 
 pytestmark = pytest.mark.faults
 
@@ -401,12 +399,7 @@ RUNNER = textwrap.dedent('''
 
 @pytest.fixture
 def notebooks(tmp_path):
-    nb = new_notebook(cells=[new_code_cell('output_dir = ""\nvalue = 0\nsleep = 0.0', metadata={"tags": ["parameters"]}),
-                             new_code_cell(SLOW)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    (tmp_path / "notebooks").mkdir()
-    nbformat.write(nb, tmp_path / "notebooks" / "slow.ipynb")
-    return str(tmp_path / "notebooks")
+    return toy_notebook(tmp_path / "notebooks", "slow", 'output_dir = ""\nvalue = 0\nsleep = 0.0', SLOW)
 
 
 def _runner(notebooks, out, value):

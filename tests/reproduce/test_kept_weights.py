@@ -4,12 +4,11 @@ import json
 import os
 import shutil
 
-import nbformat
 import pytest
 import torch
-from nbformat.v4 import new_code_cell, new_notebook
 from safetensors.torch import load_file, save_file
 
+from conftest import toy_notebook
 from mdc import factory
 from mdc.eval.results import checkpoint_id
 from reproduce import graph, ledger, pretrained, runner
@@ -133,12 +132,8 @@ json.dump({"schema": "mdc.results/1", "kind": "pretrain", "checkpoint": step, "c
 
 
 def test_the_runner_keeps_the_weights_of_a_kept_run_as_it_records_it(tmp_path, monkeypatch):
-    nb = new_notebook(cells=[new_code_cell('output_dir = ""\nvalue = 1.0', metadata={"tags": ["parameters"]}),
-                             new_code_cell(TOY)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    (tmp_path / "notebooks").mkdir()
-    nbformat.write(nb, tmp_path / "notebooks" / "toy.ipynb")
-    monkeypatch.setattr(graph, "NOTEBOOKS", str(tmp_path / "notebooks"))
+    notebooks = toy_notebook(tmp_path / "notebooks", "toy", 'output_dir = ""\nvalue = 1.0', TOY)
+    monkeypatch.setattr(graph, "NOTEBOOKS", notebooks)
     runs = [Run(name, "toy", {"output_dir": f"{{run:{name}}}", "value": value})
             for name, value in (("pretrain/clip-descriptive-s4", 2.0), ("pretrain/clip-alt-s4", 3.0))]
     out, records, kept = (str(tmp_path / name) for name in ("out", "records", "kept"))

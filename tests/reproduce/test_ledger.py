@@ -6,10 +6,9 @@ import os
 import shutil
 import time
 
-import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
 
+from conftest import toy_notebook
 from reproduce import graph, ledger, runner
 from reproduce.graph import Run
 from reproduce.runner import RunSettings
@@ -26,22 +25,13 @@ json.dump({"schema": "mdc.results/1", "kind": "toy", "checkpoint": os.path.abspa
            "checkpoint_id": os.environ.get("TOY_CHECKPOINT_ID", "c1"),  # what a run's weights hash to
            "results": {"value": value, "correct": [1, 0, 1]}}, open(os.path.join(output_dir, "results.json"), "w"))
 '''
-
-
-def _write_toy(folder) -> str:
-    """A notebook folder with one fast toy notebook in place of notebooks/; returns its path."""
-    nb = new_notebook(cells=[new_code_cell('output_dir = ""\nvalue = 0\nsleep = 0.0\ncheckpoint = False',
-                                           metadata={"tags": ["parameters"]}), new_code_cell(TOY)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    os.makedirs(folder, exist_ok=True)
-    nbformat.write(nb, os.path.join(folder, "toy.ipynb"))
-    return str(folder)
+PARAMETERS = 'output_dir = ""\nvalue = 0\nsleep = 0.0\ncheckpoint = False'  # the toy notebook's parameters cell
 
 
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
     """The toy notebook in place of notebooks/; returns (out, records), neither made yet."""
-    monkeypatch.setattr(graph, "NOTEBOOKS", _write_toy(tmp_path / "notebooks"))
+    monkeypatch.setattr(graph, "NOTEBOOKS", toy_notebook(tmp_path / "notebooks", "toy", PARAMETERS, TOY))
     return str(tmp_path / "out"), str(tmp_path / "records")
 
 
@@ -51,8 +41,8 @@ def first_ledger(tmp_path_factory):
     kernel: seconds): (out, records, outcome). Read it only; :func:`recorded` gives a test its own copy."""
     base = tmp_path_factory.mktemp("first-ledger")
     out, records = str(base / "out"), str(base / "records")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(graph, "NOTEBOOKS", _write_toy(base / "notebooks"))  # the same notebook, so the same keys
+    with pytest.MonkeyPatch.context() as mp:  # the same notebook as toy's, so the same keys
+        mp.setattr(graph, "NOTEBOOKS", toy_notebook(base / "notebooks", "toy", PARAMETERS, TOY))
         outcome = runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
     return out, records, outcome
 

@@ -8,9 +8,8 @@ import time
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
 
-from conftest import alive
+from conftest import alive, toy_notebook
 from reproduce import attempt, cluster, folders, graph, registry, runner
 from reproduce.__main__ import main
 from reproduce.graph import Run
@@ -30,22 +29,13 @@ with open(os.path.join(output_dir, "calls.txt"), "a") as f:
 json.dump({"schema": "mdc.results/1", "kind": "toy", "results": {"value": value}},
           open(os.path.join(output_dir, "results.json"), "w"))
 '''
-
-
-def _write_toy(folder) -> str:
-    """A notebook folder with one fast toy notebook in place of notebooks/; returns its path."""
-    nb = new_notebook(cells=[new_code_cell('output_dir = ""\nvalue = 0\nfail = False\nsleep = 0.0',
-                                           metadata={"tags": ["parameters"]}), new_code_cell(TOY)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    os.makedirs(folder, exist_ok=True)
-    nbformat.write(nb, os.path.join(folder, "toy.ipynb"))
-    return str(folder)
+PARAMETERS = 'output_dir = ""\nvalue = 0\nfail = False\nsleep = 0.0'  # the toy notebook's parameters cell
 
 
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
     """The toy notebook in place of notebooks/; returns the output folder, not made yet."""
-    monkeypatch.setattr(graph, "NOTEBOOKS", _write_toy(tmp_path / "notebooks"))
+    monkeypatch.setattr(graph, "NOTEBOOKS", toy_notebook(tmp_path / "notebooks", "toy", PARAMETERS, TOY))
     return tmp_path / "out"
 
 
@@ -54,8 +44,8 @@ def first_run(tmp_path_factory):
     """``_runs()`` executed once, shared by the tests that start from a finished output folder (each run is a
     notebook kernel: seconds): (out, outcome). Read it only; :func:`executed` gives a test its own copy."""
     base = tmp_path_factory.mktemp("first-run")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(graph, "NOTEBOOKS", _write_toy(base / "notebooks"))  # the same notebook, so the same keys
+    with pytest.MonkeyPatch.context() as mp:  # the same notebook as toy's, so the same keys
+        mp.setattr(graph, "NOTEBOOKS", toy_notebook(base / "notebooks", "toy", PARAMETERS, TOY))
         outcome = runner.run_all(_runs(), str(base / "out"), log=lambda *a: None)
     return base / "out", outcome
 
@@ -242,9 +232,7 @@ time.sleep(300)
 def test_a_timeout_ends_what_the_run_started_in_sessions_of_its_own(toy):
     """A run past its timeout leaves nothing running: torchrun's workers (own sessions) went on training
     after their launcher's group was killed, on the first GPU run."""
-    nb = new_notebook(cells=[new_code_cell('output_dir = ""', metadata={"tags": ["parameters"]}), new_code_cell(SPAWNER)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, os.path.join(graph.NOTEBOOKS, "spawner.ipynb"))
+    toy_notebook(graph.NOTEBOOKS, "spawner", 'output_dir = ""', SPAWNER)
     outcome = runner.run_all([Run("spawn", "spawner", {"output_dir": "{run:spawn}"}, timeout_s=20)], str(toy),
                              log=lambda *a: None)
     assert outcome["spawn"]["status"] == "timeout"

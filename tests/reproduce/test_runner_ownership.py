@@ -9,11 +9,9 @@ import sys
 import textwrap
 import time
 
-import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
 
-from conftest import SUBPROCESS_ENV, alive
+from conftest import SUBPROCESS_ENV, alive, toy_notebook
 from mdc.lock import FolderInUseError, FolderLock
 from reproduce import graph, runner
 from reproduce.__main__ import main
@@ -47,14 +45,9 @@ RUNNER = textwrap.dedent('''
 
 @pytest.fixture
 def notebooks(tmp_path, monkeypatch):
-    nb = new_notebook(cells=[new_code_cell('output_dir = ""\nvalue = 0\nsleep = 0.0', metadata={"tags": ["parameters"]}),
-                             new_code_cell(SLOW)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    folder = tmp_path / "notebooks"
-    folder.mkdir()
-    nbformat.write(nb, folder / "slow.ipynb")
-    monkeypatch.setattr(graph, "NOTEBOOKS", str(folder))
-    return str(folder)
+    folder = toy_notebook(tmp_path / "notebooks", "slow", 'output_dir = ""\nvalue = 0\nsleep = 0.0', SLOW)
+    monkeypatch.setattr(graph, "NOTEBOOKS", folder)
+    return folder
 
 
 def _run(value, sleep=0.0):
