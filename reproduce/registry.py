@@ -278,7 +278,7 @@ def evaluation_runs(p: dict, seed: int, pre: list[Run]) -> list[Run]:
                          image_root=os.path.join(evalsets, "captions"), seed=seed,
                          output_dir=f"{{run:captioning/alt-s{seed}}}", **p["captioning"]),
                     deps=(f"pretrain/mdc-alt-s{seed}", f"pretrain/arc-alt-s{seed}", "data/evalsets"),
-                    artifacts=("table3", "fig6"), labels=dict(style="alt", seed=seed),
+                    artifacts=("table3", "fig6", "claims"), labels=dict(style="alt", seed=seed),  # claims: claim 8
                     timeout_s=p["timeout_s"]))
     runs.append(Run(f"guidance/alt-s{seed}", "guidance",
                     dict(checkpoint=f"{{run:pretrain/mdc-guided-alt-s{seed}}}",

@@ -75,3 +75,10 @@ def test_without_the_wrong_image_control_the_margin_falls_back(tmp_path):
     """Records made before the control was kept: the margin is the fallback's 8 points, and the row says so."""
     rows = _rows(tmp_path, _runs(tmp_path, {"mdc-arc": 0.0}, another=None))
     assert rows["MDC at ARC's length - ARC (beam 6), CIDEr-D"][2].startswith("TOST; margin +-8")
+
+
+def test_a_build_of_the_claims_alone_reads_the_captioning_runs_claim_8_rests_on():
+    """--only claims selects every run the claims table reads: the probes and the captioning runs (claim 8)."""
+    runs = registry.build("mini", seeds=2)
+    chosen = {r.name for r in registry.select(runs, ["claims"])}
+    assert {"captioning/alt-s0", "captioning/alt-s1", "probe/mdc-descriptive-s1"} <= chosen
