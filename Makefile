@@ -55,20 +55,21 @@ lab: $(STAMP)
 smoke: $(STAMP)
 	$(PY) -m reproduce --profile smoke
 
-# SEEDS seeds of every run (the committed figures/ have 3), JOBS at a time, one thread each. With the committed
-# ledger (the default RECORDS) figures/ is rebuilt from its records alone (--from-records: seconds, nothing
-# executed): the ledger predates the instruments added since (Table 2's controls, the grid probe, larger probe
-# test sets), so running against it would re-execute every evaluation, from checkpoints a clone does not have,
-# until the next reference run writes a new ledger. RECORDS=<a new folder> runs every seed on this machine
-# (about 9 run-hours, 5 hours of wall time, per seed on 2 cores at JOBS=2). SEED_PLAN=<file> runs the seeds per run of a plan instead (the power table's:
-# reproduce/presets/mini-seeds.json, from python -m reproduce.power --write-plan FILE).
-SEEDS ?= 3
+# With the committed ledger (the default RECORDS) figures/ is rebuilt from its records alone, with the seeds
+# each run holds there (--from-records: seconds, nothing executed; the second reference run's ledger: the
+# seed plan reproduce/presets/mini-seeds.json, 3 to 8 seeds a run). RECORDS=<a new folder> runs on this
+# machine, JOBS at a time, one thread each: SEEDS seeds of every run (about 9 run-hours, 5 hours of wall time,
+# per seed on 2 cores at JOBS=2), or SEED_PLAN=<file> the seeds per run of a plan (the power table's:
+# python -m reproduce.power --write-plan FILE); neither given, 3 seeds.
+SEEDS ?=
 JOBS ?= 2
 RECORDS ?= reproduce/records/mini
 SEED_PLAN ?=
+LEDGER_SEEDS := $(if $(filter reproduce/records/mini,$(RECORDS)),,--seeds 3)
+SEEDS_FLAG := $(if $(SEED_PLAN),--seed-plan $(SEED_PLAN),$(if $(SEEDS),--seeds $(SEEDS),$(LEDGER_SEEDS)))
 reproduce: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m reproduce --profile mini $(if $(SEED_PLAN),--seed-plan $(SEED_PLAN),--seeds $(SEEDS)) \
-		--jobs $(JOBS) --records $(RECORDS) $(if $(filter reproduce/records/mini,$(RECORDS)),--from-records)
+	OMP_NUM_THREADS=1 $(PY) -m reproduce --profile mini --jobs $(JOBS) --records $(RECORDS) $(SEEDS_FLAG) \
+		$(if $(filter reproduce/records/mini,$(RECORDS)),--from-records)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

@@ -65,9 +65,9 @@ NOISES = ("absorbing", "mask_replace")  # the values of the flat ``noise`` overr
 # world's descriptive captions (python -m reproduce.pretrained writes them from the run's kept checkpoints).
 PRETRAINED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pretrained")
 _PRETRAINED = {
-    ("mini", "mdc", "synthetic"): "43d0fce5c5d45076",
-    ("mini", "arc", "synthetic"): "823206b8dc9312db",
-    ("mini", "clip", "synthetic"): "e47b48272f7b27b1",
+    ("mini", "mdc", "synthetic"): "22ccdc1f9c55c895",
+    ("mini", "arc", "synthetic"): "d9d8532c98cefc96",
+    ("mini", "clip", "synthetic"): "3c61f0d141fed6f3",
 }
 
 

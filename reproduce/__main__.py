@@ -11,7 +11,7 @@
     python -m reproduce --profile paper --slurm slurm/      # write one sbatch script per run + submit.sh
     python -m reproduce --profile paper --dry-run [--mfu 0.4]  # the plan costed: commands, data, GPU-hours
     python -m reproduce --profile mini --seeds 3 --time-budget 150   # a part: stop starting runs after 150 min
-    python -m reproduce --profile mini --seeds 3 --from-records      # every artifact from the ledger alone
+    python -m reproduce --profile mini --from-records               # every artifact from the ledger alone
     python -m reproduce --profile mini --seeds 1 --overwrite-figures # let a build with fewer seeds replace figures/
 
 Completed runs are skipped (keyed by notebook, parameters and dependencies); a failed run is

@@ -4,8 +4,7 @@ A reference run (``python -m reproduce --profile mini``, :mod:`reproduce.__main_
 seed of the runs in :data:`KEEP`, the descriptive MDC, ARC and CLIP, in ``reproduce/weights/mini/<run name>/``:
 ``config.json``, ``model.safetensors`` in float16 and ``kept.json`` (:func:`keep`, called as the run's record is
 written), so a later instrument can be applied to any seed without training again. ``kept.json`` names the
-float32 checkpoint the record names by ``checkpoint_id``. The seed-0 folders of the first reference run hold that
-float32 checkpoint itself.
+float32 checkpoint the record names by ``checkpoint_id``.
 
 This writes the seed-0 ones into the package as ``mdc/pretrained/mini-<objective>-synthetic/``: ``config.json``,
 ``model.safetensors`` in float16 (a kept float16 file as it is, a float32 one with its floating tensors rounded:

@@ -2,21 +2,17 @@
 (reproduce/pretrained.py:KEEP) as their records are written, and ships a kept float16 file as it is."""
 import json
 import os
-import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import toy_notebook
-from mdc import factory
 from mdc.eval.results import checkpoint_id
 from reproduce import graph, ledger, pretrained, runner
 from reproduce.__main__ import main
 from reproduce.graph import Run
 from reproduce.runner import RunSettings
-
-RECORDS = os.path.join(ledger.ROOT, "reproduce", "records", "mini")
 
 
 def _run_folder(root, config='{"name": "tiny"}'):
@@ -81,36 +77,36 @@ def test_a_checkpoint_that_is_not_the_record_s_is_not_kept(tmp_path):
 
 
 def _keep_seed_0(tmp_path):
-    """Seed 0's MDC kept in float16 from the committed float32 checkpoint, as a reference run keeps it."""
+    """Seed 0's MDC as a reference run keeps it: a float32 checkpoint, its record in a ledger of its own,
+    and the float16 file keep() writes from it."""
     run = pretrained.SHIPPED["mdc"]
-    run_folder = tmp_path / "run"
-    shutil.copytree(os.path.join(pretrained.KEPT, run), run_folder / "checkpoints" / "step_002240")
-    (run_folder / "checkpoints" / "latest.json").write_text(json.dumps({"step": 2240, "path": "step_002240"}))
+    checkpoint = _run_folder(tmp_path / "run")
+    records = tmp_path / "records"
+    record = {**_record(run, checkpoint), "schema": ledger.SCHEMA}
+    (records / "pretrain").mkdir(parents=True)
+    (records / f"{run}.json").write_text(json.dumps(record))
     kept = tmp_path / "kept"
-    pretrained.keep(str(run_folder), str(kept), ledger.read(RECORDS, run))
-    return run, kept
+    pretrained.keep(str(tmp_path / "run"), str(kept), record)
+    return run, kept, str(records)
 
 
 def test_a_kept_float16_file_is_shipped_as_it_is(tmp_path):
-    run, kept = _keep_seed_0(tmp_path)
-    digest = pretrained.ship(run, str(tmp_path / "out"), kept=str(kept))
+    run, kept, records = _keep_seed_0(tmp_path)
+    digest = pretrained.ship(run, str(tmp_path / "out"), kept=str(kept), records=records)
     weights = kept / run / "model.safetensors"
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == weights.read_bytes()
     assert digest == checkpoint_id(kept / run)
-    assert json.load(open(tmp_path / "out" / "record.json")) == ledger.read(RECORDS, run)
-    shipped = load_file(os.path.join(factory.PRETRAINED_DIR, "mini-mdc-synthetic", "model.safetensors"))
-    ours = load_file(str(weights))
-    assert ours.keys() == shipped.keys() and all(torch.equal(ours[k], shipped[k]) for k in ours)
+    assert json.load(open(tmp_path / "out" / "record.json")) == ledger.read(records, run)
 
 
 def test_a_kept_float16_file_of_another_checkpoint_is_refused_naming_it_and_both_ids(tmp_path):
-    run, kept = _keep_seed_0(tmp_path)
+    run, kept, records = _keep_seed_0(tmp_path)
     weights = kept / run / "model.safetensors"
     note = json.load(open(kept / run / "kept.json"))
     (kept / run / "kept.json").write_text(json.dumps({**note, "checkpoint_id": "fedcba9876543210"}))
-    wanted = ledger.read(RECORDS, run)["results"]["checkpoint_id"]
+    wanted = ledger.read(records, run)["results"]["checkpoint_id"]
     with pytest.raises(ValueError, match=f"{weights} is not the checkpoint {wanted} .*fedcba9876543210"):
-        pretrained.ship(run, str(tmp_path / "out"), kept=str(kept))
+        pretrained.ship(run, str(tmp_path / "out"), kept=str(kept), records=records)
 
 
 TOY = '''
