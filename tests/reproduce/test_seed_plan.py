@@ -10,6 +10,7 @@ from reproduce.seed_plan import SeedPlan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORDS = os.path.join(ROOT, "reproduce", "records", "mini")
+PLAN = os.path.join(ROOT, "reproduce", "presets", "mini-seeds.json")  # the seed plan RECORDS was run with
 
 
 def test_a_plan_gives_a_pretraining_run_and_its_probe_more_seeds_and_the_rest_the_default():
@@ -28,7 +29,7 @@ def test_a_plan_gives_a_pretraining_run_and_its_probe_more_seeds_and_the_rest_th
 
 def test_the_ledgers_plan_is_the_seeds_it_recorded():
     plan = seed_plan.from_ledger(RECORDS, registry.build("mini", 1))
-    assert plan == seed_plan.read(os.path.join(ROOT, "reproduce", "presets", "mini-seeds.json"))  # the plan it ran
+    assert plan == seed_plan.read(PLAN)  # the plan it ran
     assert seed_plan.from_ledger("no-such-folder", registry.build("mini", 1)) == SeedPlan(1, ())
 
 
@@ -47,7 +48,7 @@ def test_a_plan_file_round_trips_and_a_bad_one_names_its_field(tmp_path):
 
 def _planned_runs():
     """The runs of the seed plan the committed ledger was run with."""
-    plan = seed_plan.read(os.path.join(ROOT, "reproduce", "presets", "mini-seeds.json"))
+    plan = seed_plan.read(PLAN)
     return seed_plan.apply(registry.build("mini", plan.most), plan)
 
 
