@@ -104,8 +104,8 @@ def batch(model, n: int, device=torch.device("cpu"), seed: int = 0) -> tuple[tor
 
 
 def open_clip_module():
-    """open_clip, importable on CPU torch too (see :mod:`mdc._compat`)."""
-    from mdc._compat import patch_torchvision
+    """open_clip, importable on CPU torch too (see :mod:`mdc.base.torchvision_shim`)."""
+    from mdc.base.torchvision_shim import patch_torchvision
 
     patch_torchvision()
     import open_clip

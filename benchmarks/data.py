@@ -20,7 +20,7 @@ import time
 from PIL import Image
 
 import mdc
-from mdc import optim
+from mdc.base import optim
 from mdc.data.pipeline import SkipStats, StreamPosition, iterate_batches, make_loader
 from mdc.data.writer import npy_bytes, png_bytes, write_tar
 from mdc.world.render import render_array

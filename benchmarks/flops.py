@@ -1,12 +1,12 @@
 """Pretraining at the machine's limit: a training step's achieved GFLOP/s beside a large fp32 matmul's.
 
 For ``tiny`` and ``mini`` and each objective: one pretraining step through the training loop's own
-code (:class:`mdc.train.LossModule`, :func:`mdc.train.accumulate`, :func:`mdc.optim.optimizer_step`:
+code (:class:`mdc.train.LossModule`, :func:`mdc.train.accumulate`, :func:`mdc.base.optim.optimizer_step`:
 forward, backward, AdamW, the LR schedule; fp32, which ``precision="auto"`` gives on CPU) on one
 in-memory batch of the ``mini`` preset's size (random images, descriptive synthetic captions), timed
 in interleaved rounds beside a square fp32 ``torch.mm`` on the same torch threads.
 
-The step's FLOPs are counted, not estimated: the meter of :mod:`mdc.flops` (``FlopCounterMode``) over
+The step's FLOPs are counted, not estimated: the meter of :mod:`mdc.base.flops` (``FlopCounterMode``) over
 one forward and backward of the same step with the same masks (the step reseeds torch's RNG: every call
 draws the same t and masked positions). It counts matrix products, convolutions and attention (the CPU
 kernel of ``scaled_dot_product_attention``, which the counter does not know, at its formula for the
@@ -27,8 +27,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import mdc
-from mdc import optim
-from mdc.flops import Meter
+from mdc.base import optim
+from mdc.base.flops import Meter
 from mdc.train import LossModule, accumulate
 from mdc.world.scenes import scene_captions
 
@@ -53,7 +53,7 @@ def trainer(model, images: torch.Tensor, tokens: torch.Tensor, seed: int = 0):
 
 
 def count(model, images: torch.Tensor, tokens: torch.Tensor, seed: int = 0) -> dict[str, int]:
-    """FLOPs of one forward and backward of :func:`trainer`'s step, by aten operator (:class:`mdc.flops.Meter`)."""
+    """FLOPs of one forward and backward of :func:`trainer`'s step, by aten operator (:class:`mdc.base.flops.Meter`)."""
     with Meter() as meter:
         torch.manual_seed(seed)
         accumulate(LossModule(model), model, [(images, tokens)])

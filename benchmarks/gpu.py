@@ -2,7 +2,7 @@
 
 - Training, ViT-B/32 MDC, ARC and CLIP in turn at the paper's micro-batch (128 per GPU, Sec. 4.1),
   through the training loop's own code (:class:`mdc.train.LossModule`, :func:`mdc.train.accumulate`, bf16 autocast as
-  ``precision="auto"`` gives on CUDA, :func:`mdc.optim.optimizer_step`): images/s, achieved TFLOP/s,
+  ``precision="auto"`` gives on CUDA, :func:`mdc.base.optim.optimizer_step`): images/s, achieved TFLOP/s,
   model FLOPs utilisation (MFU), peak memory, and the same step under ``torch.compile`` (the
   loop's ``--compile``: caption lengths bucketed to 16) with its speed-up over eager; each row is named
   after its objective (``MDC training, batch 128``, ``ARC model FLOPs utilisation``, ...).
@@ -10,9 +10,9 @@
 - Scoring: every scorer's throughput (ELBO with 1024 samples, heuristic, ARC exact, CLIP cosine) in
   fp32 (the scorers' default) and bf16 (``precision="bf16"``), and the bf16 - fp32 score error.
 
-FLOPs of one training step (forward + backward) are counted with the meter of :mod:`mdc.flops`
+FLOPs of one training step (forward + backward) are counted with the meter of :mod:`mdc.base.flops`
 (``torch.utils.flop_counter.FlopCounterMode``: matrix products and attention; elementwise work is
-not counted, as in the usual MFU; the paper profile's dry run, ``reproduce/cost.py``, costs it with
+not counted, as in the usual MFU; the paper profile's dry run, ``reproduce/cost/paper_cost.py``, costs it with
 the same meter). MFU = counted FLOPs x steps/s / the GPU's dense bf16 peak, looked up by device name in
 ``PEAK_BF16``; an unknown GPU gets no MFU. The models have random weights: the score errors say
 how far bf16 moves a score, not how often it flips a benchmark's decision.
@@ -29,8 +29,8 @@ import os
 import torch
 
 import mdc
-from mdc import optim
-from mdc.flops import Meter
+from mdc.base import optim
+from mdc.base.flops import Meter
 from mdc.train import LossModule, accumulate
 from mdc.world.scenes import scene_captions
 
@@ -78,7 +78,7 @@ def _trainer(model, device: torch.device, compiled: bool, backend: str | None):
 
 
 def _count_flops(model, images, tokens, device: torch.device) -> float:
-    """FLOPs of one forward and backward of ``model``'s loss in bf16, counted by :mod:`mdc.flops`'s meter."""
+    """FLOPs of one forward and backward of ``model``'s loss in bf16, counted by :mod:`mdc.base.flops`'s meter."""
     with Meter() as meter:
         with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = model.loss(images, tokens)
@@ -107,7 +107,7 @@ def _eager(sec: Section, ctx: Context, device: torch.device, name: str, objectiv
             f"{flops / 1e12:.2f} TFLOP per step counted, {1000 * t:.0f} ms/step")
     sec.add(f"{label} achieved", round(flops / t / 1e12, 2), "TFLOP/s")
     sec.add(f"{label} model FLOPs utilisation", round(flops / t / peak, 3) if peak else None, "of peak",
-            f"{name}: peak {peak / 1e12:.0f} TFLOP/s dense bf16; reproduce/cost.py assumes 0.35" if peak
+            f"{name}: peak {peak / 1e12:.0f} TFLOP/s dense bf16; reproduce/cost/paper_cost.py assumes 0.35" if peak
             else f"no peak known for {name!r}")
     if device.type == "cuda":
         sec.add(f"{label} peak memory, training", round(torch.cuda.max_memory_allocated(device) / GiB, 2), "GiB",

@@ -28,7 +28,7 @@ import sys
 import time
 import traceback
 
-from mdc.processes import kill_tree
+from mdc.base.processes import kill_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORDS = os.path.join(ROOT, "reproduce", "records", "mini")
@@ -201,7 +201,7 @@ def _probe(checkpoint: str, evalsets: str, work: str) -> dict:
 
 def step_mini_eval(work: str, budget: float) -> dict:
     """The evaluation sets and the linear probe of the mini run (or of the committed weights)."""
-    from mdc import checkpoint as ckpt
+    from mdc.base import checkpoint as ckpt
     from mdc.world.evalsets import write_evalsets
 
     start = time.perf_counter()

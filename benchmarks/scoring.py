@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 import mdc
-from mdc import optim
+from mdc.base import optim
 from mdc.data.transforms import CLIP_MEAN, CLIP_STD
 from mdc.world.render import render_array
 from mdc.world.scenes import sample_scene

@@ -13,7 +13,7 @@ import time
 import torch
 
 import mdc
-from mdc import checkpoint, optim
+from mdc.base import checkpoint, optim
 from mdc.tokenizer import trim_padding
 
 from benchmarks.common import Context, Section, batch, coca_like, interleaved, median, open_clip_module, small, speedup

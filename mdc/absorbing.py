@@ -32,7 +32,7 @@ estimated with S = ``num_samples`` masked copies per caption: copy s masks n_s =
 tokens (stratified by one offset u; ``stratified=False`` draws every n_s i.i.d.), a uniform n_s-subset,
 and the estimate is N * mean_s (1/n_s) sum_masked log p. ``t_interval=(w_l, w_u)`` keeps only the counts
 with n/N in [w_l, w_u] (the ratios a model trained on t ~ U[w_l, w_u] has seen); (0, 1) is Eq. 8 itself.
-Its randomness is keyed (:func:`mdc.seeding.key_seed`): a caption's copies depend on (seed, key) alone,
+Its randomness is keyed (:func:`mdc.base.seeding.key_seed`): a caption's copies depend on (seed, key) alone,
 and captions that share a key share their copies (common random numbers for an item's candidates).
 
 Heuristic (Sec. 4.2): start fully masked; N times, reveal the most confident masked position (the
@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from mdc import distribution
 from mdc.distribution import as_distribution
 from mdc.noise import NoiseProcess
-from mdc.seeding import key_seed, uniform
+from mdc.base.seeding import key_seed, uniform
 from mdc.tokenizer import caption_mask, trim_padding
 
 __all__ = ["ABSORBING", "Absorbing", "Corrupted", "ElboOptions", "corrupt", "elbo_copies", "elbo_score", "elbo_sequential",

@@ -3,11 +3,11 @@
 ``mdc.generate`` and ``mdc.score`` / ``mdc.score_candidates`` are :func:`mdc.sampler.generate` and
 :func:`mdc.scoring.score` / :func:`mdc.scoring.score_candidates` plus MC-Diffusion's options:
 ``guidance`` "cfg" | "mcs" | "mcs_mirror" with ``guidance_strength`` s >= 0 (the distance from the
-plain model, 0 for every rule) or ``guidance_scale`` (:mod:`mdc.guidance`: CFG and mirrored MCS are
+plain model, 0 for every rule) or ``guidance_scale`` (:mod:`mdc.mc_diffusion.guidance`: CFG and mirrored MCS are
 unguided at 1, MCS as printed at 0; give one of the two). The core never imports the extensions;
 this module picks guidance, as the factory picks a model's visual tower and its noise process: a
 captioner samples, and is scored, by the noise process it carries (``model.noise``, :mod:`mdc.noise`;
-the D3PM reverse process of :mod:`mdc.d3pm` for a ``noise="mask_replace"`` captioner, which
+the D3PM reverse process of :mod:`mdc.mc_diffusion.mask_replace` for a ``noise="mask_replace"`` captioner, which
 supports none of the MDC scorers).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 
 from mdc import sampler, scoring
-from mdc.guidance import encoder
+from mdc.mc_diffusion.guidance import encoder
 
 __all__ = ["generate", "score", "score_candidates"]
 

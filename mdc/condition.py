@@ -5,7 +5,7 @@ decoder block cross-attends to it; :class:`ImageContext` holds those keys/values
 once per batch of images and shared by any number of token rows.
 
 Variants, learned only by models trained with the option on (so older checkpoints load
-unchanged); MC-Diffusion's guidance (:mod:`mdc.guidance`) combines them with y:
+unchanged); MC-Diffusion's guidance (:mod:`mdc.mc_diffusion.guidance`) combines them with y:
 
 - null condition (``cond_drop_prob`` = P_cond): every token of y replaced by ``cond_null`` [W]
   (a whole-condition replacement, :func:`vary_condition`);
@@ -15,10 +15,10 @@ unchanged); MC-Diffusion's guidance (:mod:`mdc.guidance`) combines them with y:
   embedding of a masked patch by the learned ``cond_mask_token`` [vision_width], then adds timm's
   position embedding and runs the encoder (:func:`masked_vit_features`); VQ codes become the
   [MASK] code K, embedded like any code before the position embedding is added
-  (:meth:`mdc.vqvae.VQImageTokens.masked_features`). A tower that masks its own tokens has a
+  (:meth:`mdc.mc_diffusion.vqvae.VQImageTokens.masked_features`). A tower that masks its own tokens has a
   ``masked_features(images, token_mask)`` method; :func:`masked_features` dispatches.
 
-Training draws them in MC-Diffusion's extension (:class:`mdc.guidance.ConditionVariants`, attached by
+Training draws them in MC-Diffusion's extension (:class:`mdc.mc_diffusion.guidance.ConditionVariants`, attached by
 the factory as ``model.condition_variants``); this module only applies a variant it is given.
 """
 from __future__ import annotations

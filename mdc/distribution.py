@@ -9,7 +9,7 @@ a real caption may contain one and must remain scorable.
 
 :class:`CaptionDistribution` is p(x | y), that distribution at every position of token rows
 decoded against the images' :class:`mdc.condition.ImageContext`. Extensions subclass it: MC-Diffusion's guided
-distribution (:mod:`mdc.guidance`) combines p(x | y) with p(x | a variant of y).
+distribution (:mod:`mdc.mc_diffusion.guidance`) combines p(x | y) with p(x | a variant of y).
 
 Sampler and scorers take an ``encode`` function, ``encode(model, images [B, 3, S, S], keys [B] |
 None) -> CaptionDistribution``, called once per batch of images (``keys`` name each image's
@@ -73,7 +73,7 @@ def encode(model, images: torch.Tensor, keys=None) -> CaptionDistribution:
 
 def encode_null(model, images: torch.Tensor, keys=None) -> CaptionDistribution:
     """p(x | no image): every image's condition replaced by the learned null condition (a model
-    trained with ``cond_drop_prob`` > 0, :mod:`mdc.guidance`); the image-free baseline of a score."""
+    trained with ``cond_drop_prob`` > 0, :mod:`mdc.mc_diffusion.guidance`); the image-free baseline of a score."""
     if getattr(model, "cond_null", None) is None:
         raise ValueError("the null condition needs a model trained with cond_drop_prob > 0; this model has "
                          "no learned null condition")

@@ -6,11 +6,11 @@ The core config (:class:`mdc.model.ModelConfig`) holds what the core uses; each 
 own config, kept in ``ModelConfig.extensions`` under its name (as open_clip keeps CoCa's multimodal
 config beside the vision and text configs):
 
-- "guidance": :class:`mdc.guidance.ConditionVariants` (``cond_drop_prob``, ``cond_mask_prob``,
+- "guidance": :class:`mdc.mc_diffusion.guidance.ConditionVariants` (``cond_drop_prob``, ``cond_mask_prob``,
   ``cond_mask_select_prob``), attached to the captioner with the parameters it learns;
-- "mask_replace": :class:`mdc.d3pm.MaskReplace` (``diffusion_steps``, ``replace_prob``,
+- "mask_replace": :class:`mdc.mc_diffusion.mask_replace.MaskReplace` (``diffusion_steps``, ``replace_prob``,
   ``aux_loss_weight``), the captioner's noise process instead of :data:`mdc.absorbing.ABSORBING`;
-- "vqvae": :class:`mdc.vqvae.VQConfig` fields, the captioner's visual tower (:class:`mdc.vqvae.VQImageTokens`).
+- "vqvae": :class:`mdc.mc_diffusion.vqvae.VQConfig` fields, the captioner's visual tower (:class:`mdc.mc_diffusion.vqvae.VQImageTokens`).
 
 Overrides stay flat (``create_model("tiny", cond_drop_prob=0.1)``, ``noise="mask_replace"``,
 ``vqvae=folder``): :func:`config_fields` files each under its owner, and reads a ``config.json`` written
@@ -26,15 +26,15 @@ from dataclasses import fields
 
 from safetensors.torch import load_file
 
-from mdc.checkpoint import latest
+from mdc.base.checkpoint import latest
 from mdc.absorbing import ABSORBING
-from mdc.d3pm import MaskReplace
+from mdc.mc_diffusion.mask_replace import MaskReplace
 from mdc.data.transforms import image_transform as _transform
-from mdc.errors import ConfigError, WeightsError
-from mdc.guidance import ConditionVariants
+from mdc.base.errors import ConfigError, WeightsError
+from mdc.mc_diffusion.guidance import ConditionVariants
 from mdc.model import CLIP, Captioner, ModelConfig
 from mdc.tokenizer import Tokenizer
-from mdc.vqvae import VQConfig, VQImageTokens, read_config
+from mdc.mc_diffusion.vqvae import VQConfig, VQImageTokens, read_config
 from mdc.world.text import vocabulary
 
 # ViT-B: decoder 12 x 512 x 8 heads; ViT-L: 12 x 768 x 12 heads (paper Sec. 4.1).
@@ -135,7 +135,7 @@ def model_config(name: str, objective: str = "mdc", **overrides) -> ModelConfig:
         raise ValueError(f"unknown config override(s) {sorted(unknown)} for model {name!r}")
     args = config_fields({**_ARCHS[name], **overrides})
     args["vocab"] = _resolve_vocab(args.get("vocab"))
-    if "vqvae" in args["extensions"] and "image_size" not in overrides:  # a VQ-VAE's own size (mdc/vqvae.py)
+    if "vqvae" in args["extensions"] and "image_size" not in overrides:  # a VQ-VAE's own size (mdc/mc_diffusion/vqvae.py)
         args["image_size"] = args["extensions"]["vqvae"]["image_size"]
     cfg = ModelConfig(name=name, objective=objective, **args)
     _extensions(cfg)  # each extension checks its own options
@@ -171,7 +171,7 @@ def create_model(name: str, objective: str = "mdc", pretrained: str | None = Non
     """Build a named architecture from scratch, e.g. create_model("tiny", objective="arc", mask_ratio=None),
     or with the trained weights ``pretrained`` (a tag of :func:`list_pretrained`), in eval mode:
     create_model("mini", objective="mdc", pretrained="synthetic"); those fix the config (no overrides).
-    ``vqvae=folder``: condition on that frozen VQ-VAE's codes, its weights copied in (mdc/vqvae.py)."""
+    ``vqvae=folder``: condition on that frozen VQ-VAE's codes, its weights copied in (mdc/mc_diffusion/vqvae.py)."""
     if pretrained is not None:
         if overrides:
             raise ConfigError(f"pretrained weights fix the model's config; got overrides {sorted(overrides)} "

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mdc._compat import patch_torchvision
+from mdc.base.torchvision_shim import patch_torchvision
 from mdc.condition import ImageContext, masked_features, vary_condition
 from mdc.absorbing import ABSORBING
 from mdc.autoregressive import arc_loss
@@ -240,8 +240,8 @@ class Captioner(_Model):
 
     ``visual`` (default: a ViT from scratch), ``noise`` (default: MDC's absorbing process,
     :data:`mdc.absorbing.ABSORBING`) and ``condition_variants`` (default: none) are where extensions plug
-    in; :func:`mdc.factory.build` passes the VQ-VAE tokens of :mod:`mdc.vqvae` and the mask-and-replace
-    process of :mod:`mdc.d3pm`, and attaches MC-Diffusion's condition variants (:mod:`mdc.guidance`), when
+    in; :func:`mdc.factory.build` passes the VQ-VAE tokens of :mod:`mdc.mc_diffusion.vqvae` and the mask-and-replace
+    process of :mod:`mdc.mc_diffusion.mask_replace`, and attaches MC-Diffusion's condition variants (:mod:`mdc.mc_diffusion.guidance`), when
     ``config.extensions`` names them. ``model.noise`` trains, samples and scores an MDC captioner; ARC has none."""
 
     def __init__(self, cfg: ModelConfig, visual: nn.Module | None = None, noise: NoiseProcess | None = None):
@@ -275,7 +275,7 @@ class Captioner(_Model):
 
     def training_condition(self, batch: int, generator=None, device=None) -> dict:
         """:meth:`context` keywords for one training batch: {} (the full condition) unless an extension
-        varies the condition in training (MC-Diffusion's null and partial conditions, :mod:`mdc.guidance`)."""
+        varies the condition in training (MC-Diffusion's null and partial conditions, :mod:`mdc.mc_diffusion.guidance`)."""
         return {} if self.condition_variants is None else self.condition_variants.draw(self, batch, generator, device)
 
     def kv_context(self, v: torch.Tensor) -> ImageContext:
@@ -297,7 +297,7 @@ class Captioner(_Model):
 
     def loss(self, images, tokens, **kw):
         """ARC teacher forcing (no noise process), else the noise process's loss: MDC's (kw: t, u,
-        generator) or, for a mask-and-replace captioner, the D3PM loss of mdc/d3pm.py (kw: t, generator)."""
+        generator) or, for a mask-and-replace captioner, the D3PM loss of mdc/mc_diffusion/mask_replace.py (kw: t, generator)."""
         if self.noise is None:
             return arc_loss(self, images, tokens, **kw)
         return self.noise.loss(self, images, tokens, **kw)
@@ -331,7 +331,7 @@ class CLIP(_Model):
     @torch.no_grad()
     def clamp_logit_scale(self) -> None:
         """Clamp the temperature to [1, 100] in place, as open_clip does after every optimizer step
-        (:func:`mdc.optim.optimizer_step`). Not in the forward: there a clamp would give a temperature
+        (:func:`mdc.base.optim.optimizer_step`). Not in the forward: there a clamp would give a temperature
         past 100 a zero gradient for ever."""
         self.logit_scale.clamp_(0, math.log(100))
 

@@ -8,7 +8,7 @@ one as ``model.noise``; :func:`mdc.factory.build` picks it, once, and the sample
 variants). ARC and CLIP models have none (``model.noise is None``).
 
 - :data:`mdc.absorbing.ABSORBING` (MDC, the default): masking, Eq. 5, Eq. 6, Eq. 8, the heuristic.
-- :data:`mdc.d3pm.MASK_REPLACE` (D3PM / VQ-Diffusion, MC-Diffusion's): an extension.
+- :data:`mdc.mc_diffusion.mask_replace.MASK_REPLACE` (D3PM / VQ-Diffusion, MC-Diffusion's): an extension.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 loss, MC-Diffusion's guidance trade-off, the sampler's unmasking path and the ELBO's spread. Figures are
 drawn on matplotlib's Agg canvas (no pyplot, no display needed), saved as PNG and PDF side by side, and
 show inline in Jupyter. The paper's figures drawn only from run records live beside their builders
-(``reproduce/paper_figures.py``)."""
+(``reproduce/artifacts/paper_figures.py``)."""
 from __future__ import annotations
 
 import io
@@ -16,10 +16,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, NullFormatter, NullLocator
 from PIL import Image
 
-from mdc.checkpoint import read_metrics
+from mdc.base.checkpoint import read_metrics
 from mdc.eval.captioning import row_label
 from mdc.eval.guidance_sweeps import run_intervals
-from mdc.guidance import RULES, strength_of
+from mdc.mc_diffusion.guidance import RULES, strength_of
 
 
 class PaperFigure(Figure):

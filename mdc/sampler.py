@@ -2,7 +2,7 @@
 
 A diffusion captioner samples with its noise process (``model.noise.sample``, :mod:`mdc.noise`):
 MDC's greedy confidence unmasking (Eq. 6, :func:`mdc.absorbing.mdc_sample`) or, for a
-``mask_replace`` model, the D3PM reverse process (:mod:`mdc.d3pm`). ARC decodes left to right
+``mask_replace`` model, the D3PM reverse process (:mod:`mdc.mc_diffusion.mask_replace`). ARC decodes left to right
 with a KV cache (:func:`mdc.autoregressive.arc_sample`). The image is encoded once per batch.
 
 The diffusion samplers query a :class:`mdc.distribution.CaptionDistribution` made by an

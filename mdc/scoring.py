@@ -34,7 +34,7 @@ from mdc import distribution
 from mdc.absorbing import ElboOptions, elbo_score, elbo_sequential, heuristic_score
 from mdc.autoregressive import exact_loglik
 from mdc.model import OBJECTIVES, evaluating
-from mdc.options import with_options
+from mdc.base.options import with_options
 from mdc.tokenizer import caption_mask, trim_padding
 
 __all__ = ["ElboOptions", "METHODS", "SCORERS", "elbo_options", "resolve", "score", "score_candidates"]

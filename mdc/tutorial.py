@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 import mdc
-from mdc import optim
+from mdc.base import optim
 from mdc.data.transforms import CLIP_MEAN, CLIP_STD
 from mdc.world.render import COLOURS, SHAPES, render_array
 from mdc.world.scenes import sample_scene
@@ -95,7 +95,7 @@ def scene_data(n: int, style: str = "descriptive", seed: int = 0, held_out: bool
 def train_tiny(data: SceneData, objective: str = "mdc", steps: int = 600, batch_size: int = 64, lr: float = 3e-3,
                seed: int = 0, **overrides):
     """Train a :data:`TUTORIAL_CONFIG` model on ``data`` (Alg. 1 for MDC: ``model.loss`` draws t and
-    masks). :func:`mdc.optim.fit`: AdamW with 5% warm-up and cosine decay, batches drawn with
+    masks). :func:`mdc.base.optim.fit`: AdamW with 5% warm-up and cosine decay, batches drawn with
     replacement from a seeded generator. Returns ``(model in eval mode, per-step losses)``."""
     torch.manual_seed(seed)
     model = mdc.create_model("tiny", objective, **{**TUTORIAL_CONFIG, **overrides})

@@ -21,7 +21,7 @@ figures are built; a run whose record carries its key is done even with no run f
 a ledger of the repository (reproduce/records/<name>/, mini's default) keeps the float16 weights of every
 seed of the descriptive MDC, ARC and CLIP in reproduce/weights/<name>/ (--kept-weights DIR: there instead;
 reproduce/pretrained.py). Without --seeds or --seed-plan a build takes the seeds the ledger holds
-(reproduce/seed_plan.py). A build with fewer seeds of some claim row than the figures folder's claims.csv
+(reproduce/running/seed_plan.py). A build with fewer seeds of some claim row than the figures folder's claims.csv
 holds goes to OUT/<profile>/figures instead, in one line, unless --overwrite-figures. One runner per output
 folder: a second one on the same OUT/<profile>/ is refused, naming the first. A bad value prints one line,
 ``error: --jobs must be >= 1, got 0``, and exits 2; --debug (or MDC_DEBUG=1) shows the traceback.
@@ -33,9 +33,11 @@ import os
 import shlex
 import sys
 
-from mdc.cli import ArgumentParser, report
-from mdc.errors import ConfigError, RunError, must
-from reproduce import book, cluster, cost, cost_table, ledger, registry, runner, seed_plan
+from mdc.base.cli import ArgumentParser, report
+from mdc.base.errors import ConfigError, RunError, must
+from reproduce import registry
+from reproduce.cost import cost_table, paper_cost
+from reproduce.running import bookkeeping, cluster, ledger, runner, seed_plan
 
 
 def check(args: argparse.Namespace) -> None:
@@ -81,7 +83,7 @@ def main(argv=None) -> int:
     p.add_argument("--gpus-per-node", type=int, default=0, help="pretraining runs under torchrun with this many GPUs")
     p.add_argument("--nodes", type=int, default=1, help="nodes per pretraining run (torchrun rendezvous)")
     p.add_argument("--slurm", metavar="DIR", help="write sbatch scripts and submit.sh to DIR instead of running")
-    p.add_argument("--mfu", type=float, default=cost.MFU,
+    p.add_argument("--mfu", type=float, default=paper_cost.MFU,
                    help="paper --dry-run: model FLOPs utilisation assumed for GPU-hours (of an H100's bf16 peak)")
     p.add_argument("--records", help="the ledger: one record per finished run (default: reproduce/records/mini for "
                    "mini, else OUT/<profile>/records)")
@@ -142,8 +144,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"- {name}: {o['status']}\n{o['error'][-800:]}", file=sys.stderr)
         return 1
     left = [n for n, o in outcome.items() if o["status"] == "left"]
-    if args.dry_run and args.profile == "paper":  # what it would cost (reproduce/cost.py)
-        print("\n" + cost_table.render(cost.plan(runs, out), args.mfu))
+    if args.dry_run and args.profile == "paper":  # what it would cost (reproduce/cost/paper_cost.py)
+        print("\n" + cost_table.render(paper_cost.plan(runs, out), args.mfu))
     if left:
         print(f"\ntime budget reached: {len(left)} of {len(outcome)} runs left ({', '.join(left[:3])}"
               f"{', ...' if len(left) > 3 else ''}); records in {records}; continue with: "
@@ -189,19 +191,19 @@ def _seeds_flag(args: argparse.Namespace) -> str:
 
 
 def _flops(run) -> float | None:
-    """A synthetic-world run's FLOPs for --dry-run: counted for pretraining runs (reproduce/cost.py)."""
-    return cost.synthetic_pretrain_flops(run) if run.notebook == "pretrain" else None
+    """A synthetic-world run's FLOPs for --dry-run: counted for pretraining runs (reproduce/cost/paper_cost.py)."""
+    return paper_cost.synthetic_pretrain_flops(run) if run.notebook == "pretrain" else None
 
 
 def _from_records(runs: list, records: str, figures: str, args: argparse.Namespace) -> int:
     """Every artifact of ``runs`` built from the ledger alone; a missing record is one line naming it."""
     found = ledger.read_all(records)
-    missing = [r.name for r in runs if r.notebook not in book.READS_RECORDS_ONLY and r.name not in found]
+    missing = [r.name for r in runs if r.notebook not in bookkeeping.READS_RECORDS_ONLY and r.name not in found]
     if missing:
         raise RunError(f"no record of run {missing[0]} in {records} ({len(missing)} of {len(runs) - 1} missing); "
                        f"make them with: python -m reproduce --profile {args.profile} "
                        f"{_seeds_flag(args)}--records {records}")
-    wanted = {r.name: found[r.name] for r in runs if r.notebook not in book.READS_RECORDS_ONLY}  # registry order
+    wanted = {r.name: found[r.name] for r in runs if r.notebook not in bookkeeping.READS_RECORDS_ONLY}  # registry order
     files = registry.build_from_records(wanted, figures, only=args.only)
     print(f"{sum(map(len, files.values()))} files of {len(files)} artifacts in {figures}, from "
           f"{len(wanted)} records in {records}")

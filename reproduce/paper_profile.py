@@ -2,7 +2,7 @@
 
 Data paths come from the environment (``reproduce.registry.PAPER_ENV`` lists them); a run whose
 data is not configured fails with a message naming the variable. Pretraining uses the presets
-of ``mdc.optim`` (Tables 6-8) with the paper's per-GPU batch of 128 (64 for ViT-L/14, with
+of ``mdc.base.optim`` (Tables 6-8) with the paper's per-GPU batch of 128 (64 for ViT-L/14, with
 accumulation), and executes under torchrun when ``python -m reproduce`` gets ``--gpus-per-node``.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ def recap_subsets() -> dict[str, str]:
 
 
 def data_vars(run: Run) -> tuple[str, ...]:
-    """The environment variables a run of :func:`build_paper` reads its data from (``reproduce.cost``
+    """The environment variables a run of :func:`build_paper` reads its data from (``reproduce.cost.paper_cost``
     reports whether each is set)."""
     kind, _, tag = run.name.partition("/")
     if kind == "data":

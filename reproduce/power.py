@@ -3,11 +3,11 @@ seed plan it implies.
 
     python -m reproduce.power [--records DIR] [--write-plan FILE] [--max-seeds 10]
 
-Per claim row (:data:`reproduce.claims.CLAIMS`), from the records (default ``reproduce/records/mini``):
+Per claim row (:data:`reproduce.claims.claim_rows.CLAIMS`), from the records (default ``reproduce/records/mini``):
 the per-seed differences d_1 .. d_k (mean4 points, paired by seed), their mean d, their SD s (sample SD,
 k - 1 df; with one seed the claims' SEED_SD), the test items' variance v_items at the current N items
-per task (:func:`reproduce.claims_stats.difference`: the same estimate the claim's interval uses) and
-the row's margin m (:func:`reproduce.claims.margins`).
+per task (:func:`reproduce.claims.stats.difference`: the same estimate the claim's interval uses) and
+the row's margin m (:func:`reproduce.claims.claim_rows.margins`).
 
 The tests a row could be resolved by, at 5%, from its current mean (as the claim's verdict reads it):
 - "A beats B": the difference is 0, two-sided (p = 0.975 quantiles), effect e = |d| (reproduced or
@@ -50,12 +50,15 @@ from statistics import NormalDist
 
 import numpy as np
 
-from mdc.cli import ArgumentParser, report
+from mdc.base.cli import ArgumentParser, report
 from mdc.eval.accuracy import item_outcomes
 from mdc.eval.compositionality import OWN_COLUMNS, TEMPLATE_COLUMNS
-from reproduce import claims, compositionality_table, ledger, registry
-from reproduce.claims_stats import LEVEL, difference, quantiles, t_quantile
-from reproduce.seed_plan import SeedPlan, write
+from reproduce import registry
+from reproduce.artifacts import compositionality_table
+from reproduce.claims import claim_rows
+from reproduce.running import ledger
+from reproduce.claims.stats import LEVEL, difference, quantiles, t_quantile
+from reproduce.running.seed_plan import SeedPlan, write
 
 POWER = 0.80
 FLOOR_SEEDS = 3  # every run of a plan, at least
@@ -86,7 +89,7 @@ def needed_seeds(e: float, s: float, v_items: float, p: float, scale: float = 1.
     return hi
 
 
-def targets(claim: claims.Claim, mean: float, margin: float) -> list[tuple[str, float, float]]:
+def targets(claim: claim_rows.Claim, mean: float, margin: float) -> list[tuple[str, float, float]]:
     """The (test, effect e, quantile p) a row could be resolved by from its current ``mean`` (module docstring)."""
     if claim.expect == "greater":
         return [("differs from 0", abs(mean), 0.975)] + (
@@ -96,11 +99,11 @@ def targets(claim: claims.Claim, mean: float, margin: float) -> list[tuple[str, 
     return [(f"beyond +-{margin:g}", abs(mean) - margin, 0.975)]
 
 
-def row_power(claim: claims.Claim, d: dict, margin: float) -> dict:
-    """One row of the power table from a :func:`reproduce.claims_stats.difference` ``d``: the row's test
+def row_power(claim: claim_rows.Claim, d: dict, margin: float) -> dict:
+    """One row of the power table from a :func:`reproduce.claims.stats.difference` ``d``: the row's test
     that needs the fewest seeds (the fewest items where no number of seeds will do)."""
-    k, n0 = d["seeds"], d["items"] // len(claims.TASKS)
-    s = float(math.sqrt(d["v_seeds"] * k)) if k > 1 else claims.SEED_SD
+    k, n0 = d["seeds"], d["items"] // len(claim_rows.TASKS)
+    s = float(math.sqrt(d["v_seeds"] * k)) if k > 1 else claim_rows.SEED_SD
     options = [_option(test, e, p, s, d["v_items"], n0) for test, e, p in targets(claim, d["mean"], margin)]
     best = min(options, key=lambda o: (o["_seeds"] is None, o["_seeds"] or 0, o["_items"]))
     row = {"claim row": claim.what, "margin": f"+-{margin:g}",
@@ -128,15 +131,15 @@ def _option(test: str, e: float, p: float, s: float, v_items: float, n0: int) ->
 
 def power_table(runs: list[dict]) -> list[dict]:
     """Every claim row's power row (module docstring); ``_seeds`` holds the seeds needed (None: never)."""
-    margin = claims.margins(runs)
+    margin = claim_rows.margins(runs)
     rows = []
-    for c in claims.CLAIMS:
+    for c in claim_rows.CLAIMS:
         try:
-            d = difference(claims.paired_items(runs, c))
+            d = difference(claim_rows.paired_items(runs, c))
         except ValueError as exn:
             rows.append({"claim row": c.what, "seeds for 80% power": f"not run ({exn})", "_seeds": None})
             continue
-        rows.append(row_power(c, d, margin.get(c.a.get("style"), claims.FALLBACK_MARGIN)))
+        rows.append(row_power(c, d, margin.get(c.a.get("style"), claim_rows.FALLBACK_MARGIN)))
     return rows
 
 
@@ -144,7 +147,7 @@ def plan_from(rows: list[dict], profile: str = "mini", max_seeds: int = MAX_SEED
     """The seed plan the power ``rows`` imply (module docstring)."""
     want: dict[str, int] = {}
     probes = [r for r in registry.build(profile, 1) if r.notebook == "linear_probe"]
-    for c, row in zip(claims.CLAIMS, rows):
+    for c, row in zip(claim_rows.CLAIMS, rows):
         k = row["_seeds"]
         if k is None or k > max_seeds:
             continue
@@ -162,20 +165,20 @@ def markdown(rows: list[dict]) -> str:
 
 
 def claim_test_items(runs: list[dict]) -> dict[str, dict]:
-    """Per claim row of :data:`reproduce.claims.CLAIMS` with probe records: the test items per task at which
-    its items' part of the 95% half-width (z^2 v_items, :func:`reproduce.claims.difference`) would equal the
+    """Per claim row of :data:`reproduce.claims.claim_rows.CLAIMS` with probe records: the test items per task at which
+    its items' part of the 95% half-width (z^2 v_items, :func:`reproduce.claims.claim_rows.difference`) would equal the
     seeds' part (q^2 v_seeds) at the same seeds. v_items falls as 1 / N (the items' own variance read from
     the records), so ``needed`` = N z^2 v_items / (q^2 v_seeds). The rule that sizes the probe tasks'
     test sets (:data:`mdc.world.evalsets.PROBE_TEST_ITEMS`): at least the largest ``needed`` over the rows, so
     that no row's interval is mostly item noise and the next thing a row needs is seeds."""
     out = {}
-    for c in claims.CLAIMS:
+    for c in claim_rows.CLAIMS:
         try:
-            pairs = claims.paired_items(runs, c)
+            pairs = claim_rows.paired_items(runs, c)
             d = difference(pairs)
         except ValueError:
             continue
-        n, k = len(pairs[0][0][claims.TASKS[0]]), d["seeds"]
+        n, k = len(pairs[0][0][claim_rows.TASKS[0]]), d["seeds"]
         z, q = quantiles(1 - (1 - LEVEL) / 2, k)
         items, seeds = z * math.sqrt(d["v_items"]), q * math.sqrt(d["v_seeds"])
         out[c.what] = {"n": n, "seeds": k, "items_half": items, "seeds_half": seeds,

@@ -23,10 +23,10 @@ from argparse import ArgumentParser
 import torch
 from safetensors.torch import load_file, save_file
 
-from mdc.checkpoint import atomic_write_text, fsync_path
+from mdc.base.checkpoint import atomic_write_text, fsync_path
 from mdc.eval.results import checkpoint_id
 from mdc.factory import PRETRAINED_DIR, checkpoint_folder
-from reproduce import ledger
+from reproduce.running import ledger
 
 #: objective -> the run whose checkpoint becomes mdc/pretrained/mini-<objective>-synthetic
 SHIPPED = {"mdc": "pretrain/mdc-descriptive-s0", "arc": "pretrain/arc-descriptive-s0",

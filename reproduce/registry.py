@@ -1,6 +1,6 @@
 """The experiment registry: every table and figure of the paper, the notebook runs that feed it
-(per profile) and the builder that writes it from their results (:mod:`reproduce.report`,
-:mod:`reproduce.compositionality_table`, :mod:`reproduce.paper_figures`, :mod:`reproduce.claims`).
+(per profile) and the builder that writes it from their results (:mod:`reproduce.artifacts.paper_tables`,
+:mod:`reproduce.artifacts.compositionality_table`, :mod:`reproduce.artifacts.paper_figures`, :mod:`reproduce.claims.claim_rows`).
 
 Profiles:
 - ``smoke``: every artifact wired end to end with a handful of steps on tiny data (CI).
@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from mdc.factory import model_config
-from mdc.optim import preset_values
-from reproduce import claims, compositionality_table, ledger, paper_figures, report
+from mdc.base.optim import preset_values
+from reproduce.artifacts import compositionality_table, paper_figures, paper_tables
+from reproduce.claims import claim_rows
+from reproduce.running import ledger
 from reproduce.graph import Run
 from reproduce.paper_profile import build_paper
 
@@ -32,7 +34,7 @@ from reproduce.paper_profile import build_paper
 @dataclass(frozen=True)
 class Artifact:
     """A table or figure of the paper: what it shows, and the builder that writes it from the runs'
-    records (``builder(runs, paper_dir, out)`` -> the files written; runs as :func:`reproduce.ledger.for_build`
+    records (``builder(runs, paper_dir, out)`` -> the files written; runs as :func:`reproduce.running.ledger.for_build`
     gives them)."""
 
     description: str
@@ -42,22 +44,22 @@ class Artifact:
 # The one artifact table: runs name the artifacts they feed (Run.artifacts), the figures run builds them.
 ARTIFACTS = {
     "table1": Artifact("Linear probe: CLIP, ARC, MDC per caption style (and CLIP-LB on descriptive captions)",
-                       report.table1),
+                       paper_tables.table1),
     "table2": Artifact("Compositionality: ARO and SugarCrepe for CLIP, ARC, MDC (Monte Carlo, heuristic)",
                        compositionality_table.table2),
     "table3": Artifact("Captioning: ARC beam 6 vs MDC-10/15/20 (BLEU-4, METEOR, CIDEr, SPICE, ROUGE-L, LLM judge)",
-                       report.table3),
-    "table4": Artifact("Ablation of the 1/t weight, both caption styles", report.table4),
-    "table5": Artifact("Noise schedules t ~ U[w_l, w_u] on alt captions", report.table5),
-    "tables6-8": Artifact("Pretraining hyperparameters per backbone (the presets)", report.tables6_8),
+                       paper_tables.table3),
+    "table4": Artifact("Ablation of the 1/t weight, both caption styles", paper_tables.table4),
+    "table5": Artifact("Noise schedules t ~ U[w_l, w_u] on alt captions", paper_tables.table5),
+    "tables6-8": Artifact("Pretraining hyperparameters per backbone (the presets)", paper_tables.tables6_8),
     "fig3": Artifact("Caption length distributions of the pretraining sets", paper_figures.fig3),
     "fig4": Artifact("Image-conditioned BERT at fixed masking ratios vs MDC", paper_figures.fig4),
     "fig5": Artifact("Linear probe vs number of pretraining pairs", paper_figures.fig5),
     "fig6": Artifact("Qualitative captions: MDC-10/15/20 and ARC", paper_figures.fig6),
     "guidance": Artifact("MC-Diffusion: reference metrics vs CLIPScore across guidance strengths, CFG vs MCS "
-                         "(as printed, mirrored)", report.guidance),
+                         "(as printed, mirrored)", paper_tables.guidance),
     "claims": Artifact("The paper's probe claims on the synthetic world: each difference, its 95% interval over "
-                       "seeds and test items, and the verdict", claims.build),
+                       "seeds and test items, and the verdict", claim_rows.build),
 }
 PROBED = {"table1", "table4", "table5", "fig4", "fig5"}  # artifacts made of linear probes
 STYLES = ("alt", "descriptive")  # the CC12M and Recap-DataComp analogues
@@ -96,7 +98,7 @@ PAPER_ENV = {
 }
 
 PAPER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper")  # the paper's numbers (CSV)
-# The recipe the learnability study froze for mini (mdc.optim.read_preset reads it).
+# The recipe the learnability study froze for mini (mdc.base.optim.read_preset reads it).
 MINI_PRESET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", "mini.json")
 
 # Per profile: data sizes, the pretraining recipe and the evaluation budgets.
@@ -339,7 +341,7 @@ def build_artifacts(records: str, out: str, paper_dir: str = PAPER_DIR, only: Se
 def build_from_records(records: dict[str, dict], out: str, paper_dir: str = PAPER_DIR,
                        only: Sequence[str] | None = None) -> dict[str, list[str]]:
     """The artifacts (all, or ``only``) from ``records`` ({run name: record}); every Markdown table ends
-    with the line that names the code its records came from (:func:`reproduce.ledger.provenance`)."""
+    with the line that names the code its records came from (:func:`reproduce.running.ledger.provenance`)."""
     _check_artifacts(only)
     runs = ledger.for_build(records)
     os.makedirs(out, exist_ok=True)

@@ -14,7 +14,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 import mdc
-from mdc import checkpoint
+from mdc.base import checkpoint
 from mdc.tokenizer import compact_vocab
 from mdc.world.evalsets import write_evalsets
 from mdc.world.scenes import vocabulary, write_shards
@@ -171,7 +171,7 @@ def write_records(folder, runs: dict) -> str:
     a results dict or the path of a results file), as the runner writes them; returns ``folder``."""
     import json
 
-    from reproduce import ledger
+    from reproduce.running import ledger
 
     for name, run in runs.items():
         results = run["results"]
@@ -209,7 +209,7 @@ def instant_runs(monkeypatch):
     """Each run's command writes its results file and ends (a bare interpreter, tens of milliseconds, where a
     notebook kernel takes seconds): for tests of which run starts when. The attempt around the command is the
     runner's own (its subprocess, folder, log, done.json, record); only the notebook is left out."""
-    from reproduce import attempt
+    from reproduce.running import attempt
     from reproduce.graph import run_dir
 
     def command(out, run, params_file, torchrun=None):

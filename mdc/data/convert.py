@@ -14,7 +14,7 @@ Command line::
     python -m mdc.data.convert --coco captions_train2017.json --images train2017/ --out shards/ [--image-size 256]
     python -m mdc.data.convert --folder my_images/ --out shards/
 
-A writer holds ``shards/.shards.lock`` (:mod:`mdc.lock`) while it writes: a second writer into the
+A writer holds ``shards/.shards.lock`` (:mod:`mdc.base.lock`) while it writes: a second writer into the
 same folder is refused at once, naming the first. A bad value is refused in one line,
 ``error: --shard-size must be >= 1, got 0`` (exit status 2; ``--debug`` shows the traceback).
 """
@@ -30,13 +30,13 @@ from PIL import Image
 
 from mdc.data.formats import IMAGE_SUFFIXES, load_coco_captions, load_karpathy
 from mdc.data.writer import write_tar
-from mdc.cli import ArgumentParser, report
-from mdc.errors import ConfigError, must
-from mdc.lock import FolderLock
+from mdc.base.cli import ArgumentParser, report
+from mdc.base.errors import ConfigError, must
+from mdc.base.lock import FolderLock
 
 # image suffix -> shard member extension (img2dataset writes jpg; the training loader reads these)
 MEMBER_EXT = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
-SHARDS_LOCK = ".shards.lock"  # held in the output folder while shards are written (mdc.lock)
+SHARDS_LOCK = ".shards.lock"  # held in the output folder while shards are written (mdc.base.lock)
 
 
 def items_from_folder(folder: str) -> list[dict]:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from PIL import Image
 from torch.utils.data import Dataset, IterableDataset
 
-from mdc._compat import patch_torchvision
+from mdc.base.torchvision_shim import patch_torchvision
 
 logger = logging.getLogger(__name__)
 ON_MISSING = ("error", "skip")

@@ -60,7 +60,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset
 from webdataset.utils import make_seed, pytorch_worker_info
 
-from mdc.options import with_options
+from mdc.base.options import with_options
 from mdc.data.shards import fast_forward, open_at, shard_samples, shuffled
 from mdc.data.transforms import ImageTransform, image_transform
 from mdc.tokenizer import TextStats

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from mdc.eval.caption_data import Images, check_captioner, check_items
-from mdc.optim import fit
-from mdc.options import with_options
+from mdc.base.optim import fit
+from mdc.base.options import with_options
 from mdc.tokenizer import TextStats
 
 
@@ -105,7 +105,7 @@ def finetune(model, items: Sequence[Mapping], options: FinetuneOptions | None = 
     with ``eval_every``, until its loss on ``val_items`` stops improving (the module's stopping rule).
 
     Each draw pairs an image with one reference picked uniformly; images are visited in seeded
-    random epochs and get the model's eval transform. :func:`mdc.optim.fit`: AdamW (the pretraining
+    random epochs and get the model's eval transform. :func:`mdc.base.optim.fit`: AdamW (the pretraining
     parameter groups), linear warm-up then cosine decay to 0 at ``steps``. Returns ``(model, log)`` with
     ``log = {"loss": [per step], "text": TextStats counts}`` and, with the rule, ``"val"`` ([step, loss] per
     evaluation), ``"best_step"`` (whose weights the model holds) and ``"stopped"`` ("plateau" | "cap");

@@ -60,7 +60,7 @@ from mdc.eval.caption_outputs import (MATCHED, TABLE3_COLUMNS, TABLE3_PREFIX, ca
 from mdc.eval.metrics import (METRICS, another_image_cider, brevity_penalty, caption_metrics,  # noqa: F401
                               descriptiveness, evaluate_captions, mean_words)
 from mdc.eval.results import checkpoint_id
-from mdc.options import with_options
+from mdc.base.options import with_options
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from mdc._compat import patch_torchvision
+from mdc.base.torchvision_shim import patch_torchvision
 from mdc.api import generate
 from mdc.factory import image_transform, load
 

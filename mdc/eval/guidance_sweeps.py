@@ -1,6 +1,6 @@
 """MC-Diffusion's guidance, evaluated: caption and compositionality sweeps over (guidance, strength).
 
-The guidance itself (CFG, MCS as printed, MCS mirrored) is :mod:`mdc.guidance`. Sweeps run each
+The guidance itself (CFG, MCS as printed, MCS mirrored) is :mod:`mdc.mc_diffusion.guidance`. Sweeps run each
 rule at guidance *strengths* s > 0, the distance from the rule's unguided scale (CFG at scale
 1 + s, MCS as printed at s, mirrored MCS at 1 + s), so that one x value means the same for every
 rule; strength 0, the plain model, is the unguided run every sweep starts with. This module runs it over evaluation
@@ -64,7 +64,7 @@ from mdc.eval.clipscore import clip_score, load_clip, ref_clip_score
 from mdc.eval.metrics import ptb_tokenize
 from mdc.eval.results import checkpoint_id
 from mdc.factory import image_transform
-from mdc.guidance import (GUIDANCE, RULES, Guide, check_guidance, is_unguided, partial_mask, scale_label, scale_of,
+from mdc.mc_diffusion.guidance import (GUIDANCE, RULES, Guide, check_guidance, is_unguided, partial_mask, scale_label, scale_of,
                           strength_label, strength_of)
 from mdc.model import evaluating
 

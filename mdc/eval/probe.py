@@ -28,7 +28,7 @@ Results of :func:`probe_datasets`::
                          "weight_decay": float, "classes": int, "chance": float,
                          "n_train": int, "n_test": int,
                          "correct": str}},        # "0"/"1" per test item, in test order
-                                                  # (intervals over the items: reproduce/claims.py)
+                                                  # (intervals over the items: reproduce/claims/claim_rows.py)
      "average": float,                     # mean top-1 over the datasets
      "protocol": {batch_size, epochs, lr, weight_decay, val_proportion, normalize, seed}}
 

@@ -17,7 +17,7 @@ from mdc.api import score_candidates
 from mdc.data.formats import load_image
 from mdc.distribution import encode_null
 from mdc.eval.suites import Suite, reference_images, shuffled_images
-from mdc.options import with_options
+from mdc.base.options import with_options
 from mdc.scoring import METHODS
 from mdc.tokenizer import caption_mask
 

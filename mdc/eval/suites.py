@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from mdc.data import aro_sugarcrepe as comp
-from mdc.options import with_options
+from mdc.base.options import with_options
 from mdc.world.evalsets import write_evalsets
 
 SUGARCREPE = tuple(f"sugarcrepe/{s}" for s in comp.SUGARCREPE_SUBSETS)

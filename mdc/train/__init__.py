@@ -13,10 +13,10 @@ rank's RNG states and data-stream position, and the loader replays the stream fr
 batch (see :mod:`mdc.data.pipeline`), so a killed and resumed run ends with the same weights
 as an uninterrupted one (bitwise on CPU; on GPU up to the kernels' own nondeterminism). It
 continues only the same run: a different configuration is refused (see :class:`TrainConfig`).
-A run owns its folder: rank 0 holds ``output_dir/.train.lock`` (:mod:`mdc.lock`) from start to end,
+A run owns its folder: rank 0 holds ``output_dir/.train.lock`` (:mod:`mdc.base.lock`) from start to end,
 so a second training into the same folder is refused at once, naming the holder's pid and host
 (a killed run leaves no stale lock). Every bad value, missing local shards included, is refused before
-anything is written (:class:`mdc.errors.ConfigError`); the command line says so in one line and exits
+anything is written (:class:`mdc.base.errors.ConfigError`); the command line says so in one line and exits
 with status 2.
 
 The package, one module per concern (each importing only those before it):

@@ -6,7 +6,7 @@ type follows the annotation: ``int``/``float`` are parsed as such, a ``Literal``
 a ``tuple[float, float]`` two values, a ``dict`` JSON; a bool field is a switch, ``--name`` when it
 is off by default and ``--no-name`` when on. A field without a default is a required flag.
 
-Errors (:mod:`mdc.errors`): a bad value prints one line, ``error: --batch-size must be >= 1, got 0``,
+Errors (:mod:`mdc.base.errors`): a bad value prints one line, ``error: --batch-size must be >= 1, got 0``,
 and exits with status 2, before anything is written; a run that stops for a reason the user must
 act on (its folder in use, a resume of a different run, a full disk) prints ``error: ...`` and
 exits with status 1. ``--debug`` (or ``MDC_DEBUG=1``) shows the traceback instead. A rank that lost its
@@ -25,8 +25,8 @@ import os
 import types
 import typing
 
-from mdc.cli import ArgumentParser, report
-from mdc.errors import ConfigError
+from mdc.base.cli import ArgumentParser, report
+from mdc.base.errors import ConfigError
 from mdc.train.config import TrainConfig
 from mdc.train.distributed import PeerLostError
 from mdc.train.loop import train

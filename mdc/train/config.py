@@ -13,8 +13,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mdc import checkpoint, optim
-from mdc.errors import ConfigError, must
+from mdc.base import checkpoint, optim
+from mdc.base.errors import ConfigError, must
 from mdc.factory import list_models, model_config
 from mdc.train.stream import count_samples, vocab_from_captions
 
@@ -53,7 +53,7 @@ class TrainConfig:
     # length, batch and optimizer
     preset: str | None = option(None, "the paper's hyperparameters of a backbone ("
                                 + ", ".join(sorted(optim.PRESETS)) + ") or the path of a preset JSON file "
-                                "(mdc.optim.read_preset), e.g. reproduce/presets/mini.json", metavar="NAME_OR_FILE")
+                                "(mdc.base.optim.read_preset), e.g. reproduce/presets/mini.json", metavar="NAME_OR_FILE")
     steps: int | None = option(None, "optimizer steps (or give epochs)", one_of="length", ge=1)
     epochs: int | None = option(None, "passes of samples_per_epoch samples (a preset's default: 32)", one_of="length",
                                 ge=1)

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401  before any process group: see setup_distributed
 
-from mdc.errors import ConfigError, RunError
+from mdc.base.errors import ConfigError, RunError
 
 
 class PeerLostError(RunError):

@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mdc import checkpoint, optim
+from mdc.base import checkpoint, optim
 from mdc.data.pipeline import SKIP_REASONS, SkipStats
-from mdc.errors import RunError
+from mdc.base.errors import RunError
 from mdc.factory import create_model, load_weights
-from mdc.lock import FolderInUseError, FolderLock
+from mdc.base.lock import FolderInUseError, FolderLock
 from mdc.model import uses_bf16
 from mdc.tokenizer import TextStats
 from mdc.train.config import TrainConfig, check_same_run, run_config
@@ -111,13 +111,13 @@ def train(**kwargs) -> dict:
             dist.destroy_process_group()
 
 
-RUN_LOCK = ".train.lock"  # in the run folder, held by rank 0 for the whole run (mdc.lock)
+RUN_LOCK = ".train.lock"  # in the run folder, held by rank 0 for the whole run (mdc.base.lock)
 
 
 @contextlib.contextmanager
 def own_folder(folder: str, rank: int, world: int):
     """Rank 0 holds the run folder's lock while the block runs; if another process holds it, every
-    rank raises :class:`~mdc.lock.FolderInUseError` (naming the holder) before anything is written."""
+    rank raises :class:`~mdc.base.lock.FolderInUseError` (naming the holder) before anything is written."""
     lock = FolderLock(folder, RUN_LOCK, "a training", "wait for it to end, or train into another output_dir "
                       "(--output-dir)") if rank == 0 else None
     refused = None

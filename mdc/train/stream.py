@@ -15,12 +15,12 @@ from webdataset.tariterators import base_plus_ext
 
 from mdc.data.pipeline import SkipStats, StreamPosition, iterate_batches, make_loader
 from mdc.data.stats import iter_captions
-from mdc.errors import ConfigError
+from mdc.base.errors import ConfigError
 from mdc.tokenizer import TextStats, Tokenizer
 
 
 def check_shards(urls: str) -> None:
-    """Refuse (:class:`~mdc.errors.ConfigError` naming ``train_data``) a shard pattern whose local shards
+    """Refuse (:class:`~mdc.base.errors.ConfigError` naming ``train_data``) a shard pattern whose local shards
     do not all exist, naming the first missing one and how many of how many are missing.
 
     The pattern is expanded as the loader expands it (``::`` and braces, webdataset's ``expand_urls``);

@@ -35,9 +35,9 @@ import os
 import numpy as np
 
 from mdc.data.writer import png_bytes, write_tar
-from mdc.cli import ArgumentParser, report
-from mdc.errors import must
-from mdc.lock import FolderLock
+from mdc.base.cli import ArgumentParser, report
+from mdc.base.errors import must
+from mdc.base.lock import FolderLock
 from mdc.world.caption_edits import write_own_suites
 from mdc.world.render import BACKGROUNDS, COLOURS, SHAPES, SIZES, TEXTURES, render
 from mdc.world.scenes import SHARDS_LOCK, sample_scene
@@ -59,7 +59,7 @@ PROBE_TASKS = {
     "relation": (list(RELATIONS), ""),  # where the large object is relative to the small one
     "background": (list(BACKGROUNDS), ""),  # background kind
 }
-#: Test images of the probe tasks the paper's claims read (mean4: reproduce/claims.py). The rule
+#: Test images of the probe tasks the paper's claims read (mean4: reproduce/claims/claim_rows.py). The rule
 #: (reproduce.power.claim_test_items): no claim row's 95% interval may be more item noise than seed
 #: noise, at the item variance and seed spread of the three-seed reference run's records; the largest need,
 #: MDC - CLIP on descriptive captions, is 2,389 items, rounded up to a multiple of every task's class count
@@ -263,7 +263,7 @@ def write_evalsets(out_dir: str, seed: int, image_size: int = 64, n_probe_train:
     ``n_items`` is the size of each ARO/SugarCrepe file and of the captioning val and test splits;
     ``n_probe_test`` the test images of every probe task, None: :data:`PROBE_TEST_ITEMS` (else
     :data:`PROBE_TEST_OTHER`) per task.
-    The writer holds ``out_dir/.shards.lock`` (:mod:`mdc.lock`) meanwhile: a second writer into the
+    The writer holds ``out_dir/.shards.lock`` (:mod:`mdc.base.lock`) meanwhile: a second writer into the
     same folder is refused, naming the first. ``n_items`` and ``image_size`` below 1 are refused, as
     are negative counts of probe and captioning training images (0 writes none) and seeds.
     """

@@ -20,7 +20,7 @@ Command line::
 
     python -m mdc.world.scenes --out DIR --num N --style {alt,descriptive} --seed S [--format npy] [--workers K]
 
-A writer holds ``DIR/.shards.lock`` (:mod:`mdc.lock`) while it writes: a second writer into the
+A writer holds ``DIR/.shards.lock`` (:mod:`mdc.base.lock`) while it writes: a second writer into the
 same folder is refused at once, naming the first. A bad value is refused in one line,
 ``error: --num must be >= 1, got 0`` (exit status 2; ``--debug`` shows the traceback).
 """
@@ -34,9 +34,9 @@ import os
 from PIL import Image
 
 from mdc.data.writer import npy_bytes, png_bytes, write_tar
-from mdc.cli import ArgumentParser, report
-from mdc.errors import ConfigError, must
-from mdc.lock import FolderLock
+from mdc.base.cli import ArgumentParser, report
+from mdc.base.errors import ConfigError, must
+from mdc.base.lock import FolderLock
 from mdc.world.render import render, render_array
 from mdc.world.graphs import AXIS_RATIO, GAP, P_LARGE, relation, sample_scene, scene_record
 from mdc.world.streams import STREAM_CAPTION, STREAM_REFERENCES, STREAM_SCENE, stream_rng
@@ -47,7 +47,7 @@ __all__ = ["AXIS_RATIO", "GAP", "MAX_OBJECTS", "P_LARGE", "relation", "sample_sc
 
 NUM_REFERENCES = 5
 IMAGE_FORMATS = ("png", "npy")
-SHARDS_LOCK = ".shards.lock"  # held in the output folder while shards are written (mdc.lock)
+SHARDS_LOCK = ".shards.lock"  # held in the output folder while shards are written (mdc.base.lock)
 
 
 def scene_captions(n: int, style: str = "alt", seed: int = 0) -> list[str]:

@@ -39,7 +39,7 @@ from argparse import ArgumentParser
 from dataclasses import dataclass
 
 import mdc
-from mdc import checkpoint as ckpt
+from mdc.base import checkpoint as ckpt
 from mdc.eval.positive_controls import binding_accuracy
 from mdc.eval.suite_scoring import SuiteOptions, score_suite
 from mdc.eval.suites import load_suites, shuffled_images, synthetic_data

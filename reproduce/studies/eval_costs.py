@@ -1,4 +1,4 @@
-"""What a unit of each evaluation costs at ``mini``: the seconds behind :mod:`reproduce.eval_cost`'s cost model.
+"""What a unit of each evaluation costs at ``mini``: the seconds behind :mod:`reproduce.cost.eval_cost`'s cost model.
 
 Short timings on the shipped weights (``mdc.create_model("mini", objective, pretrained="synthetic")``, the
 reference run's seed-0 models trained on descriptive captions), one thread, as the runner runs each run:
@@ -21,7 +21,7 @@ reference run's seed-0 models trained on descriptive captions), one thread, as t
 
 ``DIR``: synthetic evaluation sets (``mdc.world.evalsets.write_evalsets``; the probe's need only a few hundred
 images per task). The items are the first ``--items`` of each kind, spread evenly over its suites. The
-file it writes, keyed by notebook, is what :mod:`reproduce.eval_cost` reads
+file it writes, keyed by notebook, is what :mod:`reproduce.cost.eval_cost` reads
 (``reproduce/studies/eval_costs/unit_seconds.json``); the machine's load average before and after goes with it.
 """
 from __future__ import annotations

@@ -113,7 +113,7 @@ def probe_checkpoint(path: str, out: str) -> dict:
     beside its architecture at random initialisation (seeded with the run's training seed), on the
     held-out tasks at its resolution. Appends to ``probes.jsonl``."""
     import mdc
-    from mdc.checkpoint import read_run_config
+    from mdc.base.checkpoint import read_run_config
     from mdc.eval.probe import random_init_like
     from mdc.factory import checkpoint_folder
 
@@ -165,7 +165,7 @@ def ceiling_run(name: str, seed: int, out: str, lr: float | None = None, relatio
 
     import mdc
     from mdc.data.transforms import image_transform
-    from mdc.optim import fit
+    from mdc.base.optim import fit
     from mdc.world.render import COLOURS, SHAPES, TEXTURES, render_array
     from mdc.world.scenes import sample_scene
     from mdc.world.streams import STREAM_SCENE, stream_rng

@@ -17,7 +17,7 @@ import torch
 
 import mdc.train
 import mdc.train.cli
-from mdc import checkpoint
+from mdc.base import checkpoint
 
 
 def _kill_self():

@@ -37,9 +37,10 @@ import mdc.data.convert
 import mdc.train.cli
 import mdc.world.scenes
 import reproduce.__main__
-from mdc import checkpoint
-from mdc.lock import FolderLock
-from reproduce import folders, graph, runner
+from mdc.base import checkpoint
+from mdc.base.lock import FolderLock
+from reproduce import graph
+from reproduce.running import folders, runner
 from reproduce.graph import Run
 from conftest import SUBPROCESS_ENV, TRAIN_MODEL, alive, latest_weights, same_weights, toy_notebook
 
@@ -387,7 +388,8 @@ json.dump({"schema": "mdc.results/1", "kind": "toy", "results": {"value": value}
 
 RUNNER = textwrap.dedent('''
     import json, sys
-    from reproduce import graph, runner
+    from reproduce import graph
+    from reproduce.running import runner
     from reproduce.graph import Run
     graph.NOTEBOOKS, out, value = sys.argv[1], sys.argv[2], int(sys.argv[3])
     runs = [Run(name, "slow", {"output_dir": "{run:%s}" % name, "value": value, "sleep": 1.5},

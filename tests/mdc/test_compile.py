@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from torch._dynamo.utils import counters
 
 import mdc
-from mdc import optim
+from mdc.base import optim
 from mdc.train import LossModule, loop, train
 from conftest import CAPTIONS, SMALL, TRAIN_MODEL
 

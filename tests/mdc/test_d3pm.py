@@ -9,7 +9,7 @@ import torch
 
 import mdc
 from conftest import CAPTIONS, SMALL, small_model
-from mdc.d3pm import (MASK_REPLACE, MaskReplace, caption_ids, cumulative_matrix, d3pm_loss, d3pm_sample,
+from mdc.mc_diffusion.mask_replace import (MASK_REPLACE, MaskReplace, caption_ids, cumulative_matrix, d3pm_loss, d3pm_sample,
                       model_schedule, posterior, q_sample, schedule, step_matrix)
 from mdc.absorbing import ABSORBING
 from mdc.distribution import banned_ids

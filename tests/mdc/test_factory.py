@@ -57,7 +57,7 @@ def test_create_model_and_transforms_binds_the_eval_transform():
 
 
 def test_load_accepts_a_run_folder(tmp_path):
-    from mdc.checkpoint import LATEST
+    from mdc.base.checkpoint import LATEST
 
     m = small_model()
     m.save(tmp_path / "run" / "checkpoints" / "step_000007")

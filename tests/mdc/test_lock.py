@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from mdc.lock import FolderInUseError, FolderLock
+from mdc.base.lock import FolderInUseError, FolderLock
 from mdc.train import train
 from conftest import SUBPROCESS_ENV, TRAIN_MODEL, train_cli
 
@@ -92,7 +92,7 @@ def test_two_trainings_started_together_into_one_folder(scene_shards, tmp_path):
 
 HOLDER = textwrap.dedent('''
     import os, sys, time
-    from mdc.lock import FolderLock
+    from mdc.base.lock import FolderLock
     lock = FolderLock(sys.argv[1], ".train.lock", "a training").acquire()
     if os.fork() == 0:  # a worker the holder forked (as a DataLoader does); it outlives the holder a while
         time.sleep(60)

@@ -2,7 +2,7 @@
 same bytes, so a rebuild leaves the committed files untouched."""
 import time
 
-from reproduce.paper_figures import plot_caption_lengths
+from reproduce.artifacts.paper_figures import plot_caption_lengths
 
 
 def test_a_figure_saved_twice_is_the_same_file(tmp_path):

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 import mdc
-from mdc import optim
+from mdc.base import optim
 from mdc.transformer import Head
 from mdc.train import loop, train
 from conftest import CAPTIONS, SUBPROCESS_ENV, TRAIN_MODEL, same_weights, small_model
@@ -138,7 +138,7 @@ DDP_SCRIPT = textwrap.dedent('''
     import torch
     from torch import nn
     import mdc
-    from mdc import optim
+    from mdc.base import optim
     from mdc.train import loop
 
     out, kwargs = sys.argv[1], json.loads(sys.argv[2])

@@ -16,10 +16,11 @@ import torch
 
 import mdc
 from mdc import factory
-from mdc.errors import ConfigError, WeightsError
+from mdc.base.errors import ConfigError, WeightsError
 from mdc.eval.probe import ProbeConfig, dataset_fns, probe_datasets, synthetic_roots
 from mdc.world.evalsets import write_evalsets
-from reproduce import ledger, pretrained
+from reproduce import pretrained
+from reproduce.running import ledger
 
 RECORDS = os.path.join(ledger.ROOT, "reproduce", "records", "mini")
 OBJECTIVES = ("mdc", "arc", "clip")

@@ -141,7 +141,7 @@ def test_noise_keys_are_normalised_before_hashing(images):
     seeds of plain int / str / tuple keys are the ones earlier results were drawn with."""
     import numpy as np
 
-    from mdc.seeding import key_seed
+    from mdc.base.seeding import key_seed
     from mdc.scoring import score_candidates
 
     old = {(0, 5): 4519827507854173659, (3, "a"): 6205162506511875851, (1, (2, 3)): 3538038486453471504,

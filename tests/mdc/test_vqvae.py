@@ -7,8 +7,8 @@ import torch
 import mdc
 from conftest import CAPTIONS, SMALL
 from mdc.condition import num_image_tokens
-from mdc.optim import param_groups
-from mdc.vqvae import VQConfig, VQVAE, load_vqvae, main, synthetic_images, train_vqvae
+from mdc.base.optim import param_groups
+from mdc.mc_diffusion.vqvae import VQConfig, VQVAE, load_vqvae, main, synthetic_images, train_vqvae
 
 TINY_VQ = dict(image_size=32, downsample=4, channels=32, code_dim=32, codebook_size=64)
 

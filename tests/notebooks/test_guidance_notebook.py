@@ -51,9 +51,9 @@ def test_guidance_notebook_smoke(tmp_path, run_notebook):
     assert set(table) == {f"{v}{k}{s}" for v in variants for k in ("", "_blind")  # and without the image (the
                           for s in ("", "_lengthnorm")}  # heuristic scorer has no debiased variant)
     assert all(0 <= a <= 1 for row in table.values() for a in row.values() if a is not None)
-    from reproduce import report  # the table and figure from the results alone
+    from reproduce.artifacts import paper_tables  # the table and figure from the results alone
 
-    files = report.guidance([{"notebook": "guidance", "artifacts": ["guidance"], "record": record}], "", str(out / "fig"))
+    files = paper_tables.guidance([{"notebook": "guidance", "artifacts": ["guidance"], "record": record}], "", str(out / "fig"))
     rows = (out / "fig" / "guidance_tradeoff.md").read_text()
     assert len(files) == 5 and "CLIPScore - unguided" in rows and "[" in rows
 

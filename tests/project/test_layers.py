@@ -26,9 +26,9 @@ def test_the_contract_refuses_a_core_module_importing_an_extension(tmp_path):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "runs"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     model = tmp_path / "mdc" / "model.py"
-    model.write_text(model.read_text() + "\n\ndef _late():\n    import mdc.guidance  # noqa: F401\n")  # lazy, upward
+    model.write_text(model.read_text() + "\n\ndef _late():\n    import mdc.mc_diffusion.guidance  # noqa: F401\n")  # lazy, upward
     out = _lint(tmp_path)
-    assert out.returncode != 0 and "mdc.model is not allowed to import mdc.guidance" in out.stdout
+    assert out.returncode != 0 and "mdc.model is not allowed to import mdc.mc_diffusion.guidance" in out.stdout
 
 
 def test_no_function_level_import_of_mdc_inside_the_package():

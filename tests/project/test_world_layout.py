@@ -1,5 +1,5 @@
 """One direction of dependencies: mdc.world (the synthetic world) may import mdc.data and the
-base modules (mdc.tokenizer, mdc.errors, mdc.cli, mdc.lock, mdc.options, mdc.seeding); mdc.data (real-data I/O) never imports
+base modules (mdc.tokenizer, mdc.base.errors, mdc.base.cli, mdc.base.lock, mdc.base.options, mdc.base.seeding); mdc.data (real-data I/O) never imports
 mdc.world; neither imports the model."""
 import ast
 import glob
@@ -8,8 +8,8 @@ import os
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SHARED = ("mdc.tokenizer", "mdc._compat", "mdc.errors", "mdc.cli", "mdc.lock", "mdc.options",
-          "mdc.seeding")  # base modules below both
+SHARED = ("mdc.tokenizer", "mdc.base.torchvision_shim", "mdc.base.errors", "mdc.base.cli", "mdc.base.lock", "mdc.base.options",
+          "mdc.base.seeding")  # base modules below both
 
 
 def _modules(folder: str) -> dict[str, str]:

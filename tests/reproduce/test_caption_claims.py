@@ -3,8 +3,10 @@ import numpy as np
 import pytest
 
 from conftest import write_records
-from reproduce import caption_claims, claims, ledger, registry
-from reproduce.claims_stats import difference
+from reproduce import registry
+from reproduce.claims import caption_claims, claim_rows
+from reproduce.running import ledger
+from reproduce.claims.stats import difference
 
 IMAGES = 300
 
@@ -68,7 +70,7 @@ def test_the_difference_is_in_cider_points_over_the_same_images(tmp_path):
     runs[1]["record"]["results"]["dataset"]["image_ids"] = list(range(1, IMAGES + 1))
     with pytest.raises(ValueError, match="other test images"):
         caption_claims.paired_images(runs, claim)
-    assert "not run (no captioning run holds per-image CIDEr" in claims._caption_row(claim, [])["verdict"]
+    assert "not run (no captioning run holds per-image CIDEr" in claim_rows._caption_row(claim, [])["verdict"]
 
 
 def test_without_the_wrong_image_control_the_margin_falls_back(tmp_path):

@@ -1,4 +1,4 @@
-"""reproduce.claims: a probe claim's difference, its interval over seeds and test items (coverage checked by
+"""reproduce.claims.claim_rows: a probe claim's difference, its interval over seeds and test items (coverage checked by
 simulation), the verdict it implies, and the README's copy of the claims table."""
 import json
 import os
@@ -9,11 +9,12 @@ import pytest
 
 from conftest import write_records
 from mdc.eval.results import write_results
-from reproduce import claims, claims_stats, registry
-from reproduce.claims import TASKS, Claim, difference, paired_items, verdict, write_readme_table
+from reproduce import registry
+from reproduce.claims import claim_rows, stats
+from reproduce.claims.claim_rows import TASKS, Claim, difference, paired_items, verdict, write_readme_table
 
 N = 1000  # test items per task
-LEARNABILITY = os.path.join(os.path.dirname(claims.__file__), "studies", "learnability", "runs.jsonl")
+LEARNABILITY = os.path.join(os.path.dirname(claim_rows.__file__), "studies", "learnability", "runs.jsonl")
 
 
 def _outcomes(rate: float, rng, n: int = N) -> str:
@@ -82,7 +83,7 @@ def test_the_item_part_alone_covers_about_95_percent():
 def test_the_t_quantile():
     for p, df, want in ((0.975, 1, 12.706), (0.975, 2, 4.303), (0.95, 2, 2.920), (0.975, 10, 2.228),
                         (0.95, float("inf"), 1.645)):
-        assert claims_stats.t_quantile(p, df) == pytest.approx(want, abs=1e-3)
+        assert stats.t_quantile(p, df) == pytest.approx(want, abs=1e-3)
 
 
 def test_the_one_seed_spread_is_the_largest_the_learnability_study_measured():
@@ -97,7 +98,7 @@ def test_the_one_seed_spread_is_the_largest_the_learnability_study_measured():
     sds = [np.std([mean4[a][s] - mean4[b][s] for s in range(3)], ddof=1) for i, a in enumerate(models)
            for b in models[i + 1:]]
     assert len(models) == 4 and max(sds) == pytest.approx(2.62, abs=0.01)
-    assert max(sds) <= claims.SEED_SD < max(sds) + 0.1
+    assert max(sds) <= claim_rows.SEED_SD < max(sds) + 0.1
 
 
 def test_the_difference_is_the_mean_over_seeds_of_the_paired_mean4_gap():
@@ -107,8 +108,8 @@ def test_the_difference_is_the_mean_over_seeds_of_the_paired_mean4_gap():
     assert d["seeds"] == 2 and d["mean"] == pytest.approx(25.0)
     assert d["low"] <= 25.0 <= d["high"]
     same = difference([_pair(half, half)])  # identical outcomes: only the assumed seed spread is left
-    assert same["mean"] == 0.0 and same["high"] == pytest.approx(1.96 * claims.SEED_SD, abs=0.01)
-    assert same["low"] == -same["high"] and same["tost_high"] == pytest.approx(1.645 * claims.SEED_SD, abs=0.01)
+    assert same["mean"] == 0.0 and same["high"] == pytest.approx(1.96 * claim_rows.SEED_SD, abs=0.01)
+    assert same["low"] == -same["high"] and same["tost_high"] == pytest.approx(1.645 * claim_rows.SEED_SD, abs=0.01)
     assert difference([_pair(wrong, right)], seed_sd=0.0)["high"] == -100.0
     with pytest.raises(ValueError, match="same test items"):
         difference([_pair(half, half), _pair(half[:-1], half[:-1])])
@@ -204,9 +205,9 @@ def test_the_claims_table_from_records_shaped_as_the_registry_writes_them(tmp_pa
     files = registry.build_artifacts(records, str(tmp_path / "figures"), "unused", ["claims"])
     table = open(files["claims"][0]).read()
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert len(rows) == len(claims.CLAIMS) + len(claims.CAPTION_CLAIMS)
-    assert all("not run (no captioning run" in row[-1] for row in rows[len(claims.CLAIMS):])  # no captioning here
-    rows = rows[: len(claims.CLAIMS)]
+    assert len(rows) == len(claim_rows.CLAIMS) + len(claim_rows.CAPTION_CLAIMS)
+    assert all("not run (no captioning run" in row[-1] for row in rows[len(claim_rows.CLAIMS):])  # no captioning here
+    rows = rows[: len(claim_rows.CLAIMS)]
     by_what = {row[1]: row for row in rows}
     verdicts = {what: row[-1].rstrip(" |") for what, row in by_what.items()}
     assert verdicts["MDC - CLIP, descriptive"] == "reproduced" and verdicts["MDC - BERT 15%, alt"] == "reproduced"
@@ -221,11 +222,11 @@ def test_the_claims_table_from_records_shaped_as_the_registry_writes_them(tmp_pa
 
 def test_a_claim_without_runs_says_so(tmp_path):
     files = registry.build_artifacts(str(tmp_path / "records"), str(tmp_path / "figures"), "unused", ["claims"])
-    assert open(files["claims"][0]).read().count("not run (no seed has runs on both sides)") == len(claims.CLAIMS)
+    assert open(files["claims"][0]).read().count("not run (no seed has runs on both sides)") == len(claim_rows.CLAIMS)
     assert os.path.isfile(files["claims"][1]) and os.path.isfile(files["claims"][2])
 
 
-ROWS = claims.CLAIMS + claims.CAPTION_CLAIMS  # the probe claims' rows and claim 8's
+ROWS = claim_rows.CLAIMS + claim_rows.CAPTION_CLAIMS  # the probe claims' rows and claim 8's
 
 README = """# Title
 
@@ -247,53 +248,53 @@ def test_the_readme_block_becomes_the_table_and_nothing_else_changes(tmp_path):
     table = "| claim | verdict |\n|---|---|\n| 1. a | reproduced (provisional) |\n"
     assert write_readme_table(str(readme), table)
     text = readme.read_bytes().decode()
-    begin, end = text.index(claims.BEGIN), text.index(claims.END)
-    assert text[begin:end] == claims.BEGIN + "\n" + table
-    assert text[:begin] == README[:README.index(claims.BEGIN)] and text[end:] == README[README.index(claims.END):]
+    begin, end = text.index(claim_rows.BEGIN), text.index(claim_rows.END)
+    assert text[begin:end] == claim_rows.BEGIN + "\n" + table
+    assert text[:begin] == README[:README.index(claim_rows.BEGIN)] and text[end:] == README[README.index(claim_rows.END):]
     assert write_readme_table(str(readme), table) and readme.read_bytes().decode() == text  # idempotent
 
 
 def test_a_readme_without_markers_is_left_alone(tmp_path, capsys):
     readme = tmp_path / "README.md"
-    readme.write_bytes(README.replace(claims.END, "").encode())
+    readme.write_bytes(README.replace(claim_rows.END, "").encode())
     assert not write_readme_table(str(readme), "| a |\n")
-    assert readme.read_bytes() == README.replace(claims.END, "").encode()
+    assert readme.read_bytes() == README.replace(claim_rows.END, "").encode()
     assert "not rewritten" in capsys.readouterr().out
 
 
 def test_only_a_build_into_the_repositorys_figures_rewrites_its_readme(tmp_path, monkeypatch):
     monkeypatch.setattr(claims, "ROOT", str(tmp_path))
     (tmp_path / "README.md").write_bytes(README.encode())
-    claims.build([], "unused", str(tmp_path / "elsewhere"))
+    claim_rows.build([], "unused", str(tmp_path / "elsewhere"))
     assert (tmp_path / "README.md").read_bytes() == README.encode()
-    files = claims.build([], "unused", str(tmp_path / "figures"))
+    files = claim_rows.build([], "unused", str(tmp_path / "figures"))
     table = "".join(line for line in open(files[0]) if line.startswith("|"))
     assert table.count("not run (") == len(ROWS)
-    assert claims.BEGIN + "\n" + table + claims.END in (tmp_path / "README.md").read_text()
+    assert claim_rows.BEGIN + "\n" + table + claim_rows.END in (tmp_path / "README.md").read_text()
 
 
 def test_the_verdict_counts_are_written_by_the_build_not_typed(tmp_path, monkeypatch):
     """The README's and docs/results.md's summary sentence between the summary markers is the table's."""
     monkeypatch.setattr(claims, "ROOT", str(tmp_path))
     stale = "Five rows are reproduced and seven not resolved."
-    block = f"{claims.SUMMARY[0]}\n{stale}\n{claims.SUMMARY[1]}\n"
+    block = f"{claim_rows.SUMMARY[0]}\n{stale}\n{claim_rows.SUMMARY[1]}\n"
     (tmp_path / "README.md").write_text(README + "\n" + block)
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "results.md").write_text("# Results\n\n" + block + "More.\n")
-    claims.build([], "unused", str(tmp_path / "figures"))
+    claim_rows.build([], "unused", str(tmp_path / "figures"))
     want = (f"Of the {len(ROWS)} claim rows, each tested at 5%: 0 reproduced, 0 contradicted, 0 with no "
             f"effect of the margin's size, 0 not resolved, {len(ROWS)} not run; 0 of the 0 reproduced rows "
             f"keep p < 0.05 after Holm's adjustment over the 0 rows that ran.")
     for doc in (tmp_path / "README.md", tmp_path / "docs" / "results.md"):
-        assert stale not in doc.read_text() and f"{claims.SUMMARY[0]}\n{want}\n{claims.SUMMARY[1]}" in doc.read_text()
-    assert (tmp_path / "docs" / "results.md").read_text().endswith(claims.SUMMARY[1] + "\nMore.\n")
+        assert stale not in doc.read_text() and f"{claim_rows.SUMMARY[0]}\n{want}\n{claim_rows.SUMMARY[1]}" in doc.read_text()
+    assert (tmp_path / "docs" / "results.md").read_text().endswith(claim_rows.SUMMARY[1] + "\nMore.\n")
 
 
 def test_the_summary_counts_each_verdict_and_the_rows_holm_keeps():
     verdicts = (("reproduced", "<0.001"), ("reproduced", "0.052"), ("not resolved; MDC below ARC", "1.000"),
                 ("no effect of 2.4 points", "1.000"), ("contradicted: MDC below ARC", "0.010"), ("not resolved", "0.900"))
     rows = [{"verdict": v, "Holm p": h} for v, h in verdicts]
-    assert claims.summary(rows) == (
+    assert claim_rows.summary(rows) == (
         "Of the 6 claim rows, each tested at 5%: 2 reproduced, 1 contradicted, 1 with no effect of the margin's "
         "size, 2 not resolved (1 of them with a significant direction); 1 of the 2 reproduced rows keep p < 0.05 "
         "after Holm's adjustment over the 6 rows that ran.")
@@ -303,18 +304,18 @@ def test_the_margin_is_a_tenth_of_the_styles_gain_over_random_init():
     rng = np.random.default_rng(0)
 
     def run(method, style, rate, floor, **extra):
-        r = _run(f"probe/{method}-{style}", dict(claims._main(method, style), seed=0, **extra),
+        r = _run(f"probe/{method}-{style}", dict(claim_rows._main(method, style), seed=0, **extra),
                  {t: rate for t in TASKS}, rng)
         r["record"]["results"]["random_init"] = {"datasets": {f"wds/{t}": {"top1": floor} for t in TASKS}}
         return r
 
     runs = [run("MDC", "alt", 0.40, 0.25), run("ARC", "alt", 0.45, 0.25), run("CLIP", "alt", 0.35, 0.25),
             run("MDC", "descriptive", 0.55, 0.25), run("BERT", "alt", 0.9, 0.1, mask_ratio=0.15)]  # BERT: no anchor
-    assert claims.margins(runs) == {"alt": 1.5, "descriptive": 3.0}
+    assert claim_rows.margins(runs) == {"alt": 1.5, "descriptive": 3.0}
 
 
 def test_holms_family_is_the_rows_that_ran():
     """A row not run has no p-value and is not in Holm's family: the summary says over how many rows it is."""
     rows = [{"verdict": "reproduced", "Holm p": "0.010"}, {"verdict": "not run (no records)", "Holm p": "-"}]
-    assert claims.summary(rows).endswith("1 of the 1 reproduced rows keep p < 0.05 after Holm's adjustment over "
+    assert claim_rows.summary(rows).endswith("1 of the 1 reproduced rows keep p < 0.05 after Holm's adjustment over "
                                          "the 1 rows that ran.")

@@ -1,4 +1,4 @@
-"""The costed dry run of the paper profile (reproduce/cost.py, reproduce/model_cost.py, reproduce/cost_table.py):
+"""The costed dry run of the paper profile (reproduce/cost/paper_cost.py, reproduce/cost/model_cost.py, reproduce/cost/cost_table.py):
 meta-device FLOPs checked against the real loss and the analytic count, activation memory against CPU autocast,
 the plan's table and totals."""
 import json
@@ -9,8 +9,10 @@ import torch
 
 import mdc
 from mdc.factory import model_config
-from mdc.flops import Meter
-from reproduce import cluster, cost, model_cost, paper_profile, registry
+from mdc.base.flops import Meter
+from reproduce import paper_profile, registry
+from reproduce.cost import model_cost, paper_cost
+from reproduce.running import cluster
 from reproduce.__main__ import main
 from conftest import SMALL
 
@@ -74,7 +76,7 @@ def test_activation_memory_factor_of_autocast_is_what_cpu_autocast_measures():
     for objective in ("mdc", "clip"):
         model = mdc.create_model("vit-b-32", objective, vision_layers=2, text_layers=2)
         ratio = per_sample(model, True) / per_sample(model.to(torch.bfloat16), False)
-        assert abs(ratio - cost.AUTOCAST_FACTOR) < 0.05, (objective, ratio)
+        assert abs(ratio - paper_cost.AUTOCAST_FACTOR) < 0.05, (objective, ratio)
 
 
 def test_every_placeholder_of_the_paper_profile_is_a_listed_data_variable(monkeypatch):
@@ -109,9 +111,9 @@ def test_paper_dry_run_prints_the_costed_plan(tmp_path, monkeypatch, capsys):
 
     # the figures behind the table: 10M pairs x 32 epochs, FLOPs / (MFU x peak)
     runs = registry.select(registry.with_figures(registry.build("paper"), "figs", "paper", "records"), ["table4"])
-    costs = {c.run: c for c in cost.plan(runs, str(tmp_path))}
+    costs = {c.run: c for c in paper_cost.plan(runs, str(tmp_path))}
     alt = costs["pretrain/vit-b-32-mdc-wot-alt-s0"]
-    per_sample = model_cost.training_pass("vit-b-32", "mdc").at(round(0.75 * cost.CAPTION_TOKENS["MDC_CC12M"]))[0]
+    per_sample = model_cost.training_pass("vit-b-32", "mdc").at(round(0.75 * paper_cost.CAPTION_TOKENS["MDC_CC12M"]))[0]
     assert alt.flops == pytest.approx(per_sample * 32 * (10_000_000 // 1024) * 1024)
     assert alt.gpu_hours(0.5) == pytest.approx(alt.flops / (0.5 * 989e12) / 3600)
     assert alt.params == model_cost.num_params("vit-b-32", "mdc") and 150e6 < alt.params < 250e6

@@ -5,9 +5,10 @@ import os
 
 import pytest
 
-from reproduce import eval_cost, ledger, runner
+from reproduce.cost import eval_cost
+from reproduce.running import ledger, runner
 from reproduce.graph import Run
-from reproduce.runner import RunSettings
+from reproduce.running.runner import RunSettings
 
 # made-up seconds per unit: round numbers, so that every scale below is exact
 UNITS = {"linear_probe": {"extract_per_image": 1.0, "fit_pooled_per_row_epoch": 0.0, "fit_grid_per_row_epoch": 0.0},

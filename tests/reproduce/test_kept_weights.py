@@ -9,10 +9,11 @@ from safetensors.torch import load_file, save_file
 
 from conftest import toy_notebook
 from mdc.eval.results import checkpoint_id
-from reproduce import graph, ledger, pretrained, runner
+from reproduce import graph, pretrained
+from reproduce.running import ledger, runner
 from reproduce.__main__ import main
 from reproduce.graph import Run
-from reproduce.runner import RunSettings
+from reproduce.running.runner import RunSettings
 
 
 def _run_folder(root, config='{"name": "tiny"}'):

@@ -9,9 +9,10 @@ import time
 import pytest
 
 from conftest import toy_notebook
-from reproduce import graph, ledger, runner
+from reproduce import graph
+from reproduce.running import ledger, runner
 from reproduce.graph import Run
-from reproduce.runner import RunSettings
+from reproduce.running.runner import RunSettings
 
 TOY = '''
 import json, os, time

@@ -7,9 +7,11 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from reproduce import claims, ledger, power, seed_plan
-from reproduce.claims import TASKS
-from reproduce.claims_stats import difference, t_quantile
+from reproduce import power
+from reproduce.claims import claim_rows
+from reproduce.running import ledger, seed_plan
+from reproduce.claims.claim_rows import TASKS
+from reproduce.claims.stats import difference, t_quantile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORDS = os.path.join(ROOT, "reproduce", "records", "mini")
@@ -42,10 +44,10 @@ def test_never_where_the_item_noise_alone_leaves_too_little():
 
 def test_the_table_recomputed_from_the_records(runs):
     rows = {r["claim row"]: r for r in power.power_table(runs)}
-    assert list(rows) == [c.what for c in claims.CLAIMS]
-    margins = claims.margins(runs)
-    for c in claims.CLAIMS:
-        d = difference(claims.paired_items(runs, c))
+    assert list(rows) == [c.what for c in claim_rows.CLAIMS]
+    margins = claim_rows.margins(runs)
+    for c in claim_rows.CLAIMS:
+        d = difference(claim_rows.paired_items(runs, c))
         row, m = rows[c.what], margins[c.a["style"]]
         s = math.sqrt(sum((x - d["mean"]) ** 2 for x in d["per_seed"]) / (d["seeds"] - 1))
         assert row["per-seed differences"] == ", ".join(f"{x:+.2f}" for x in d["per_seed"])
@@ -74,12 +76,12 @@ def test_the_table_recomputed_from_the_records(runs):
 def test_a_row_no_number_of_seeds_resolves_names_the_items_it_needs(runs):
     """Where the item noise alone is too large for the effect, the row gives the items per task that unlimited
     seeds would need: N* = N0 v_items (z_p + z_0.8)^2 / e^2 (and what twice that would take)."""
-    margins = claims.margins(runs)
-    for c, row in zip(claims.CLAIMS, power.power_table(runs)):
+    margins = claim_rows.margins(runs)
+    for c, row in zip(claim_rows.CLAIMS, power.power_table(runs)):
         if not row["seeds for 80% power"].startswith("never at"):
             continue
-        d = difference(claims.paired_items(runs, c))
-        m, test = margins.get(c.a["style"], claims.FALLBACK_MARGIN), row["test at 5%"]
+        d = difference(claim_rows.paired_items(runs, c))
+        m, test = margins.get(c.a["style"], claim_rows.FALLBACK_MARGIN), row["test at 5%"]
         e = {"T": m - abs(d["mean"]), "b": abs(d["mean"]) - m, "d": abs(d["mean"])}[test[0]]
         p = 0.95 if test.startswith("TOST") else 0.975
         z = NormalDist().inv_cdf(p) + NormalDist().inv_cdf(0.8)
@@ -88,7 +90,7 @@ def test_a_row_no_number_of_seeds_resolves_names_the_items_it_needs(runs):
     # the same on a difference made for it: 1,000 items a task, an items' variance too large for TOST's effect
     # of 0.5 (the mean 2.0 inside a margin of 2.5)
     d = {"seeds": 3, "items": 4000, "v_items": 0.25, "v_seeds": 1.0, "mean": 2.0, "per_seed": [1.0, 2.0, 3.0]}
-    row = power.row_power(claims.CLAIMS[0], d, 2.5)
+    row = power.row_power(claim_rows.CLAIMS[0], d, 2.5)
     e = 0.5
     n_star = math.ceil(1000 * 0.25 * (NormalDist().inv_cdf(0.95) + NormalDist().inv_cdf(0.8)) ** 2 / e**2)
     assert row["seeds for 80% power"] == "never at 1,000 items" and row["items per task"].startswith(f"> {n_star:,} ")

@@ -1,4 +1,4 @@
-"""reproduce.report and reproduce.compositionality_table: the paper's tables rebuilt from a small synthetic
+"""reproduce.artifacts.paper_tables and reproduce.artifacts.compositionality_table: the paper's tables rebuilt from a small synthetic
 run index, byte for byte.
 
 The index mimics the registry's wiring (two seeds of the probe runs, Table 2's three scorers, two

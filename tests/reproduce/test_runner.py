@@ -10,7 +10,8 @@ import nbformat
 import pytest
 
 from conftest import alive, toy_notebook
-from reproduce import attempt, cluster, folders, graph, registry, runner
+from reproduce import graph, registry
+from reproduce.running import attempt, cluster, folders, runner
 from reproduce.__main__ import main
 from reproduce.graph import Run
 

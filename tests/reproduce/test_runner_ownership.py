@@ -12,8 +12,9 @@ import time
 import pytest
 
 from conftest import SUBPROCESS_ENV, alive, toy_notebook
-from mdc.lock import FolderInUseError, FolderLock
-from reproduce import graph, runner
+from mdc.base.lock import FolderInUseError, FolderLock
+from reproduce import graph
+from reproduce.running import runner
 from reproduce.__main__ import main
 from reproduce.graph import Run
 
@@ -34,7 +35,8 @@ json.dump({"schema": "mdc.results/1", "kind": "toy", "results": {"value": value}
 
 RUNNER = textwrap.dedent('''
     import json, sys
-    from reproduce import graph, runner
+    from reproduce import graph
+    from reproduce.running import runner
     from reproduce.graph import Run
     graph.NOTEBOOKS, out, value, sleep = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     outcome = runner.run_all([Run("a", "slow", {"output_dir": "{run:a}", "value": value, "sleep": sleep})], out,

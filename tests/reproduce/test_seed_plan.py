@@ -1,12 +1,13 @@
-"""reproduce.seed_plan: seeds per run from a plan file or the ledger, and the claim-row seeds a build holds."""
+"""reproduce.running.seed_plan: seeds per run from a plan file or the ledger, and the claim-row seeds a build holds."""
 import csv
 import json
 import os
 
 import pytest
 
-from reproduce import registry, seed_plan
-from reproduce.seed_plan import SeedPlan
+from reproduce import registry
+from reproduce.running import seed_plan
+from reproduce.running.seed_plan import SeedPlan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECORDS = os.path.join(ROOT, "reproduce", "records", "mini")

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from mdc.data import convert
-from mdc.lock import FolderInUseError, FolderLock
+from mdc.base.lock import FolderInUseError, FolderLock
 from mdc.world import scenes
 
 

@@ -24,7 +24,7 @@ def test_separable_task_is_solved():
 
 
 def test_the_probe_records_which_test_items_it_got_right():
-    """Per-item outcomes (in test order) let an interval resample the test items (reproduce/claims.py)."""
+    """Per-item outcomes (in test order) let an interval resample the test items (reproduce/claims/claim_rows.py)."""
     train, test = _blobs(400, spread=6.0), _blobs(200, spread=6.0, seed=1)
     res = linear_probe(train, test)
     assert len(res["correct"]) == res["n_test"] == 200 and set(res["correct"]) == {"0", "1"}

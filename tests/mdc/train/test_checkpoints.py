@@ -6,7 +6,7 @@ import os
 import pytest
 import safetensors.torch
 
-from mdc import checkpoint
+from mdc.base import checkpoint
 from conftest import small_model
 
 

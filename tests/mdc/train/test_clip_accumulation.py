@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from mdc import optim
+from mdc.base import optim
 from mdc.world.scenes import vocabulary, write_shards
 from mdc.train import LossModule, accumulate, train
 from conftest import CAPTIONS, SMALL, small_model

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from mdc.errors import ConfigError
+from mdc.base.errors import ConfigError
 from mdc.train import TrainConfig
 from mdc.train.cli import main
 from conftest import SUBPROCESS_ENV

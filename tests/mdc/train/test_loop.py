@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mdc
-from mdc import optim
+from mdc.base import optim
 from mdc.data.writer import write_tar
 from mdc.world.scenes import write_shards
 from mdc.train import NonFiniteLossError, TrainConfig, train
@@ -163,7 +163,7 @@ def test_global_batch_override_and_step_presets(monkeypatch):
 
 
 def test_a_preset_file_sets_its_values_its_model_and_per_objective_overrides(tmp_path):
-    """--preset takes the path of a JSON file as well as a paper backbone's name (mdc.optim.read_preset)."""
+    """--preset takes the path of a JSON file as well as a paper backbone's name (mdc.base.optim.read_preset)."""
     path = tmp_path / "recipe.json"
     path.write_text(json.dumps({"about": "a test recipe", "model": "tiny", "lr": 1e-3, "steps": 40, "batch_size": 16,
                                 "objectives": {"clip": {"lr": 3e-4, "warmup_steps": 4}}}))

@@ -260,7 +260,7 @@ def test_same_seed_same_files(tmp_path):
 def test_the_claims_probe_tasks_get_the_test_images_their_rule_sized(tmp_path, monkeypatch):
     """By default the tasks of the claims' mean4 get PROBE_TEST_ITEMS test images, the others PROBE_TEST_OTHER;
     a count given applies to every task."""
-    from reproduce.claims import TASKS
+    from reproduce.claims.claim_rows import TASKS
 
     calls = []
     monkeypatch.setattr(evalsets, "_write_probe", lambda out, task, index, seed, size, sizes: calls.append((task, sizes)))

@@ -1,0 +1,77 @@
+"""One run of the reproduction, in its own process (used by :mod:`reproduce.running.runner`).
+
+    python -m reproduce.running.execute NOTEBOOK OUTPUT_NOTEBOOK PARAMETERS_JSON
+    python -m reproduce.running.execute --command "torchrun ... -m mdc.train ..." --results RESULTS_JSON PARAMETERS_JSON
+
+The first form executes a notebook with papermill (kernel python3, working directory the
+repository root). The second runs a pretraining command line (torchrun on GPU nodes) and
+writes the results file the pretraining notebook would have written, from the JSON line
+``mdc.train`` prints at the end.
+
+Either way the process dies with its runner: a watchdog thread ends this process group and every
+process below it (the pretraining command, torchrun's workers in their own sessions; the notebook
+kernel follows its own parent, this process) as soon as the process that started it is gone, so a
+killed runner leaves nothing writing into the run folder.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+
+from mdc.base.processes import kill_tree
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def die_with_parent(interval_s: float = 0.5) -> None:
+    """Start a daemon thread that SIGKILLs this process group, and every process below this one, once the parent
+    process is gone."""
+    parent = os.getppid()
+    if parent <= 1:  # already orphaned (or started by init): nothing to watch
+        return
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        kill_tree(os.getpid())  # this group, and torchrun's workers in sessions of their own
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("paths", nargs="+", help="NOTEBOOK OUTPUT PARAMETERS_JSON, or PARAMETERS_JSON with --command")
+    p.add_argument("--command", help="a pretraining command line to run instead of a notebook")
+    p.add_argument("--results", help="with --command: where to write the results file")
+    args = p.parse_args(argv)
+    if os.getpgrp() == os.getpid():  # its own process group (as the runner starts it): safe to end it whole
+        die_with_parent()
+    with open(args.paths[-1]) as f:
+        params = json.load(f)
+    if args.command:
+        done = subprocess.run(shlex.split(args.command), cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        sys.stdout.write(done.stdout)
+        if done.returncode:
+            return done.returncode
+        from mdc.eval.results import write_results
+
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        write_results(args.results, "pretrain", {**result, "objective": params.get("objective")},
+                      parameters=params, checkpoint=result.get("checkpoint"))
+        return 0
+    import papermill
+
+    notebook, output = args.paths[:2]
+    papermill.execute_notebook(notebook, output, parameters=params, kernel_name="python3", cwd=ROOT,
+                               progress_bar=False, log_output=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
