@@ -11,8 +11,7 @@ only weigh a kind's parts against each other. A run no record speaks for is its 
 
 The work of a run now comes from its notebook's defaults (the ``parameters`` cell) overridden by the
 registry's parameters, and from the evaluation sets its ``data/evalsets`` dependency writes; the work of a
-record from the parameters and sizes its results recorded, a parameter it lacks taking its value of before
-it existed (:data:`BEFORE`: no shuffled-image control, no grid probe).
+record from the parameters and sizes its results recorded.
 
 - ``linear_probe``: images through the encoder (train and test of every task) and the classifiers' training
   rows x epochs (pooled; the grid's, 16 times wider, where ``grid``), each for the trained encoder and the
@@ -40,8 +39,6 @@ from reproduce import graph
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UNITS_FILE = os.path.join(ROOT, "reproduce", "studies", "eval_costs", "unit_seconds.json")
-# parameters that records made before them lack, and the behaviour those records had
-BEFORE = {"compositionality": {"shuffled": False}, "linear_probe": {"grid": 0}}
 ORDER_CAPTIONS = 5  # ARO's order task: captions per image, each an item of 5 candidates
 GROUPS = ("image", "blind", "shuffled")
 UNREADABLE = (KeyError, TypeError, ValueError, OSError)  # parameters or a record this model cannot read
@@ -149,18 +146,18 @@ def recorded_work(record: dict) -> dict | None:
     """The work a record's run did, from the parameters and sizes its results hold (None: no model, or a
     record whose results do not say)."""
     notebook, results = record.get("notebook"), record.get("results") or {}
-    p = {**BEFORE.get(notebook, {}), **(results.get("parameters") or {})}
+    p = results.get("parameters") or {}
     r = results.get("results") or {}
     try:
         if notebook == "linear_probe":
             sets = r["datasets"].values()
             return _probe_work(next(iter(sets))["n_train"], [d["n_test"] for d in sets], p.get("epochs", 10),
-                               p["grid"] if "grid" in r else 0)
+                               p["grid"])
         if notebook == "compositionality":
             s = r["settings"]
             blind = any(v.endswith("_blind") for v in s["variants"])
             return _composition_work(record.get("labels", {}).get("method", "MDC"), recorded_suites(r["columns"]),
-                                     s["blind_images"] if blind else 0, bool(s.get("shuffled", p["shuffled"])))
+                                     s["blind_images"] if blind else 0, bool(s["shuffled"]))
         if notebook == "guidance":
             scored = (r.get("compositionality") or {}).get("columns") or {}
             comp = planned_suites(suite_names(scored), p["composition_items"]) if scored else {}
