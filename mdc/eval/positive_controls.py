@@ -42,11 +42,12 @@ def control_margin(n: int) -> float:
 
 
 def cell_controls(entry: dict, variant: str) -> dict:
-    """``{"own", "shuffled", "no_image"}`` accuracies of ``variant`` in one results ENTRY; a control the run
-    did not score is None (results written before the controls have no ``<variant>_shuffled``)."""
+    """``{"own", "shuffled", "no_image"}`` accuracies of ``variant`` in one results ENTRY; ``no_image`` None
+    for a scorer without an image-free score (CLIP's cosine)."""
     scores = entry["scores"]
-    get = lambda v: None if v not in scores else scores[v]["accuracy"]  # noqa: E731
-    return {"own": get(variant), "shuffled": get(f"{variant}_shuffled"), "no_image": get(f"{variant}_blind")}
+    blind = scores.get(f"{variant}_blind")
+    return {"own": scores[variant]["accuracy"], "shuffled": scores[f"{variant}_shuffled"]["accuracy"],
+            "no_image": None if blind is None else blind["accuracy"]}
 
 
 def control_status(cells: list[dict], n: int) -> str:

@@ -30,10 +30,10 @@ def test_a_suite_passes_when_some_scorer_loses_the_margin_without_its_image():
 
 
 def test_cell_controls_never_invent_a_control_the_run_did_not_score():
-    entry = {"scores": {"exact": {"accuracy": 0.8}, "exact_blind": {"accuracy": 0.55}}}  # a record before the controls
-    assert K.cell_controls(entry, "exact") == {"own": 0.8, "shuffled": None, "no_image": 0.55}
-    entry["scores"]["exact_shuffled"] = {"accuracy": 0.5}
-    assert K.cell_controls(entry, "exact")["shuffled"] == 0.5
+    entry = {"scores": {"cosine": {"accuracy": 0.8}, "cosine_shuffled": {"accuracy": 0.55}}}  # no image-free score
+    assert K.cell_controls(entry, "cosine") == {"own": 0.8, "shuffled": 0.55, "no_image": None}
+    entry["scores"] |= {"exact": {"accuracy": 0.8}, "exact_shuffled": {"accuracy": 0.5}, "exact_blind": {"accuracy": 0.6}}
+    assert K.cell_controls(entry, "exact") == {"own": 0.8, "shuffled": 0.5, "no_image": 0.6}
 
 
 def test_binding_compares_the_true_and_the_swapped_words_with_the_rest_visible():
