@@ -67,7 +67,7 @@ def _controls_cell(results: list[dict], column: str, base: str) -> str:
     """" / shuffled / no image" accuracies (%, mean over seeds) beside a scorer's own-image cell."""
     shuffled, blind = _mean(results, column, f"{base}_shuffled"), _mean(results, column, f"{base}_blind")
     pct = lambda x: "-" if x is None or np.isnan(x) else f"{100 * x:.1f}"  # noqa: E731
-    return f" / {'not run' if shuffled is None else pct(shuffled)} / {pct(blind)}"
+    return f" / {pct(shuffled)} / {pct(blind)}"
 
 
 def _control_row(by_variant: dict, columns: list[str]) -> dict:
@@ -77,11 +77,11 @@ def _control_row(by_variant: dict, columns: list[str]) -> dict:
     scorers = [v for v in ("cosine", "exact", "elbo", "heuristic") if v in by_variant]
     for c in columns:
         entries = [r["columns"][c] for v in scorers for r in by_variant[v] if c in r["columns"]]
+        if not entries:
+            row[c] = "-"
+            continue
         cells = [{"own": _mean(by_variant[v], c, v), "shuffled": _mean(by_variant[v], c, f"{v}_shuffled")}
                  for v in scorers]
-        if not entries or all(x["shuffled"] is None for x in cells):
-            row[c] = "not run" if entries else "-"
-            continue
         n = entries[0]["items"]
         row[c] = f"{control_status(cells, n)} (margin {100 * control_margin(n):.0f})"
     return row

@@ -119,7 +119,7 @@ def test_table2_shows_blind_and_debiased_rows_and_flags_a_text_decided_column(tm
     table2 = {f"heuristic{k}{s}": {c: 0.6 for c in columns} for k in ("", "_blind", "_debiased")
               for s in ("", "_lengthnorm")}
     table2["heuristic_blind"]["sugarcrepe_add"] = 0.97  # the longer caption always loses: text decides
-    entries = {c: {"chance": 0.5, "scores": {"heuristic_blind": {"far_from_chance": c == "sugarcrepe_add"}}}
+    entries = {c: {"chance": 0.5, "items": 100, "scores": {"heuristic_blind": {"far_from_chance": c == "sugarcrepe_add"}}}
                for c in columns}
     path = tmp_path / "run" / "results.json"
     write_results(str(path), "compositionality", {"table2": table2, "columns": entries})
@@ -146,10 +146,10 @@ def test_table2_cells_carry_cluster_bootstrap_intervals_and_what_the_image_adds(
         suites = {f"sugarcrepe/{f}": C.Suite(f"sugarcrepe/{f}", "synthetic", [{"id": i} for i in range(n)],
                                              [["a", "b"]] * n, [""] * n, [f], n, clusters=[f"{i // 2}.jpg" for i in range(n)])
                   for f in ("add_att", "add_obj")}
-        wins = {v: rng.random((2, n)) < p for v, p in (("exact", 0.9), ("exact_blind", 0.5))}
+        wins = {v: rng.random((2, n)) < p for v, p in (("exact", 0.9), ("exact_blind", 0.5), ("exact_shuffled", 0.5))}
         scored = {name: C.SuiteScores(s, {v: np.where(w[k][:, None], [[0.0, -1.0]], [[-1.0, 0.0]])
                                           for v, w in wins.items()}, np.full((n, 2), 3),
-                                      methods={"exact": "exact", "exact_blind": "exact"})
+                                      methods={v: "exact" for v in wins})
                   for k, (name, s) in enumerate(suites.items())}
         path = tmp_path / f"run{seed}" / "results.json"
         write_results(str(path), "compositionality", C.summarise(scored, resamples=50))
@@ -163,8 +163,8 @@ def test_table2_cells_carry_cluster_bootstrap_intervals_and_what_the_image_adds(
     rows = {r[0]: dict(zip(header, r)) for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines[4:8])}
     column = "sugarcrepe_add (unseen phrasing)"
     raw, adds = rows["ARC"][column], rows["ARC, the image adds (points)"][column]
-    assert " / not run / " in raw and adds.startswith("+") and rows["ARC"]["seeds"] == "2"
-    raw = raw.split(" / ")[0]  # the controls beside it: no shuffled image in these runs, the blind accuracy
+    assert 0 <= float(raw.split(" / ")[1]) <= 100 and adds.startswith("+") and rows["ARC"]["seeds"] == "2"
+    raw = raw.split(" / ")[0]  # the controls beside it: the shuffled-image accuracy, the blind accuracy
     acc, lo, hi = (float(x) for x in raw.rstrip("]↑").replace("[", "").replace(",", "").split())
     assert lo < acc < hi and lo > 50
     assert rows["ARC"]["sugarcrepe_add (sub-file mean)"].count("[") == 1
@@ -232,7 +232,7 @@ def test_table2_joins_a_model_s_parts_into_the_table_of_one_run_over_all_suites(
 def test_table2_puts_the_in_distribution_columns_first_with_their_controls_and_verdicts(tmp_path):
     """Runs with the controls: each scorer's cell own [interval] / shuffled / no image, the control row says
     "passed" where some scorer loses the margin with another item's image and "control failed" where none does;
-    runs without them (records written before the controls) say "not run", never a made-up number."""
+    a column no run scored says "-"."""
     import mdc.eval.compositionality as C
 
     n = 100
