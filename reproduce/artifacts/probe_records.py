@@ -29,12 +29,10 @@ def records_by(runs: Iterable[dict], notebook: str, artifact: str, key: Callable
     return out
 
 
-def probe_top1(record: dict, floor: bool = False, grid: bool = False) -> dict[str, float] | None:
+def probe_top1(record: dict, floor: bool = False, grid: bool = False) -> dict[str, float]:
     """{column or task: top-1} of a linear_probe record (its random-init floor with ``floor``); with ``grid``
-    the grid probe's (:mod:`mdc.eval.grid_probe`), None for a record made without it."""
-    res = record["results"].get("grid") if grid else record["results"]
-    if res is None:
-        return None
+    the grid probe's (:mod:`mdc.eval.grid_probe`)."""
+    res = record["results"]["grid"] if grid else record["results"]
     res = res["random_init"] if floor else res
     out = {}
     for name, r in res["datasets"].items():

@@ -3,9 +3,9 @@ run index, byte for byte.
 
 The index mimics the registry's wiring (two seeds of the probe runs, Table 2's three scorers, two
 captioning runs); the expected digests are those of the tables the builders wrote before they
-moved out of ``mdc`` (mdc/report.py), Table 1's since it gained the pretraining-loss column, Table 3's since
-it gained the length columns (words, BP), Tables 6-8's since their caption names mdc.base.optim, so a change to
-any table's bytes shows up here.
+moved out of ``mdc`` (mdc/report.py), Table 1's since it gained the pretraining-loss column and its records the
+grid probe, Table 3's since it gained the length columns (words, BP), Tables 6-8's since their caption names
+mdc.base.optim, so a change to any table's bytes shows up here.
 """
 import hashlib
 import json
@@ -24,9 +24,9 @@ TABLES = ["table1", "table2", "table3", "table4", "table5", "tables6-8"]
 TASKS = ("object", "shape", "texture", "count", "relation", "shape_texture", "colour", "background")
 # sha256 (16 hex digits) of every table file written from synthetic_index() by mdc/report.py
 EXPECTED = {
-    "table1_linear_probe.csv": "6a4478ce7074822d",
-    "table1_linear_probe.md": "59b313a8b16a3de3",
-    "table1_linear_probe.tex": "61ce99775f159b2d",
+    "table1_linear_probe.csv": "a9bc88051bbd24f3",
+    "table1_linear_probe.md": "fa86c72c3eda7de5",
+    "table1_linear_probe.tex": "b756141052c13481",
     "table2_compositionality.csv": "f1591da84e06d5d0",
     "table2_compositionality.md": "68c1ebd9be665829",
     "table2_compositionality.tex": "847f483f07b9abdb",
@@ -45,9 +45,13 @@ EXPECTED = {
 }
 
 
-def _probe(rng) -> dict:
+def _probe(rng, grid: float = 0.5, grid_floor: float = 0.3) -> dict:
+    """A probe's results: the pooled probe and its floor drawn from ``rng``, the grid probe's every task at
+    ``grid`` (its floor at ``grid_floor``), drawing nothing."""
     top1 = lambda lo, hi: {f"wds/{t}": {"top1": float(rng.uniform(lo, hi))} for t in TASKS}  # noqa: E731
-    return {"datasets": top1(0.2, 0.9), "random_init": {"datasets": top1(0.05, 0.3)}}
+    fixed = lambda v: {f"wds/{t}": {"top1": v} for t in TASKS}  # noqa: E731
+    return {"datasets": top1(0.2, 0.9), "random_init": {"datasets": top1(0.05, 0.3)},
+            "grid": {"datasets": fixed(grid), "random_init": {"datasets": fixed(grid_floor)}}}
 
 
 def synthetic_index(folder) -> tuple[str, list[str]]:
@@ -262,15 +266,11 @@ def test_table2_puts_the_in_distribution_columns_first_with_their_controls_and_v
     assert control["aro_relation (unseen phrasing)"] == "-"  # not scored at all
 
 
-def test_table1_grid_columns_read_the_grid_probe_and_say_not_run_for_records_without_it(tmp_path):
-    """Records made before the grid probe build as they did, their grid cells 'not run'; one seed of two with it
-    is named; the floor's grid cells come from the floor's grid probe."""
+def test_table1_grid_columns_read_the_grid_probe_and_its_floor(tmp_path):
+    """The grid cells over seeds come from the grid probe; the floor's grid cells from the floor's grid probe."""
     index = {}
     for seed in (0, 1):
-        results = _probe(np.random.default_rng(seed))
-        if seed == 1:
-            grid = {f"wds/{t}": {"top1": 0.5} for t in TASKS}
-            results["grid"] = {"datasets": grid, "random_init": {"datasets": {k: {"top1": 0.3} for k in grid}}}
+        results = _probe(np.random.default_rng(seed), grid=0.5 + 0.2 * seed, grid_floor=0.3 - 0.1 * seed)
         probe = tmp_path / f"probe-s{seed}" / "results.json"
         write_results(str(probe), "linear_probe", results)
         index[f"probe/arc-alt-s{seed}"] = {"notebook": "linear_probe", "params": {}, "artifacts": ["table1"],
@@ -286,6 +286,6 @@ def test_table1_grid_columns_read_the_grid_probe_and_say_not_run_for_records_wit
                                    if line.startswith("|"))}
         return {m: (cells[m][header.index("relation, grid")], cells[m][header.index("mean4, grid")]) for m in cells}
 
-    assert rows(["probe/arc-alt-s0"]) == {"ARC": ("not run", "not run"), "ARC random init": ("not run", "not run")}
-    assert rows(["probe/arc-alt-s0", "probe/arc-alt-s1"]) == {"ARC": ("50.0 (1 of 2 seeds)", "50.0 (1 of 2 seeds)"),
-                                                             "ARC random init": ("30.0 (1 of 2 seeds)",) * 2}
+    assert rows(["probe/arc-alt-s0"]) == {"ARC": ("50.0", "50.0"), "ARC random init": ("30.0", "30.0")}
+    assert rows(["probe/arc-alt-s0", "probe/arc-alt-s1"]) == {"ARC": ("60.0 ± 14.1", "60.0 ± 14.1"),
+                                                             "ARC random init": ("25.0 ± 7.1",) * 2}
