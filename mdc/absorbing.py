@@ -30,7 +30,7 @@ encoded once per batch (:class:`mdc.condition.ImageContext`); only the text is r
 Bound (Eq. 8):   log p(C) >= sum_{n=1}^{N} E_{C_n}[ (1/n) sum_{i masked in C_n} log p(c^i | C_n, f(I)) ],
 estimated with S = ``num_samples`` masked copies per caption: copy s masks n_s = 1 + floor(N (s + u) / S)
 tokens (stratified by one offset u; ``stratified=False`` draws every n_s i.i.d.), a uniform n_s-subset,
-and the estimate is N * mean_s (1/n_s) sum_masked log p. ``t_interval=(w_l, w_u)`` keeps only the counts
+and the estimate is N * mean_s (1/n_s) sum_masked log p. A window ``(w_l, w_u)`` of ``windows`` keeps only the counts
 with n/N in [w_l, w_u] (the ratios a model trained on t ~ U[w_l, w_u] has seen); (0, 1) is Eq. 8 itself.
 Its randomness is keyed (:func:`mdc.base.seeding.key_seed`): a caption's copies depend on (seed, key) alone,
 and captions that share a key share their copies (common random numbers for an item's candidates).
@@ -43,6 +43,7 @@ model's by default); MC-Diffusion's guidance passes its guided one (:mod:`mdc.ap
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, replace
 from typing import Hashable, Sequence
 
@@ -56,9 +57,10 @@ from mdc.base.seeding import key_seed, uniform
 from mdc.tokenizer import caption_mask, trim_padding
 
 __all__ = ["ABSORBING", "Absorbing", "Corrupted", "ElboOptions", "corrupt", "elbo_copies", "elbo_score", "elbo_sequential",
-           "heuristic_score", "masked_row", "mdc_loss", "mdc_sample", "sample_t"]
+           "heuristic_score", "Masking", "masked_row", "mdc_loss", "mdc_sample"]
 
 T_MIN = 1e-4  # t is clamped here so that the 1/t weight stays finite when w_l = 0
+SAMPLINGS = ("uniform", "antithetic", "stratified")  # how t is drawn across a batch
 
 
 # ------------------------------------------------------------------------ forward process (Eq. 2)
@@ -69,18 +71,56 @@ class Corrupted:
     weight: torch.Tensor  # [B] 1/t (by ratio) or 1/n (by count) per caption
 
 
-def sample_t(n: int, cfg, generator=None, device=None) -> torch.Tensor:
-    """t [n] ~ U[w_l, w_u] (clamped at T_MIN); 'stratified' uses one offset u and (u + b/n) mod 1.
+@dataclass(frozen=True)
+class Masking:
+    """The masking ratio t of MDC's training (Alg. 1, Eq. 5), validated here and nowhere else.
 
-    A fixed ``cfg.mask_ratio`` (image-conditioned BERT) gives t = mask_ratio for every caption.
+    ``interval`` (w_l, w_u): t ~ U[w_l, w_u] per caption (the paper's (0.5, 1)). ``sampling`` across a
+    batch of n: "uniform" (i.i.d.), "antithetic" (u and 1 - u in pairs), "stratified" (one offset u, then
+    (u + b/n) mod 1). ``ratio``: a fixed t for every caption, image-conditioned BERT (Eq. 1; 1.0 = parallel
+    decoding), which replaces the interval. ``time_weighting``: the 1/t weight of Eq. 5 (False: the
+    "w/o t" / CMLM ablation). A ``ModelConfig`` carries these as its flat fields and hands them out as one
+    ``config.masking``.
     """
-    if cfg.mask_ratio is not None:
-        return torch.full((n,), float(cfg.mask_ratio), device=device)
-    u = uniform(n if cfg.t_sampling == "uniform" else 1, generator=generator, device=device)
-    if cfg.t_sampling == "stratified":
-        u = (u + torch.arange(n, device=device) / n) % 1.0
-    lo, hi = cfg.t_interval
-    return (lo + (hi - lo) * u).clamp(min=T_MIN)
+    interval: tuple[float, float] = (0.5, 1.0)
+    sampling: str = "uniform"
+    ratio: float | None = None
+    time_weighting: bool = True
+
+    def __post_init__(self):
+        t = tuple(self.interval)
+        if len(t) != 2 or not all(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in t) \
+                or not (0.0 <= t[0] <= t[1] <= 1.0 and t[1] > 0.0):
+            raise ValueError(f"t_interval must satisfy 0 <= W_L <= W_U <= 1 and W_U > 0, got {t!r}")
+        object.__setattr__(self, "interval", tuple(float(x) for x in t))
+        if self.ratio is not None and not 0.0 < self.ratio <= 1.0:
+            raise ValueError(f"mask_ratio must be in (0, 1], got {self.ratio}")
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"t_sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
+
+    def sample(self, n: int, generator=None, device=None) -> torch.Tensor:
+        """t [n], clamped at T_MIN so that 1/t stays finite when w_l = 0; a fixed ratio gives it n times."""
+        if self.ratio is not None:
+            return torch.full((n,), float(self.ratio), device=device)
+        if self.sampling == "antithetic":
+            half = uniform((n + 1) // 2, generator=generator, device=device)
+            u = torch.cat([half, 1.0 - half])[:n]  # u_b and 1 - u_b: t's mean is exact for every pair
+        else:
+            u = uniform(n if self.sampling == "uniform" else 1, generator=generator, device=device)
+        if self.sampling == "stratified":
+            u = (u + torch.arange(n, device=device) / n) % 1.0
+        lo, hi = self.interval
+        return (lo + (hi - lo) * u).clamp(min=T_MIN)
+
+    def weight(self, t: torch.Tensor) -> torch.Tensor:
+        """The loss weight [n] of captions masked at ratios t [n]: 1/t (Eq. 5), or 1 without time weighting."""
+        return 1.0 / t if self.time_weighting else torch.ones_like(t)
+
+    @property
+    def trained_window(self) -> tuple[float, float]:
+        """The ratios a model trained with this masking has seen: ``(r, r)`` for a fixed ratio, else the interval
+        (the ELBO window that scores a caption over the trained ratios only)."""
+        return (float(self.ratio),) * 2 if self.ratio is not None else self.interval
 
 
 def corrupt(tokens: torch.Tensor, maskable: torch.Tensor, mask_id: int, *, t: torch.Tensor | None = None,
@@ -115,20 +155,19 @@ def masked_row(tok, batch: int, length: int, device) -> torch.Tensor:
 # ------------------------------------------------------------------------------- the loss (Eq. 5)
 def mdc_loss(model, images, tokens, *, t=None, u=None, generator=None):
     """Masked diffusion captioning loss (Alg. 1). Optional fixed ``t`` [B] and uniforms ``u`` [B, L] for tests."""
-    tok, cfg = model.tokenizer, model.config
+    tok, masking = model.tokenizer, model.config.masking
     tokens = trim_padding(tokens, tok.eot_id, model.trim_multiple)  # [B, L]
     maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [B, L] caption tokens
     B, L = tokens.shape
     if t is None:
-        t = sample_t(B, cfg, generator, tokens.device)  # [B]
+        t = masking.sample(B, generator, tokens.device)  # [B]
     if u is None:
         u = uniform(B, L, generator=generator, device=tokens.device)  # Alg. 1: p = uniform(B, L)
     c = corrupt(tokens, maskable, tok.mask_id, t=t, u=u[:, :L])  # C_t
     cond = model.training_condition(B, generator, tokens.device)  # {} unless an extension varies the condition
     hidden = model.hidden(c.noisy, model.context(images, **cond))  # [B, L, W]
     ce = F.cross_entropy(model.head(hidden[c.masked]).float(), tokens[c.masked], reduction="none")  # [M]
-    if cfg.time_weighting:
-        ce = ce * c.weight[:, None].expand(B, L)[c.masked]  # (1/t) per masked token
+    ce = ce * masking.weight(t)[:, None].expand(B, L)[c.masked]  # (1/t) per masked token (Eq. 5)
     return ce.sum() / maskable.sum().clamp(min=1)
 
 
@@ -178,27 +217,26 @@ class ElboOptions:
     """How the Monte-Carlo bound is estimated (the one place its defaults are written)."""
     num_samples: int = 1024  # S masked copies per caption (the paper's 1024)
     seed: int = 0  # with a caption's key, fixes its copies
-    t_interval: tuple = (0.0, 1.0)  # one (w_l, w_u), or several scored from one set of copies
+    windows: tuple = ((0.0, 1.0),)  # mask-ratio windows (w_l, w_u), all scored from one set of copies (Eq. 8: 0, 1)
     stratified: bool = True  # mask counts spread by one offset; False: i.i.d. (plain Monte Carlo)
     max_samples: int | None = None  # sequential: double an unsure item's copies up to this (mdc.scoring)
     tolerance: float = 3.0  # sequential: an item is unsure while its lead is under this many standard errors
 
     def __post_init__(self):
+        w = tuple(self.windows)
+        w = (w,) if len(w) == 2 and all(isinstance(x, (int, float)) for x in w) else w  # one window given bare
+        object.__setattr__(self, "windows", tuple((float(a), float(b)) for a, b in w))
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be >= 1; got {self.num_samples}")
-        if not all(0.0 <= a <= b <= 1.0 for a, b in self.intervals):
-            raise ValueError(f"t_interval must satisfy 0 <= w_l <= w_u <= 1; got {self.t_interval}")
+        if not self.windows or not all(0.0 <= a <= b <= 1.0 for a, b in self.windows):
+            raise ValueError(f"windows must each satisfy 0 <= w_l <= w_u <= 1; got {self.windows}")
         if self.max_samples is not None and self.max_samples < self.num_samples:
             raise ValueError(f"max_samples is at least num_samples ({self.num_samples}); got {self.max_samples}")
 
     @property
     def several(self) -> bool:
-        """Whether ``t_interval`` is a sequence of intervals (scores [R, J]) rather than one ([R])."""
-        return isinstance(self.t_interval[0], (tuple, list))
-
-    @property
-    def intervals(self) -> list[tuple[float, float]]:
-        return [tuple(t) for t in self.t_interval] if self.several else [tuple(self.t_interval)]
+        """Whether more than one window is scored (scores [R, J]) rather than one ([R])."""
+        return len(self.windows) > 1
 
 
 def elbo_noise(keys: Sequence[Hashable], seed: int, num_samples: int, width: int,
@@ -224,24 +262,24 @@ def _chunks(R: int, S: int, max_rows: int):
     return [slice(c * S + a, c * S + min(a + max_rows, S)) for c in range(R) for a in range(0, S, max_rows)]
 
 
-def _count_bounds(t_interval, N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mask counts lo..hi [R] with n / N in [w_l, w_u]: bounds in float64 (float32 has
+def _count_bounds(window, N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mask counts lo..hi [R] with n / N in the window [w_l, w_u]: bounds in float64 (float32 has
     ceil(0.6 * 25) = 16), 1e-9 absorbing decimals' rounding, at least one count."""
-    lo = torch.clamp(torch.ceil(t_interval[0] * N.double() - 1e-9), min=1).long()
-    return lo, torch.maximum(torch.floor(t_interval[1] * N.double() + 1e-9).long(), lo)
+    lo = torch.clamp(torch.ceil(window[0] * N.double() - 1e-9), min=1).long()
+    return lo, torch.maximum(torch.floor(window[1] * N.double() + 1e-9).long(), lo)
 
 
 def elbo_copies(model, context, rows, tokens, options: ElboOptions, keys=None, max_rows=256) -> torch.Tensor:
     """The terms [R, J, S] of the Monte-Carlo estimate of Eq. 8 (:func:`elbo_score` is their mean over S):
-    copy s of caption r, for interval j of ``options.intervals``, is span * (1/n_s) sum_masked log p if its
-    count n_s lies in the interval, else 0."""
+    copy s of caption r, for window j of ``options.windows``, is span * (1/n_s) sum_masked log p if its
+    count n_s lies in the window, else 0."""
     tok, dist = model.tokenizer, as_distribution(model, context)
     R, L = tokens.shape
     S, dev = options.num_samples, tokens.device
     maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] positions 1..N
     N = maskable.sum(1).cpu()  # [R] caption lengths
-    bounds = [_count_bounds(t, N) for t in options.intervals]  # J x ([R], [R])
-    lo = torch.stack([b[0] for b in bounds]).min(0).values  # [R] the hull of the intervals' counts
+    bounds = [_count_bounds(t, N) for t in options.windows]  # J x ([R], [R])
+    lo = torch.stack([b[0] for b in bounds]).min(0).values  # [R] the hull of the windows' counts
     hi = torch.stack([b[1] for b in bounds]).max(0).values
     span = hi - lo + 1  # [R]
     keys = range(R) if keys is None else keys
@@ -260,25 +298,25 @@ def elbo_copies(model, context, rows, tokens, options: ElboOptions, keys=None, m
         ll = torch.zeros(len(b), L, device=dev)
         ll[c.masked] = logp.gather(-1, tokens[b][c.masked][:, None]).squeeze(-1)
         per_copy[chunk] = ll.sum(1) * c.weight  # (1/n) sum over the masked tokens
-    # (number of counts) x the copy's term, where its count lies in the interval: [R, J, S]
+    # (number of counts) x the copy's term, where its count lies in the window: [R, J, S]
     return span.to(dev)[:, None, None] * torch.where(inside.to(dev), per_copy.view(R, 1, S), 0.0)
 
 
 def elbo_score(model, context, rows, tokens, options: ElboOptions = ElboOptions(), keys=None, max_rows=256):
-    """Monte-Carlo estimate [R] of the Eq. 8 lower bound (or [R, J] for J intervals); ``max_rows`` bounds
+    """Monte-Carlo estimate [R] of the Eq. 8 lower bound (or [R, J] for J windows); ``max_rows`` bounds
     each forward pass. ``context``: an ImageContext, or a :class:`mdc.distribution.CaptionDistribution`.
 
-    J intervals are scored from ONE set of masked copies: the S copies are stratified over the counts of
-    the intervals' hull lo..hi (span = hi - lo + 1), and interval j's estimate is span * (1/S) sum over the
+    J windows are scored from ONE set of masked copies: the S copies are stratified over the counts of
+    the windows' hull lo..hi (span = hi - lo + 1), and window j's estimate is span * (1/S) sum over the
     copies whose count lies in it of (1/n_s) sum_masked log p. Each is unbiased for its bound (a copy's
-    count is uniform on the hull); the first interval that is the hull gives exactly the numbers of a call
-    with that interval alone, a narrower one the ~S x its share of the hull copies that fall in it."""
+    count is uniform on the hull); the first window that is the hull gives exactly the numbers of a call
+    with that window alone, a narrower one the ~S x its share of the hull copies that fall in it."""
     out = elbo_copies(model, context, rows, tokens, options, keys, max_rows).sum(-1) / options.num_samples
     return out if options.several else out[:, 0]  # [R, J] or [R]
 
 
 def _unsure(m1: torch.Tensor, m2: torch.Tensor, n: torch.Tensor, tolerance: float) -> torch.Tensor:
-    """[A] items whose best candidate leads some other candidate, in some interval, by less than
+    """[A] items whose best candidate leads some other candidate, in some window, by less than
     ``tolerance`` standard errors of the mean per-copy difference. From the running sums of the
     terms m1 [A, K, J] and of their products m2 [A, K, K, J] over n [A] copies (float64)."""
     A, K, J = m1.shape
@@ -299,11 +337,11 @@ def elbo_sequential(model, context, rows, tokens, group: int, options: ElboOptio
     Round 0 is :func:`elbo_score` with ``num_samples`` copies and the captions' keys, so an item that is
     sure at once scores exactly as the fixed estimate. While an item is unsure (:func:`_unsure`: its best
     candidate's lead over another is under ``tolerance`` standard errors of the paired per-copy difference,
-    in any interval) and has fewer than ``max_samples`` copies, round r >= 1 draws as many copies again
+    in any window) and has fewer than ``max_samples`` copies, round r >= 1 draws as many copies again
     (keys (key, r)), doubling its count. The score is the mean over all its copies. The standard error
     treats the copies as independent, which overstates it for stratified copies: the rule errs towards
     more copies. What it targets is the decision; a score's copy count depends on it."""
-    R, K, J = len(tokens), group, len(options.intervals)
+    R, K, J = len(tokens), group, len(options.windows)
     B, keys = R // K, list(range(R) if keys is None else keys)
     first, most = options.num_samples, options.max_samples or options.num_samples
     m1 = torch.zeros(B, K, J, dtype=torch.float64)

@@ -67,7 +67,7 @@ def score(model, images, captions: Sequence[str], method: str | None = None, *, 
     ``guidance_scale``: the MDC scorers under the guided distribution (MCS masks keyed by ``seed`` and the
     image's first key). ``encode`` (instead of guidance): a caption distribution of your own, e.g.
     :func:`mdc.distribution.encode_null` for the image-free score. Other keywords (the ELBO's options
-    ``num_samples``, ``seed``, ``t_interval``, ``stratified`` or ``elbo``; ``max_rows``, ``keys``) and
+    ``num_samples``, ``seed``, ``windows``, ``stratified`` or ``elbo``; ``max_rows``, ``keys``) and
     ``precision`` (fp32 unless "bf16" is asked for) as in :func:`mdc.scoring.score`."""
     _guided(model, method, (guidance, guidance_scale, guidance_strength), seed, kw)
     return scoring.score(model, images, captions, method, precision=precision, **kw)

@@ -24,7 +24,7 @@ from torch import nn
 
 from mdc.base.torchvision_shim import patch_torchvision
 from mdc.condition import ImageContext, masked_features, vary_condition
-from mdc.absorbing import ABSORBING
+from mdc.absorbing import ABSORBING, Masking
 from mdc.autoregressive import arc_loss
 from mdc.contrastive import clip_loss
 from mdc.noise import NoiseProcess
@@ -59,7 +59,7 @@ class ModelConfig:
     t_interval: tuple[float, float] = (0.5, 1.0)  # t ~ U[w_l, w_u]
     time_weighting: bool = True  # weight by 1/t; False = the "w/o t" (CMLM) ablation
     mask_ratio: float | None = None  # fixed ratio = image-conditioned BERT; 1.0 = parallel decoding
-    t_sampling: str = "uniform"  # "uniform" | "stratified" (low-discrepancy t across the batch)
+    t_sampling: str = "uniform"  # "uniform" | "antithetic" | "stratified" (how t is drawn across a batch)
     # extensions (MC-Diffusion's condition variants, mask-and-replace noise, VQ-VAE tokens): name -> its own
     # config fields, read by the extension alone; mdc.factory wires them in. {} is plain MDC / ARC / CLIP
     extensions: dict = field(default_factory=dict)
@@ -67,13 +67,7 @@ class ModelConfig:
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {self.objective!r}; choose one of {OBJECTIVES}")
-        lo, hi = self.t_interval = tuple(float(x) for x in self.t_interval)
-        if not (0.0 <= lo <= hi <= 1.0) or hi == 0.0:
-            raise ValueError(f"t_interval must satisfy 0 <= w_l <= w_u <= 1 and w_u > 0; got {self.t_interval}")
-        if self.mask_ratio is not None and not 0.0 < self.mask_ratio <= 1.0:
-            raise ValueError(f"mask_ratio must lie in (0, 1]; got {self.mask_ratio}")
-        if self.t_sampling not in ("uniform", "stratified"):
-            raise ValueError(f"t_sampling must be 'uniform' or 'stratified'; got {self.t_sampling!r}")
+        self.t_interval = self.masking.interval  # validated by Masking, stored as a tuple of floats
         for name in ("image_size", "patch_size", "vision_width", "vision_layers", "vision_heads", "text_width",
                      "text_layers", "text_heads", "embed_dim"):  # refused here, not as a bare assert deep in timm
             if getattr(self, name) < 1:
@@ -94,6 +88,11 @@ class ModelConfig:
         if self.extensions and self.objective != "mdc":
             raise ValueError(f"extensions {sorted(self.extensions)} apply to 'mdc' captioners only; "
                              f"got objective {self.objective!r}")
+
+    @property
+    def masking(self) -> Masking:
+        """MDC's masking ratio as one object (interval, sampling, fixed ratio, 1/t weighting)."""
+        return Masking(self.t_interval, self.t_sampling, self.mask_ratio, self.time_weighting)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

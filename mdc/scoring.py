@@ -155,7 +155,7 @@ def score(model, images, captions: Sequence[str], method: str | None = None, *,
     """Score each (image, caption) pair: Tensor [B]; higher = better match.
 
     ELBO only: ``elbo`` (an :class:`ElboOptions`) or its fields as keywords (``num_samples`` masked copies
-    per caption, ``seed``, ``t_interval`` restricting the mask ratios summed, default all (Eq. 8),
+    per caption, ``seed``, ``windows`` restricting the mask ratios summed, default all (Eq. 8),
     ``stratified``); ``keys`` [B] name each caption's noise (default: its index in this call);
     ``max_rows`` bounds the rows of one forward pass. ``precision``: "fp32" (the default on every
     device: a score does not depend on its batch beyond float32 rounding, nor on an autocast the

@@ -10,7 +10,7 @@ is also scored with another item's image (``<variant>_shuffled``), beside its im
 Scorers (:data:`mdc.scoring.METHODS`): "exact" (ARC), "elbo" and "heuristic" (MDC), "cosine"
 (CLIP). Each scored method is reported raw and length-normalised; "elbo" also as
 ``elbo_trained_t``, the ELBO summed only over the mask ratios the model was trained on
-(``model.config.t_interval``, or ``mask_ratio`` when fixed), estimated from the ELBO's own masked
+(``model.config.masking.trained_window``: ``t_interval``, or ``mask_ratio`` when fixed), estimated from the ELBO's own masked
 copies (the ones whose mask count lies in that range; :func:`mdc.absorbing.elbo_score`).
 
 How much of a score is the image's? Every likelihood variant is also scored without the image
@@ -79,14 +79,13 @@ from mdc.eval.accuracy import (BLIND_WARNING, MACRO_SUITES, TIES_WIN, correct_an
                                interval, paired_difference, resample_stats, same_words, suite_accuracy)
 from mdc.eval.positive_controls import cell_controls, control_margin, control_status
 from mdc.eval.suite_scoring import (SuiteOptions, SuiteScores, method_variants, resolve_methods, save_item_scores,
-                                    score_suite, score_variants, suite_options, trained_t_interval, variants,
-                                    with_blind)
+                                    score_suite, score_variants, suite_options, variants, with_blind)
 from mdc.eval.suites import OWN_SUITES, SUGARCREPE, SUITES, Suite, describe, load_suites, synthetic_data
 
 __all__ = [  # the suites' and the scoring's names are part of this module's API: notebooks read them from here
     "COLUMNS", "OWN_COLUMNS", "OWN_SUITES", "SUGARCREPE", "SUITES", "TEMPLATE_COLUMNS", "controls_table", "Suite", "SuiteOptions", "SuiteScores", "describe", "image_table",
     "load_suites", "markdown_table", "method_variants", "resolve_methods", "save_item_scores", "score_suite",
-    "score_variants", "suite_options", "summarise", "synthetic_data", "trained_t_interval", "variants", "with_blind"]
+    "score_variants", "suite_options", "summarise", "synthetic_data", "variants", "with_blind"]
 
 TEMPLATE_COLUMNS = ("aro_relation", "aro_attribute", "aro_coco_order", "aro_flickr30k_order",
                     "sugarcrepe_add", "sugarcrepe_replace", "sugarcrepe_swap")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -38,11 +38,6 @@ def resolve_methods(objective: str, methods="auto") -> list[str]:
             raise ValueError(f"method {m!r} does not fit a {objective!r} checkpoint; "
                              f"{objective!r} models are scored with {list(METHODS[objective])}")
     return methods
-
-
-def trained_t_interval(config) -> tuple[float, float]:
-    """The mask ratios a model was trained on: ``(r, r)`` for a fixed ``mask_ratio``, else ``t_interval``."""
-    return (config.mask_ratio,) * 2 if config.mask_ratio is not None else tuple(config.t_interval)
 
 
 def variants(methods: Sequence[str], elbo_trained_t: bool = True) -> list[str]:
@@ -106,14 +101,14 @@ def suite_options(options: SuiteOptions | None = None, **kw) -> SuiteOptions:
 
 def method_variants(model, methods, options: SuiteOptions | None = None, **kw) -> dict[str, dict]:
     """The score variants of ``methods`` (:func:`variants`) as :func:`mdc.score_candidates` keywords:
-    ``{variant: {"method": ..., ...}}``; the ELBO's keyed noise and intervals as in :func:`score_suite`.
+    ``{variant: {"method": ..., ...}}``; an ELBO variant's ``elbo`` (:class:`mdc.absorbing.ElboOptions`) holds
+    its keyed noise and its one window: all mask ratios, or the trained ones (``config.masking.trained_window``).
     ``blind``: each likelihood variant's image-free baseline too (:func:`with_blind`)."""
     o = suite_options(options, **kw)
-    elbo = dict(method="elbo", num_samples=o.num_samples, seed=o.seed, max_rows=o.max_rows, stratified=o.stratified)
-    if o.max_samples is not None:
-        elbo["max_samples"] = o.max_samples
-    intervals = {"elbo": (0.0, 1.0), "elbo_trained_t": trained_t_interval(model.config)}
-    scoring = {v: dict(elbo, t_interval=intervals[v]) if v in intervals else dict(method=v)
+    elbo = ElboOptions(num_samples=o.num_samples, seed=o.seed, stratified=o.stratified, max_samples=o.max_samples)
+    windows = {"elbo": (0.0, 1.0), "elbo_trained_t": model.config.masking.trained_window}
+    scoring = {v: dict(method="elbo", elbo=replace(elbo, windows=windows[v]), max_rows=o.max_rows)
+               if v in windows else dict(method=v)
                for v in variants(resolve_methods(model.config.objective, methods), o.elbo_trained_t)}
     scoring = with_blind(model, scoring) if o.blind else scoring
     return with_shuffled(scoring) if o.shuffled else scoring
@@ -145,6 +140,8 @@ def with_blind(model, scoring: dict[str, dict]) -> dict[str, dict]:
         if kw["method"] != "cosine":
             plain_mdc = kw["method"] in ("elbo", "heuristic") and kw.get("guidance") is None
             blind = {k: x for k, x in kw.items() if k != "max_samples"}
+            if "elbo" in blind:
+                blind["elbo"] = replace(blind["elbo"], max_samples=None)
             out[f"{v}_blind"] = dict(blind, image="null" if null and plain_mdc else "marginal")
     return out
 
@@ -163,20 +160,22 @@ def score_suite(model, transform, suite: Suite, methods: Sequence[str], options:
 
 
 def _calls(scoring: dict[str, dict]) -> list[tuple[dict, list[tuple[str, int]]]]:
-    """One scoring call per distinct set of keywords, ELBO intervals aside: ``[(keywords, [(variant,
-    column)])]``. ELBO variants that differ only in ``t_interval`` share one set of masked copies
-    (column j of the call's [B, K, J] scores); variants with equal keywords share their scores."""
-    calls: dict[str, tuple[dict, list]] = {}
+    """One scoring call per distinct set of keywords, ELBO windows aside: ``[(keywords, [(variant, column)])]``.
+    ELBO variants that differ only in their window share one set of masked copies (column j of the call's
+    [B, K, J] scores, J > 1; one window scores [B, K]); variants with equal keywords share their scores."""
+    groups: dict[str, tuple[dict, list]] = {}
     for v, kw in scoring.items():
-        elbo = kw["method"] == "elbo"
-        rest = {k: x for k, x in kw.items() if not (elbo and k == "t_interval")}
-        key = repr(sorted(rest.items()))
-        call, names = calls.setdefault(key, (dict(rest, t_interval=[]) if elbo else dict(rest), []))
-        t = tuple(kw.get("t_interval", (0.0, 1.0))) if elbo else None
-        if elbo and t not in call["t_interval"]:
-            call["t_interval"].append(t)
-        names.append((v, call["t_interval"].index(t) if elbo else -1))
-    return list(calls.values())
+        elbo = kw.get("elbo")
+        if elbo is not None and elbo.several:
+            raise ValueError(f"variant {v!r} scores {len(elbo.windows)} ELBO windows; a variant scores one")
+        rest = dict(kw, elbo=replace(elbo, windows=(0.0, 1.0))) if elbo is not None else kw
+        groups.setdefault(repr(sorted(rest.items())), (rest, []))[1].append((v, elbo and elbo.windows[0]))
+    calls = []
+    for rest, named in groups.values():
+        windows = list(dict.fromkeys(w for _, w in named if w is not None))  # in the order of first use
+        kw = dict(rest, elbo=replace(rest["elbo"], windows=tuple(windows))) if windows else rest
+        calls.append((kw, [(v, windows.index(w) if w is not None else -1) for v, w in named]))
+    return calls
 
 
 @torch.no_grad()
@@ -210,8 +209,6 @@ def score_variants(model, transform, suite: Suite, scoring: dict[str, dict], opt
         for kw, names in calls:
             kw = dict(kw)
             image = kw.pop("image", None)
-            if "t_interval" in kw and len(kw["t_interval"]) == 1:
-                kw["t_interval"] = kw["t_interval"][0]  # one interval: scores [B, K]
             if image == "null":
                 kw["encode"] = encode_null
             score = lambda x: score_candidates(model, x, cands, paired=o.paired, item_keys=keys[rows], **kw)  # noqa: E731

@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
+from mdc.absorbing import Masking
 from mdc.base import checkpoint, optim
 from mdc.base.errors import ConfigError, must
 from mdc.factory import list_models, model_config
@@ -75,7 +76,7 @@ class TrainConfig:
                                                     metavar=("W_L", "W_U"))
     time_weighting: bool = option(True, "MDC: the 1/t loss weight; off (--no-time-weighting) is the 'w/o t' ablation")
     mask_ratio: float | None = option(None, "MDC: fixed mask ratio (image-conditioned BERT)")
-    t_sampling: Literal["uniform", "stratified"] | None = option(None, "MDC: how t is drawn across a batch")
+    t_sampling: Literal["uniform", "antithetic", "stratified"] | None = option(None, "MDC: how t is drawn across a batch")
     # randomness and data loading
     seed: int = option(0, "seed of the initial weights, the masks and noise, and the data order", ge=0)
     workers: int = option(2, "DataLoader workers per process (0: load in the training process)", ge=0)
@@ -225,13 +226,11 @@ def check_values(c: TrainConfig) -> None:
     if c.preset is not None and c.preset not in optim.PRESETS and not os.path.isfile(c.preset):
         raise must("preset", c.preset, "one of " + ", ".join(map(repr, sorted(optim.PRESETS)))
                    + " or the path of a JSON file of training values")
-    if c.t_interval is not None:
-        t = tuple(c.t_interval)
-        if len(t) != 2 or not all(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in t) \
-                or not (0.0 <= t[0] <= t[1] <= 1.0 and t[1] > 0.0):
-            raise ConfigError(f"t_interval must satisfy 0 <= W_L <= W_U <= 1 and W_U > 0, got {t!r}", "t_interval")
-    if c.mask_ratio is not None and not 0.0 < c.mask_ratio <= 1.0:
-        raise must("mask_ratio", c.mask_ratio, "in (0, 1]")
+    given = dict(interval=c.t_interval, ratio=c.mask_ratio, sampling=c.t_sampling)
+    try:  # the masking ratio's own rules (mdc.absorbing.Masking), each message naming its option
+        Masking(**{k: v for k, v in given.items() if v is not None})
+    except ValueError as exn:
+        raise ConfigError(str(exn), str(exn).split()[0]) from exn
     if c.force_resume and not c.resume:
         raise ConfigError("force_resume continues a run that resume finds; it needs resume", "force_resume",
                           "resume")

@@ -10,7 +10,7 @@ import mdc
 import mdc.condition
 from conftest import CAPTIONS, small_model
 from mdc import absorbing
-from mdc.absorbing import ElboOptions, elbo_score, masked_row, mdc_loss, mdc_sample, sample_t
+from mdc.absorbing import ElboOptions, Masking, elbo_score, masked_row, mdc_loss, mdc_sample
 from mdc.distribution import banned_ids, caption_log_probs
 from mdc.tokenizer import caption_mask, trim_padding
 
@@ -111,23 +111,53 @@ def test_padding_never_contributes(objective, images):
 
 def test_stratified_t_covers_the_interval():
     cfg = small_model(t_sampling="stratified").config
-    t = sample_t(8, cfg, torch.Generator().manual_seed(0)).sort().values
+    t = cfg.masking.sample(8, torch.Generator().manual_seed(0)).sort().values
     strata = ((t - 0.5) / 0.5 * 8).floor()
     assert strata.tolist() == list(range(8))
-    u = sample_t(10000, small_model().config, torch.Generator().manual_seed(0))
+    u = small_model().config.masking.sample(10000, torch.Generator().manual_seed(0))
     assert 0.5 <= u.min() and u.max() <= 1.0 and abs(u.mean().item() - 0.75) < 0.01
+
+
+def test_antithetic_t_pairs_each_draw_with_its_mirror():
+    """u and 1 - u in pairs: each pair's ts sum to w_l + w_u, so the batch's mean t is exact for even n."""
+    t = Masking((0.5, 1.0), "antithetic").sample(8, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(t[:4] + t[4:], torch.full((4,), 1.5))
+    assert len(Masking(sampling="antithetic").sample(7)) == 7 and len(set(t.tolist())) == 8
+
+
+def test_one_object_carries_the_masking_ratio_and_validates_it():
+    """ModelConfig's masking fields come out as one Masking: a fixed ratio is image-conditioned BERT (its
+    trained window (r, r)), time_weighting off gives weight 1; bad values are refused once, by Masking."""
+    m = small_model(mask_ratio=0.4, time_weighting=False).config.masking
+    assert m == Masking((0.5, 1.0), "uniform", 0.4, False) and m.trained_window == (0.4, 0.4)
+    assert torch.equal(m.sample(3), torch.full((3,), 0.4)) and torch.equal(m.weight(m.sample(3)), torch.ones(3))
+    t = torch.tensor([0.5, 0.8])
+    assert torch.equal(Masking().weight(t), 1 / t) and Masking((0.3, 0.8)).trained_window == (0.3, 0.8)
+    for bad, match in [(dict(interval=(0.2,)), "t_interval"), (dict(interval=(0.0, 0.0)), "t_interval"),
+                       (dict(ratio=1.5), "mask_ratio"), (dict(sampling="sobol"), "t_sampling")]:
+        with pytest.raises(ValueError, match=match):
+            Masking(**bad)
+
+
+def test_the_elbo_windows_are_always_a_tuple_of_pairs():
+    assert ElboOptions().windows == ((0.0, 1.0),) and ElboOptions(windows=(0.5, 1)).windows == ((0.5, 1.0),)
+    assert ElboOptions(windows=[(0, 1), (0.5, 1)]).several and not ElboOptions(windows=[(0.5, 1.0)]).several
+    with pytest.raises(ValueError, match="windows"):
+        ElboOptions(windows=(0.9, 0.1))
+    with pytest.raises(ValueError, match="t_interval"):  # the old keyword is named, not silently dropped
+        mdc.score(small_model().eval(), torch.zeros(1, 3, 32, 32), ["a red circle"], method="elbo", t_interval=(0, 1))
 
 
 def test_t_is_clamped_away_from_zero():
     cfg = small_model(t_interval=(0.0, 0.0001)).config
-    assert sample_t(100, cfg).min() > 0
+    assert cfg.masking.sample(100).min() > 0
 
 
 def test_t_min_clamp_keeps_the_weight_finite(images):
     from mdc.absorbing import T_MIN
 
     cfg = small_model(t_interval=(0.0, 1e-9)).config
-    assert sample_t(1000, cfg, torch.Generator().manual_seed(0)).min() >= T_MIN
+    assert cfg.masking.sample(1000, torch.Generator().manual_seed(0)).min() >= T_MIN
     model = small_model(t_interval=(0.0, 1e-9))
     loss = model.loss(images, model.tokenizer(CAPTIONS), generator=torch.Generator().manual_seed(0))
     assert torch.isfinite(loss)
@@ -272,13 +302,13 @@ def test_elbo_and_trained_t_from_one_set_of_masked_copies(images):
     bound), with the Monte-Carlo error of a dedicated estimate of about S x (its share of counts) copies."""
     model = small_model().eval()
     caps = ["a red circle", "two blue squares"]
-    both = mdc.score(model, images[:2], caps, method="elbo", num_samples=64, t_interval=[(0.0, 1.0), (0.5, 1.0)])
+    both = mdc.score(model, images[:2], caps, method="elbo", num_samples=64, windows=[(0.0, 1.0), (0.5, 1.0)])
     assert both.shape == (2, 2)
     assert torch.equal(both[:, 0], mdc.score(model, images[:2], caps, method="elbo", num_samples=64))
     exact = torch.tensor([_exact_bound(model, images[i], c, (0.5, 1.0)) for i, c in enumerate(caps)])
     shared = mdc.score(model, images[:2], caps, method="elbo", num_samples=3000, max_rows=512,
-                       t_interval=[(0.0, 1.0), (0.5, 1.0)])[:, 1]
-    alone = mdc.score(model, images[:2], caps, method="elbo", num_samples=3000, max_rows=512, t_interval=(0.5, 1.0))
+                       windows=[(0.0, 1.0), (0.5, 1.0)])[:, 1]
+    alone = mdc.score(model, images[:2], caps, method="elbo", num_samples=3000, max_rows=512, windows=(0.5, 1.0))
     torch.testing.assert_close(shared, exact, rtol=0.02, atol=0.05)  # per item: the old and the new estimate
     torch.testing.assert_close(alone, exact, rtol=0.02, atol=0.05)   # agree with the same bound
 
@@ -327,12 +357,12 @@ def test_heuristic_reveals_in_the_samplers_order(images):
 
 
 def test_elbo_restricted_to_trained_ratios(images):
-    """t_interval=(0, 1) is Eq. 8 itself; a narrower interval sums only the mask counts it covers."""
+    """The window (0, 1) is Eq. 8 itself; a narrower window sums only the mask counts it covers."""
     model = small_model().eval()
     full = mdc.score(model, images[:2], CAPTIONS[:2], method="elbo", num_samples=64)
-    same = mdc.score(model, images[:2], CAPTIONS[:2], method="elbo", num_samples=64, t_interval=(0.0, 1.0))
+    same = mdc.score(model, images[:2], CAPTIONS[:2], method="elbo", num_samples=64, windows=(0.0, 1.0))
     torch.testing.assert_close(full, same)
-    part = mdc.score(model, images[:2], CAPTIONS[:2], method="elbo", num_samples=64, t_interval=(0.5, 1.0))
+    part = mdc.score(model, images[:2], CAPTIONS[:2], method="elbo", num_samples=64, windows=(0.5, 1.0))
     assert (part > full).all()  # fewer (negative) terms
 
 
@@ -373,7 +403,7 @@ def test_elbo_interval_bounds_are_exact(N, t_interval, counts, monkeypatch):
     monkeypatch.setattr(absorbing, "corrupt", lambda *a, n=None, **kw: (seen.append(n), corrupt(*a, n=n, **kw))[1])
     with torch.no_grad():
         elbo_score(model, model.context(torch.randn(1, 3, 32, 32)), torch.zeros(1, dtype=torch.long), tokens,
-                   ElboOptions(num_samples=4 * len(counts), t_interval=t_interval))
+                   ElboOptions(num_samples=4 * len(counts), windows=t_interval))
     assert sorted(set(torch.cat(seen).tolist())) == list(counts)
 
 

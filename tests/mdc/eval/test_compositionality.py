@@ -168,7 +168,7 @@ def test_methods_must_fit_the_objective():
         C.resolve_methods("mdc", ["bleu"])
     assert C.variants(["elbo", "heuristic"]) == ["elbo", "elbo_trained_t", "heuristic"]
     assert C.variants(["elbo"], elbo_trained_t=False) == ["elbo"]
-    assert C.trained_t_interval(small_model("mdc", mask_ratio=0.75).config) == (0.75, 0.75)
+    assert small_model("mdc", mask_ratio=0.75).config.masking.trained_window == (0.75, 0.75)
 
 
 def test_items_are_cropped_to_their_box(tmp_path):
@@ -312,10 +312,11 @@ def test_end_to_end_on_synthetic_sets(evalsets, objective, tmp_path):
 
 
 def test_elbo_and_its_trained_t_variant_are_scored_in_one_call():
-    scoring = C.method_variants(small_model("mdc"), "auto")  # t_interval (0.5, 1.0) by default
-    calls = {tuple(v for v, _ in names): kw.get("t_interval") for kw, names in suite_scoring._calls(scoring)}
-    assert calls[("elbo", "elbo_trained_t")] == [(0.0, 1.0), (0.5, 1.0)]
-    assert calls[("elbo_blind", "elbo_trained_t_blind")] == [(0.0, 1.0), (0.5, 1.0)]
+    scoring = C.method_variants(small_model("mdc"), "auto")  # trained window (0.5, 1.0) by default
+    calls = {tuple(v for v, _ in names): kw["elbo"].windows if "elbo" in kw else None
+             for kw, names in suite_scoring._calls(scoring)}
+    assert calls[("elbo", "elbo_trained_t")] == ((0.0, 1.0), (0.5, 1.0))
+    assert calls[("elbo_blind", "elbo_trained_t_blind")] == ((0.0, 1.0), (0.5, 1.0))
     assert calls[("heuristic",)] is None
 
 
