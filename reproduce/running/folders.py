@@ -29,11 +29,11 @@ def is_done(out: str, run: Run, key: str) -> bool:
 
 
 def recorded_key(folder: str) -> str | None:
-    """The key of the run that last executed in ``folder`` (None: no run recorded there)."""
-    for name in ("run.json", "done.json"):  # done.json alone: a folder written before run.json existed
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            with open(os.path.join(folder, name)) as f:
-                return json.load(f)["key"]
+    """The key of the run that last executed in ``folder`` (None: no run recorded there): its ``run.json``'s,
+    written before its notebook starts."""
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        with open(os.path.join(folder, "run.json")) as f:
+            return json.load(f)["key"]
     return None
 
 
@@ -47,7 +47,8 @@ def set_aside(out: str, run: Run, key: str) -> str | None:
     """Move what another run of this name left (another key) out of ``run``'s way; returns where.
 
     Everything moves but the runner's lock (a cluster job's ``--run`` holds it in this folder), the
-    run records last: a move cut short leaves the old key recorded, so the next try finishes it."""
+    run records last and ``run.json`` the very last: a move cut short leaves the old key recorded, so the
+    next try finishes it."""
     folder = run_dir(out, run)
     old = superseded_key(folder, key)
     if old is None:
@@ -56,8 +57,8 @@ def set_aside(out: str, run: Run, key: str) -> str | None:
     while os.path.exists(target):
         target, n = f"{folder}.superseded-{old}-{n}", n + 1
     os.makedirs(target)
-    records = ("run.json", "done.json")
-    for name in sorted(os.listdir(folder), key=lambda name: name in records):
+    records = ("done.json", "run.json")
+    for name in sorted(os.listdir(folder), key=lambda name: records.index(name) + 1 if name in records else 0):
         if name != RUNNER_LOCK:
             os.rename(os.path.join(folder, name), os.path.join(target, name))
     return target
