@@ -219,19 +219,3 @@ class MaskReplace(NoiseProcess):
 
 MASK_REPLACE = MaskReplace()  # MC-Diffusion's settings
 
-
-def step_matrix(sched: Schedule, t: int) -> torch.Tensor:
-    """The paper's Q_t [(K+1), (K+1)] (float64; state K = [MASK]): [Q_t]_ij = q(x_t = j | x_{t-1} = i)."""
-    return _matrix(sched.alpha[t], sched.uniform[t] / sched.K, sched.gamma[t], sched.K)
-
-
-def cumulative_matrix(sched: Schedule, t: int) -> torch.Tensor:
-    """Q_bar_t = Q_1 ... Q_t [(K+1), (K+1)], from the closed-form cumulative rates."""
-    return _matrix(sched.alpha_bar[t], sched.uniform_bar[t] / sched.K, sched.gamma_bar[t], sched.K)
-
-
-def _matrix(alpha, beta, gamma, K: int) -> torch.Tensor:
-    Q = torch.zeros(K + 1, K + 1, dtype=torch.float64)
-    Q[:K, :K] = beta + alpha * torch.eye(K, dtype=torch.float64)
-    Q[:K, K], Q[K, K] = gamma, 1.0
-    return Q

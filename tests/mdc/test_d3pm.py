@@ -9,8 +9,8 @@ import torch
 
 import mdc
 from conftest import CAPTIONS, SMALL, small_model
-from mdc.mc_diffusion.mask_replace import (MASK_REPLACE, MaskReplace, caption_ids, cumulative_matrix, d3pm_loss, d3pm_sample,
-                      model_schedule, posterior, q_sample, schedule, step_matrix)
+from mdc.mc_diffusion.mask_replace import (MASK_REPLACE, MaskReplace, Schedule, caption_ids, d3pm_loss, d3pm_sample,
+                                           model_schedule, posterior, q_sample, schedule)
 from mdc.absorbing import ABSORBING
 from mdc.distribution import banned_ids
 from mdc.model import Captioner, ModelConfig
@@ -19,6 +19,23 @@ from mdc.tokenizer import caption_mask
 
 def d3pm_model(**kw):
     return small_model(**{"noise": "mask_replace", "diffusion_steps": 10, **kw})
+
+
+def step_matrix(sched: Schedule, t: int) -> torch.Tensor:
+    """The paper's Q_t [(K+1), (K+1)] (float64; state K = [MASK]): [Q_t]_ij = q(x_t = j | x_{t-1} = i)."""
+    return _matrix(sched.alpha[t], sched.uniform[t] / sched.K, sched.gamma[t], sched.K)
+
+
+def cumulative_matrix(sched: Schedule, t: int) -> torch.Tensor:
+    """Q_bar_t = Q_1 ... Q_t [(K+1), (K+1)], from the closed-form cumulative rates."""
+    return _matrix(sched.alpha_bar[t], sched.uniform_bar[t] / sched.K, sched.gamma_bar[t], sched.K)
+
+
+def _matrix(alpha, beta, gamma, K: int) -> torch.Tensor:
+    Q = torch.zeros(K + 1, K + 1, dtype=torch.float64)
+    Q[:K, :K] = beta + alpha * torch.eye(K, dtype=torch.float64)
+    Q[:K, K], Q[K, K] = gamma, 1.0
+    return Q
 
 
 def test_schedule_products_give_the_closed_form():
