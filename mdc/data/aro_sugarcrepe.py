@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -66,22 +66,6 @@ def load_sugarcrepe(root_json_dir: str, image_dir: str, subsets: Sequence[str] =
                 items.append({"id": key, "image_path": image, "caption": record["caption"],
                               "negative_caption": record["negative_caption"]})
         out[subset] = lookup.items(items, len(data))
-    return out
-
-
-def sugarcrepe_columns(correct: Mapping[str, Sequence[bool]]) -> dict[str, float]:
-    """Paper columns from per-item correctness (``{subset: [bool per item]}``).
-
-    add = {add_att, add_obj}, replace = {replace_att, replace_obj, replace_rel},
-    swap = {swap_att, swap_obj}; each column is the ITEM-weighted mean over its sub-files
-    (all their items pooled), not the mean of sub-file accuracies. Per-subset accuracies
-    are returned too. Columns whose sub-files are all absent are left out.
-    """
-    out = {subset: float(np.mean(flags)) for subset, flags in correct.items() if len(flags)}
-    for column, subsets in SUGARCREPE_COLUMNS.items():
-        pooled = [flag for s in subsets for flag in correct.get(s, ())]
-        if pooled:
-            out[column] = float(np.mean(pooled))
     return out
 
 
@@ -176,12 +160,6 @@ def vg_attribution_accuracy(items: Sequence[dict], correct: Sequence[bool],
 # ------------------------------------------------------------------------------ ARO: Order
 PERTURBATIONS = ("shuffle_nouns_and_adj", "shuffle_allbut_nouns_and_adj", "shuffle_within_trigrams",
                  "shuffle_trigrams")
-
-
-def normalise_caption(caption: str, max_words: int = 30) -> list[str]:
-    """Lowercase, punctuation to spaces (apostrophes and hyphens kept), first ``max_words`` words
-    (the words the built-in tagger's tests name; the order suite uses :func:`aro_caption`)."""
-    return re.sub(r"[^a-z0-9'\- ]+", " ", caption.lower()).split()[:max_words]
 
 
 def aro_caption(text: str, max_words: int = 30) -> str:
@@ -304,19 +282,3 @@ def load_order_suite(karpathy_test_json: str, image_dir: str | None, seed: int =
     out.tagger = used
     return out
 
-
-def order_accuracy(items: Sequence[dict], true_scores, perturbed_scores) -> float:
-    """Fraction of captions whose true caption scores at least as high as each of its
-    perturbations (``perturbed_scores``: [N, 4]): ARO's tie rule (:func:`correct_and_ties` with
-    ``ties_win``), a tie counts as correct (a perturbation that is the true caption's very string,
-    ``identical``, is no competitor)."""
-    true = np.asarray(true_scores, dtype=np.float64)[:, None]  # [N, 1]
-    perturbed = np.asarray(perturbed_scores, dtype=np.float64)  # [N, 4]
-    if perturbed.shape != (len(items), len(PERTURBATIONS)) or len(true) != len(items):
-        raise ValueError(f"expected {len(items)} true scores and [{len(items)}, 4] perturbed scores, "
-                         f"got {len(true)} and {list(perturbed.shape)}")
-    identical = np.array([item["identical"] for item in items], dtype=bool).reshape(perturbed.shape)  # [N, 4]
-    scores = np.concatenate([true, perturbed], 1)  # [N, 5], the true caption first
-    same = np.concatenate([np.zeros_like(true, dtype=bool), identical], 1)  # [N, 5]
-    correct, _ = correct_and_ties(scores, same, ties_win=True)  # [N]
-    return float(correct.mean())

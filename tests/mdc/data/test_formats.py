@@ -11,8 +11,7 @@ from PIL import Image
 
 from mdc.data.aro_sugarcrepe import (
     ARO_SYMMETRIC_RELATIONS, TIES_WIN, correct_and_ties, load_order_suite, load_sugarcrepe, load_vg_attribution, load_vg_relation,
-    normalise_caption, order_accuracy, perturb_caption, sugarcrepe_columns, vg_attribution_accuracy,
-    vg_relation_accuracy,
+    perturb_caption, vg_attribution_accuracy, vg_relation_accuracy,
 )
 from mdc.data.tagger import _spacy_nlp, builtin_word_classes, resolve_tagger, word_classes
 from mdc.data.formats import (
@@ -21,6 +20,22 @@ from mdc.data.formats import (
 )
 from mdc.data.writer import write_tar
 from mdc.eval import accuracy
+
+
+def normalise_caption(caption: str, max_words: int = 30) -> list[str]:
+    """Lowercase, punctuation to spaces (apostrophes and hyphens kept), first ``max_words`` words: the words
+    the order suite's and the built-in tagger's tests name."""
+    return re.sub(r"[^a-z0-9'\- ]+", " ", caption.lower()).split()[:max_words]
+
+
+def order_accuracy(items, true_scores, perturbed_scores) -> float:
+    """ARO's order accuracy as Table 2 scores it (mdc.eval.suites, mdc.eval.compositionality): the true caption
+    first, :func:`correct_and_ties` with ``ties_win``, a perturbation that is the true caption's very string
+    (``identical``) no competitor."""
+    scores = np.concatenate([np.asarray(true_scores, dtype=np.float64)[:, None],
+                             np.asarray(perturbed_scores, dtype=np.float64)], 1)  # [N, 5], the true caption first
+    same = np.array([[False, *item["identical"]] for item in items], dtype=bool)  # [N, 5]
+    return float(correct_and_ties(scores, same, ties_win=True)[0].mean())
 
 
 def _image(path, size=(40, 30), color=(200, 10, 10)):
@@ -68,9 +83,19 @@ def test_sugarcrepe_missing_images_error_or_skip(tmp_path, caplog):
 
 
 def test_sugarcrepe_columns_are_item_weighted():
-    cols = sugarcrepe_columns({"add_att": [True] * 3, "add_obj": [False], "swap_att": [True, False]})
-    assert cols["add"] == pytest.approx(3 / 4) and cols["swap"] == 0.5 and "replace" not in cols
-    assert cols["add_obj"] == 0.0
+    """A SugarCrepe column pools its sub-files' items (mdc.eval.accuracy.item_outcomes, as Table 2 reads them)."""
+    def subset(flags):
+        return {"records": {"correct": {"exact": accuracy.encode_outcomes(flags)}, "ids": list(range(len(flags))),
+                            "clusters": [str(i) for i in range(len(flags))]}}
+
+    results = {"columns": {}, "sugarcrepe_subsets": {"add_att": subset([True] * 3), "add_obj": subset([False]),
+                                                     "swap_att": subset([True, False])}}
+    pooled = lambda column: float(accuracy.item_outcomes(results, column, "exact")[0].mean())  # noqa: E731
+    with pytest.raises(KeyError, match="no sub-file"):
+        pooled("sugarcrepe_replace")
+    assert pooled("sugarcrepe_add") == pytest.approx(3 / 4) and pooled("sugarcrepe_swap") == 0.5
+    outcomes, _, files, _ = accuracy.item_outcomes(results, "sugarcrepe_add", "exact", macro=True)
+    assert outcomes[np.array(files) == "add_obj"].mean() == 0.0
 
 
 # ------------------------------------------------------------------ ARO
