@@ -56,7 +56,6 @@ import numpy as np
 import torch
 
 from mdc import sampler
-from mdc.condition import vary_condition
 from mdc.data.formats import load_image
 from mdc.distribution import CaptionDistribution
 from mdc.eval import compositionality as comp
@@ -64,8 +63,8 @@ from mdc.eval.clipscore import clip_score, load_clip, ref_clip_score
 from mdc.eval.metrics import ptb_tokenize
 from mdc.eval.results import checkpoint_id
 from mdc.factory import image_transform
-from mdc.mc_diffusion.guidance import (GUIDANCE, RULES, Guide, check_guidance, is_unguided, partial_mask, scale_label, scale_of,
-                          strength_label, strength_of)
+from mdc.mc_diffusion.guidance import (GUIDANCE, RULES, Guide, check_guidance, is_unguided, scale_label, scale_of,
+                                       strength_label, strength_of)
 from mdc.model import evaluating
 
 logger = logging.getLogger(__name__)
@@ -89,31 +88,18 @@ def sweep_settings(strengths: Sequence[float], guidances: Sequence[str] = GUIDAN
 
 
 def _distributions(model, images: torch.Tensor, settings: Sequence[tuple], seed: int) -> dict[str, CaptionDistribution]:
-    """``Guide.of(model, images, g, scale_of(g, s), seed=seed)`` of every setting, built from shared parts:
-    the image encoded once, MCS's masked condition once (the same masks for both MCS rules at every
-    strength), the cross-attention keys/values once per condition pair. Same operations, same numbers."""
+    """:meth:`Guide.of` of every setting (MCS masks from ``seed``), sharing what the settings share: the image
+    encoded once (``condition``), and one guide's condition pair (its cross-attention keys/values) for its rule
+    at every strength, and for both MCS rules (their masks depend on the seed only). Same numbers."""
     v = model.condition(images)  # [B, T, W]
-    pairs: dict[str, object] = {}  # "plain" | "null" | "masked" -> context
-
-    def context(kind: str):
-        if kind not in pairs:
-            if kind == "plain":
-                pairs[kind] = model.kv_context(vary_condition(model, v, None))
-            elif kind == "null":
-                null = vary_condition(model, v, null=torch.ones(len(v), dtype=torch.bool, device=v.device))
-                pairs[kind] = model.kv_context(torch.cat([v, null]))  # [2B, T, W]
-            else:
-                masked = model.condition(images, token_mask=partial_mask(model, len(v), seed, None).to(v.device))
-                pairs[kind] = model.kv_context(torch.cat([v, masked]))
-        return pairs[kind]
-
+    pairs: dict[str, CaptionDistribution] = {}  # "plain" | "null" | "masked" -> the first guide built on it
     out = {}
     for g, s in settings:
         scale = scale_of(g, s)
-        if is_unguided(g, scale):
-            out[strength_label(g, s)] = CaptionDistribution(model, context("plain"))
-        else:
-            out[strength_label(g, s)] = Guide(model, context("null" if g == "cfg" else "masked"), g, scale)
+        kind = "plain" if is_unguided(g, scale) else "null" if g == "cfg" else "masked"
+        if kind not in pairs:
+            pairs[kind] = Guide.of(model, images, g, scale, seed=seed, condition=v)
+        out[strength_label(g, s)] = pairs[kind] if kind == "plain" else Guide(model, pairs[kind].context, g, scale)
     return out
 
 

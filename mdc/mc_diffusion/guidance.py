@@ -192,13 +192,16 @@ class Guide(CaptionDistribution):
         self.guidance, self.scale = guidance, scale
 
     @classmethod
-    def of(cls, model, images, guidance=None, scale=None, *, seed: int = 0, keys=None) -> CaptionDistribution:
+    def of(cls, model, images, guidance=None, scale=None, *, seed: int = 0, keys=None,
+           condition: torch.Tensor | None = None) -> CaptionDistribution:
         """Encode ``images`` [B, 3, S, S] once at guidance ``scale``; MCS masks (both forms) from ``seed``
-        (and ``keys`` [B] if given). At the unguided scale: the plain model's distribution (no second pass)."""
+        (and ``keys`` [B] if given). At the unguided scale: the plain model's distribution (no second pass).
+        ``condition``: the images' condition [B, T, W] (``model.condition(images)``) where already encoded,
+        so that the guides of one batch share it."""
         check_guidance(model, guidance, scale)
         if is_unguided(guidance, scale):
-            return CaptionDistribution(model, model.context(images))
-        v = model.condition(images)  # [B, T, W]
+            return CaptionDistribution(model, model.context(images) if condition is None else model.kv_context(condition))
+        v = model.condition(images) if condition is None else condition  # [B, T, W]
         if guidance == "cfg":
             variant = vary_condition(model, v, null=torch.ones(len(v), dtype=torch.bool, device=v.device))
         else:  # masked in the visual tower, each masked token keeping its position: a second encoder pass
