@@ -19,7 +19,7 @@ run is probed once.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from mdc.factory import model_config
@@ -172,9 +172,25 @@ def _train_params(p: dict, objective: str, frac: float = 1.0, batch_scale: int =
     return t
 
 
-def pretrain_runs(p: dict, seed: int) -> list[Run]:
+@dataclass(frozen=True)
+class Pretraining:
+    """One pretraining run of a seed, before the seed is known: its name (``pretrain/<name>-s<seed>``), objective
+    and caption style, the notebook parameters beside the recipe's (``extra``), the fraction of the pairs it
+    trains on (Fig. 5), its batch as a multiple of the recipe's (CLIP-LB), the artifacts it feeds, its labels."""
+
+    name: str
+    objective: str
+    style: str
+    artifacts: tuple[str, ...]
+    labels: dict
+    extra: dict = field(default_factory=dict)
+    fraction: float = 1.0
+    batch_scale: int = 1
+
+
+def pretrainings(p: dict) -> list[Pretraining]:
     """Every pretraining run of one seed (shared between artifacts: each is registered once)."""
-    specs = []  # (name, objective, style, notebook parameters, data fraction, batch scale, artifacts, labels)
+    specs = []
     for style in STYLES:
         for objective in ("clip", "arc", "mdc"):
             artifacts = ["table1"] + (["table4"] if objective == "mdc" else [])
@@ -182,38 +198,46 @@ def pretrain_runs(p: dict, seed: int) -> list[Run]:
                 artifacts += ["table5", "fig4"]
             if style == "descriptive" and objective == "mdc":
                 artifacts += ["fig5"]
-            specs.append((f"{objective}-{style}", objective, style, {}, 1.0, 1, artifacts,
-                          dict(method=objective.upper(), style=style)))
-    specs.append(("cliplb-descriptive", "clip", "descriptive", {}, 1.0, 2, ["table1"],
-                  dict(method="CLIP-LB", style="descriptive")))
+            specs.append(Pretraining(f"{objective}-{style}", objective, style, tuple(artifacts),
+                                     dict(method=objective.upper(), style=style)))
+    specs.append(Pretraining("cliplb-descriptive", "clip", "descriptive", ("table1",),
+                             dict(method="CLIP-LB", style="descriptive"), batch_scale=2))
     for style in STYLES:
-        specs.append((f"mdc-wot-{style}", "mdc", style, {"time_weighting": False}, 1.0, 1, ["table4"],
-                      dict(method="MDC (w/o t)", style=style)))
+        specs.append(Pretraining(f"mdc-wot-{style}", "mdc", style, ("table4",), dict(method="MDC (w/o t)", style=style),
+                                 extra={"time_weighting": False}))
     for lo, hi in T_INTERVALS:
-        specs.append((f"mdc-t{lo:.1f}-{hi:.1f}-alt", "mdc", "alt", {"t_interval": [lo, hi]}, 1.0, 1, ["table5"],
-                      dict(method="MDC", style="alt", t_interval=[lo, hi])))
+        specs.append(Pretraining(f"mdc-t{lo:.1f}-{hi:.1f}-alt", "mdc", "alt", ("table5",),
+                                 dict(method="MDC", style="alt", t_interval=[lo, hi]), extra={"t_interval": [lo, hi]}))
     for ratio in p["bert_ratios"]:
-        specs.append((f"bert-r{ratio:.2f}-alt", "mdc", "alt", {"mask_ratio": ratio}, 1.0, 1, ["fig4"],
-                      dict(method="BERT", style="alt", mask_ratio=ratio)))
+        specs.append(Pretraining(f"bert-r{ratio:.2f}-alt", "mdc", "alt", ("fig4",),
+                                 dict(method="BERT", style="alt", mask_ratio=ratio), extra={"mask_ratio": ratio}))
     for frac in p["fig5_fractions"]:
-        specs.append((f"mdc-descriptive-n{frac:.2f}", "mdc", "descriptive", {}, frac, 1, ["fig5"],
-                      dict(method="MDC", style="descriptive")))
+        specs.append(Pretraining(f"mdc-descriptive-n{frac:.2f}", "mdc", "descriptive", ("fig5",),
+                                 dict(method="MDC", style="descriptive"), fraction=frac))
     # MC-Diffusion's training options (P_cond = P_mask = 0.1 as there), for the guidance artifact
-    specs.append(("mdc-guided-alt", "mdc", "alt", {"model_overrides": {**p["model_overrides"], "cond_drop_prob": 0.1,
-                                                                        "cond_mask_prob": 0.1}},
-                  1.0, 1, ["guidance"], dict(method="MDC (CFG/MCS training)", style="alt")))
+    specs.append(Pretraining("mdc-guided-alt", "mdc", "alt", ("guidance",),
+                             dict(method="MDC (CFG/MCS training)", style="alt"),
+                             extra={"model_overrides": {**p["model_overrides"], "cond_drop_prob": 0.1,
+                                                        "cond_mask_prob": 0.1}}))
+    return specs
+
+
+def pretrain_runs(p: dict, seed: int) -> list[Run]:
+    """Every pretraining run of one seed (:func:`pretrainings`) as the runner executes it."""
     num, shard = p["data"]["num"], p["data"]["shard_size"]
     runs = []
-    for name, objective, style, extra, frac, scale, artifacts, labels in specs:
-        shards = -(-round(num * frac) // shard)  # the first shards hold the fraction's pairs
-        data = f"{{run:data/{style}}}/shards" + ("" if frac == 1.0 else "/{000000..%06d}.tar" % (shards - 1))
-        params = dict(objective=objective, model=p["model"], model_overrides=p["model_overrides"], train_data=data,
-                      seed=seed, output_dir=f"{{run:pretrain/{name}-s{seed}}}", workers=p["workers"],
-                      **_train_params(p, objective, frac, scale))
-        params.update(extra)
-        labels = {**labels, "seed": seed, "pairs": min(num, shards * shard) if frac < 1 else num, "fraction": frac}
-        runs.append(Run(f"pretrain/{name}-s{seed}", "pretrain", params, deps=(f"data/{style}",),
-                        artifacts=tuple(artifacts), labels=labels, timeout_s=p["timeout_s"]))
+    for spec in pretrainings(p):
+        shards = -(-round(num * spec.fraction) // shard)  # the first shards hold the fraction's pairs
+        data = (f"{{run:data/{spec.style}}}/shards"
+                + ("" if spec.fraction == 1.0 else "/{000000..%06d}.tar" % (shards - 1)))
+        params = dict(objective=spec.objective, model=p["model"], model_overrides=p["model_overrides"],
+                      train_data=data, seed=seed, output_dir=f"{{run:pretrain/{spec.name}-s{seed}}}",
+                      workers=p["workers"], **_train_params(p, spec.objective, spec.fraction, spec.batch_scale))
+        params.update(spec.extra)
+        labels = {**spec.labels, "seed": seed, "pairs": min(num, shards * shard) if spec.fraction < 1 else num,
+                  "fraction": spec.fraction}
+        runs.append(Run(f"pretrain/{spec.name}-s{seed}", "pretrain", params, deps=(f"data/{spec.style}",),
+                        artifacts=spec.artifacts, labels=labels, timeout_s=p["timeout_s"]))
     return runs
 
 
