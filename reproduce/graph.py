@@ -19,6 +19,9 @@ from mdc.train.config import RESUME_FREE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
+# The run without a notebook: the figures, which the runner builds from the records itself (reproduce.running.execute
+# --figures, as python -m reproduce --from-records builds them); its code, for its key, is that module's.
+CODE = {"figures": os.path.join(ROOT, "reproduce", "running", "execute.py")}
 # parameters that change no result, so not a run's key: the trainer's RESUME_FREE but the run's own folder,
 # and the probe's shared cache of random-init features (verified on read)
 BOOKKEEPING = tuple(name for name in RESUME_FREE if name != "output_dir") + ("random_init_cache",)
@@ -29,7 +32,7 @@ class Run:
     """One notebook execution of the reproduction."""
 
     name: str  # unique within a profile, also its folder: "pretrain/mdc-alt-s0"
-    notebook: str  # notebooks/<notebook>.ipynb
+    notebook: str  # notebooks/<notebook>.ipynb (the figures: :data:`CODE`)
     params: dict  # papermill parameters; "{run:<name>}" in a string is replaced by that run's folder
     deps: tuple[str, ...] = ()  # runs that must succeed first
     artifacts: tuple[str, ...] = ()  # the paper artifacts it feeds
@@ -57,8 +60,17 @@ def resolve(value, out: str):
     return value
 
 
+def code_file(notebook: str) -> str:
+    """The code a run of ``notebook`` executes: notebooks/<notebook>.ipynb, or the figures' module (:data:`CODE`)."""
+    return CODE.get(notebook) or os.path.join(NOTEBOOKS, f"{notebook}.ipynb")
+
+
 def code_digest(path: str) -> str:
-    """sha256 of a notebook's code cells: saving it with outputs, counts, metadata or prose keeps it."""
+    """sha256 of a notebook's code cells: saving it with outputs, counts, metadata or prose keeps it (of a
+    module's text, for the figures)."""
+    if path.endswith(".py"):
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
     nb = nbformat.read(path, as_version=4)
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     return hashlib.sha256(json.dumps(code).encode()).hexdigest()
@@ -67,7 +79,7 @@ def code_digest(path: str) -> str:
 def keys(runs: list[Run]) -> dict[str, str]:
     """Content key of every run: its notebook's code, parameters and the keys of its dependencies."""
     by_name, out = {r.name: r for r in runs}, {}
-    code = {nb: code_digest(os.path.join(NOTEBOOKS, f"{nb}.ipynb")) for nb in {r.notebook for r in runs}}
+    code = {nb: code_digest(code_file(nb)) for nb in {r.notebook for r in runs}}
 
     def key(name: str) -> str:
         if name not in out:

@@ -356,7 +356,8 @@ def select(runs: list[Run], only: list[str] | None) -> list[Run]:
 def build_artifacts(records: str, out: str, paper_dir: str = PAPER_DIR, only: Sequence[str] | None = None,
                     runs: Sequence[str] | None = None) -> dict[str, list[str]]:
     """Rebuild the artifacts (all, or ``only``) into ``out`` from the ledger folder ``records`` (the figures
-    notebook's work); ``runs``: the records to read (default: all). Returns {artifact: files written}."""
+    run's work: reproduce.running.execute); ``runs``: the records to read (default: all). Returns {artifact: files
+    written}."""
     found = ledger.read_all(records)
     return build_from_records(found if runs is None else {n: found[n] for n in runs if n in found}, out, paper_dir,
                               only)

@@ -27,8 +27,11 @@ from reproduce.graph import ROOT, Run, resolve, run_dir
 
 def command(out: str, run: Run, params_file: str, torchrun: tuple[int, int] | None = None) -> list[str]:
     """The command line of ``run``: its notebook under papermill, or with ``torchrun=(gpus_per_node, nodes)``
-    a pretraining run as ``torchrun -m mdc.train``; either way through ``python -m reproduce.running.execute``."""
+    a pretraining run as ``torchrun -m mdc.train``, or the figures built from the records (:data:`graph.CODE`);
+    each way through ``python -m reproduce.running.execute``."""
     folder = run_dir(out, run)
+    if run.notebook in graph.CODE:
+        return [sys.executable, "-m", "reproduce.running.execute", "--figures", params_file]
     if torchrun and run.gpus:
         return [sys.executable, "-m", "reproduce.running.execute", "--command", torchrun_command(run, out, *torchrun),
                 "--results", os.path.join(folder, "results.json"), params_file]

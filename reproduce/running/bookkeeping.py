@@ -31,7 +31,7 @@ class Book:
     def __init__(self, runs, key, out, records, keep_checkpoints, log, kept_weights=None):
         self.runs, self.key, self.out, self.records, self.keep, self.log = runs, key, out, records, keep_checkpoints, log
         self.kept_weights = kept_weights  # where the float16 weights of the runs in pretrained.KEEP go
-        self.digest = {nb: code_digest(os.path.join(graph.NOTEBOOKS, f"{nb}.ipynb")) for nb in {r.notebook for r in runs}}
+        self.digest = {nb: code_digest(graph.code_file(nb)) for nb in {r.notebook for r in runs}}
         self.in_folder = {r.name for r in runs if is_done(out, r, key[r.name])}
         self.recorded = {r.name for r in runs if ledger.done(records, r.name, key[r.name])}
         self.needed = self._needed()

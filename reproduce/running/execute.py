@@ -2,11 +2,14 @@
 
     python -m reproduce.running.execute NOTEBOOK OUTPUT_NOTEBOOK PARAMETERS_JSON
     python -m reproduce.running.execute --command "torchrun ... -m mdc.train ..." --results RESULTS_JSON PARAMETERS_JSON
+    python -m reproduce.running.execute --figures PARAMETERS_JSON
 
 The first form executes a notebook with papermill (kernel python3, working directory the
 repository root). The second runs a pretraining command line (torchrun on GPU nodes) and
 writes the results file the pretraining notebook would have written, from the JSON line
-``mdc.train`` prints at the end.
+``mdc.train`` prints at the end. The third is the figures run (:func:`build_figures`): every artifact
+rebuilt from the ledger's records, as ``python -m reproduce --from-records`` builds them; no notebook
+builds them, since notebooks import the package alone and the builders are the reproduction's.
 
 Either way the process dies with its runner: a watchdog thread ends this process group and every
 process below it (the pretraining command, torchrun's workers in their own sessions; the notebook
@@ -44,16 +47,39 @@ def die_with_parent(interval_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
+def build_figures(params: dict) -> dict[str, list[str]]:
+    """The figures run: every artifact, or those in ``only``, rebuilt from the records in ``records`` (those of
+    ``runs``; default all) into ``figures_dir`` (:func:`reproduce.registry.build_artifacts`); each Markdown table
+    printed (the run's log), and the files each artifact produced written to ``output_dir``/results.json with
+    the parameters but the run list and the folders. Returns {artifact: files written}."""
+    from mdc.eval.results import write_results
+    from reproduce.registry import PAPER_DIR, build_artifacts
+
+    files = build_artifacts(params["records"], params["figures_dir"], params.get("paper_dir") or PAPER_DIR,
+                            params.get("only") or None, params.get("runs") or None)
+    for path in (path for written in files.values() for path in written if path.endswith(".md")):
+        with open(path) as f:
+            print(f.read())
+    recorded = {"only": [], **{k: v for k, v in params.items() if k not in ("paper_dir", "output_dir", "runs")}}
+    write_results(os.path.join(params["output_dir"], "results.json"), "figures", {"files": files}, parameters=recorded)
+    return files
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("paths", nargs="+", help="NOTEBOOK OUTPUT PARAMETERS_JSON, or PARAMETERS_JSON with --command")
+    p.add_argument("paths", nargs="+",
+                   help="NOTEBOOK OUTPUT PARAMETERS_JSON, or PARAMETERS_JSON with --command or --figures")
     p.add_argument("--command", help="a pretraining command line to run instead of a notebook")
     p.add_argument("--results", help="with --command: where to write the results file")
+    p.add_argument("--figures", action="store_true", help="the figures run: the artifacts from the records")
     args = p.parse_args(argv)
     if os.getpgrp() == os.getpid():  # its own process group (as the runner starts it): safe to end it whole
         die_with_parent()
     with open(args.paths[-1]) as f:
         params = json.load(f)
+    if args.figures:
+        build_figures(params)
+        return 0
     if args.command:
         done = subprocess.run(shlex.split(args.command), cwd=ROOT, stdout=subprocess.PIPE, text=True)
         sys.stdout.write(done.stdout)

@@ -4,7 +4,7 @@
 
 Layout under ``<out>/<profile>/``::
 
-    <run name>/<notebook>.ipynb   the executed notebook (kept, outputs included)
+    <run name>/<notebook>.ipynb   the executed notebook (kept, outputs included; the figures run has none)
     <run name>/results.json       what the notebook wrote (mdc.eval.results)
     <run name>/done.json          {"key": ...} once the run succeeded
     runs.csv                      name, notebook, status, seconds, peak memory (MB), key

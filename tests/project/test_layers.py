@@ -1,5 +1,6 @@
 """The package's layers run one way (pyproject's import-linter contract, drawn in docs/layers.md)."""
 import ast
+import json
 import re
 import os
 import shutil
@@ -29,6 +30,18 @@ def test_the_contract_refuses_a_core_module_importing_an_extension(tmp_path):
     model.write_text(model.read_text() + "\n\ndef _late():\n    import mdc.mc_diffusion.guidance  # noqa: F401\n")  # lazy, upward
     out = _lint(tmp_path)
     assert out.returncode != 0 and "mdc.model is not allowed to import mdc.mc_diffusion.guidance" in out.stdout
+
+
+def test_the_notebooks_import_the_package_alone():
+    """Notebooks sit with the experiments but import mdc only: the reproduction (reproduce, which builds the
+    figures from its records itself) and the benchmarks stand above them."""
+    above = re.compile(r"^\s*(?:from|import)\s+(reproduce|benchmarks)\b", re.M)
+    found = []
+    for path in sorted((ROOT / "notebooks").rglob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        found += [f"{path.relative_to(ROOT)}: {m.group(0).strip()}" for c in cells if c["cell_type"] == "code"
+                  for m in above.finditer("".join(c["source"]))]
+    assert not found, found
 
 
 def test_no_function_level_import_of_mdc_inside_the_package():

@@ -198,9 +198,30 @@ def test_registry_lists_every_artifact_and_every_run_is_wired(capsys):
         fed = {a for r in runs if r.notebook != "figures" for a in r.artifacts}
         synthetic_only = {"guidance", "claims"} if profile == "paper" else set()
         assert fed | {"tables6-8"} == set(registry.ARTIFACTS) - synthetic_only, profile
-        assert all(os.path.isfile(os.path.join(graph.NOTEBOOKS, f"{r.notebook}.ipynb")) for r in runs)
+        assert all(os.path.isfile(graph.code_file(r.notebook)) for r in runs)
     only = registry.select(registry.with_figures(registry.build("smoke"), "figs", "smoke", "records"), ["table2"])
     assert {r.notebook for r in only} == {"data", "pretrain", "compositionality", "figures"}
+
+
+def test_the_figures_run_builds_from_the_records_what_from_records_builds(tmp_path):
+    """The runner's last run builds the artifacts itself (no notebook imports the reproduction): the files
+    ``python -m reproduce --from-records`` writes from the same records, and its results name them."""
+    from reproduce.running import ledger
+
+    records = os.path.join(graph.ROOT, "reproduce", "records", "mini")
+    runs = registry.select(registry.with_figures([], str(tmp_path / "figs"), "mini", records), ["table4"])
+    assert [(r.name, r.notebook) for r in runs] == [("figures", "figures")]
+    outcome = runner.run_all(runs, str(tmp_path / "out"), log=lambda *a: None)
+    assert outcome["figures"]["status"] == "ok", outcome
+    direct = registry.build_from_records(ledger.read_all(records), str(tmp_path / "direct"), only=["table4"])
+    names = sorted(os.path.basename(path) for path in direct["table4"])
+    assert sorted(os.listdir(tmp_path / "figs")) == names
+    for path in direct["table4"]:
+        assert (tmp_path / "figs" / os.path.basename(path)).read_bytes() == open(path, "rb").read()
+    results = json.loads((tmp_path / "out" / "figures" / "results.json").read_text())
+    assert results["kind"] == "figures" and results["parameters"]["only"] == ["table4"]
+    assert sorted(os.path.basename(f) for f in results["results"]["files"]["table4"]) == names
+    assert "Table 4" in (tmp_path / "out" / "figures" / "log.txt").read_text()  # the tables, printed
 
 
 def test_slurm_scripts_chain_dependencies(tmp_path):
