@@ -148,14 +148,15 @@ def alive(pid: int) -> bool:
         return False
 
 
-def caption_items(folder, n: int, colour, size: tuple[int, int] = (32, 32)) -> list[dict]:
+def caption_items(folder, n: int, colour, size: tuple[int, int] = (32, 32), offset: int = 0) -> list[dict]:
     """``n`` captioning items (image_id, image_path, references) of one-colour images ``colour(i)`` written into
-    ``folder``, each with two of :data:`CAPTIONS` as references."""
+    ``folder``, each with two of :data:`CAPTIONS` as references; ``offset``: their ids (and file names) from it."""
     items = []
     for i in range(n):
-        path = folder / f"{i}.png"
+        path = folder / f"{i + offset}.png"
         Image.new("RGB", size, colour(i)).save(path)
-        items.append({"image_id": i, "image_path": str(path), "references": [CAPTIONS[i % 4], CAPTIONS[(i + 1) % 4]]})
+        items.append({"image_id": i + offset, "image_path": str(path),
+                      "references": [CAPTIONS[i % 4], CAPTIONS[(i + 1) % 4]]})
     return items
 
 

@@ -1,21 +1,14 @@
 """The fine-tuning stopping rule: validation loss every K steps, patience, tolerance, best weights kept."""
 import pytest
 import torch
-from PIL import Image
 
-from conftest import CAPTIONS, small_model
+from conftest import caption_items, small_model
 from mdc.eval import captioning as cap
 from mdc.eval.caption_finetune import StopRule, validation_loss
 
 
 def _items(tmp_path, n=4, offset=0):
-    items = []
-    for i in range(n):
-        path = tmp_path / f"{i + offset}.png"
-        Image.new("RGB", (32, 32), (60 * i % 255, 90, 200)).save(path)
-        items.append({"image_id": i + offset, "image_path": str(path),
-                      "references": [CAPTIONS[i % 4], CAPTIONS[(i + 1) % 4]]})
-    return items
+    return caption_items(tmp_path, n, lambda i: (60 * i % 255, 90, 200), offset=offset)
 
 
 def test_the_rule_stops_after_patience_evaluations_without_a_relative_improvement():
