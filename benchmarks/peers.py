@@ -142,7 +142,8 @@ def _serve() -> None:
     try:
         import importlib.util
 
-        spec = importlib.util.spec_from_file_location("_compat", os.path.join(ROOT, "mdc", "_compat.py"))
+        shim = os.path.join(ROOT, "mdc", "base", "torchvision_shim.py")
+        spec = importlib.util.spec_from_file_location("torchvision_shim", shim)
         compat = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(compat)
         compat.patch_torchvision()  # the CUDA torchvision wheel on CPU torch, as mdc does

@@ -14,7 +14,7 @@ from reproduce.claims import claim_rows, stats
 from reproduce.claims.claim_rows import TASKS, Claim, difference, paired_items, verdict, write_readme_table
 
 N = 1000  # test items per task
-LEARNABILITY = os.path.join(os.path.dirname(claim_rows.__file__), "studies", "learnability", "runs.jsonl")
+LEARNABILITY = os.path.join(os.path.dirname(os.path.dirname(claim_rows.__file__)), "studies", "learnability", "runs.jsonl")
 
 
 def _outcomes(rate: float, rng, n: int = N) -> str:
@@ -263,7 +263,7 @@ def test_a_readme_without_markers_is_left_alone(tmp_path, capsys):
 
 
 def test_only_a_build_into_the_repositorys_figures_rewrites_its_readme(tmp_path, monkeypatch):
-    monkeypatch.setattr(claims, "ROOT", str(tmp_path))
+    monkeypatch.setattr(claim_rows, "ROOT", str(tmp_path))
     (tmp_path / "README.md").write_bytes(README.encode())
     claim_rows.build([], "unused", str(tmp_path / "elsewhere"))
     assert (tmp_path / "README.md").read_bytes() == README.encode()
@@ -275,7 +275,7 @@ def test_only_a_build_into_the_repositorys_figures_rewrites_its_readme(tmp_path,
 
 def test_the_verdict_counts_are_written_by_the_build_not_typed(tmp_path, monkeypatch):
     """The README's and docs/results.md's summary sentence between the summary markers is the table's."""
-    monkeypatch.setattr(claims, "ROOT", str(tmp_path))
+    monkeypatch.setattr(claim_rows, "ROOT", str(tmp_path))
     stale = "Five rows are reproduced and seven not resolved."
     block = f"{claim_rows.SUMMARY[0]}\n{stale}\n{claim_rows.SUMMARY[1]}\n"
     (tmp_path / "README.md").write_text(README + "\n" + block)
