@@ -39,6 +39,10 @@ class Book:
     def _needed(self) -> set[str]:
         """Runs to execute: those not done, and the recorded runs whose output (folder) one of them reads."""
         needed = {r.name for r in self.runs if r.name not in self.in_folder | self.recorded}
+        for r in self.runs:
+            if r.name in needed and self.records and ledger.read(self.records, r.name):
+                self.log(f"{r.name}: recorded under another key (its notebook's code, its parameters or a run it "
+                         "reads changed since): it executes again")
         for r in reversed(self.runs):  # dependants first
             if r.name in needed and r.notebook not in READS_RECORDS_ONLY:
                 for d in r.deps:

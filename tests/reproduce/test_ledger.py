@@ -129,6 +129,16 @@ def test_the_dry_run_counts_a_recorded_run_that_executes_again(recorded):
     assert any("pre/a: recorded, but eval/b reads its output" in line for line in lines)
 
 
+def test_a_run_recorded_under_another_key_says_why_it_executes_again(recorded):
+    """A record made by other code or parameters is not this run's: the dry run says so rather than
+    listing the run as if it had never run."""
+    out, records = recorded
+    lines = []
+    runner.dry_run(_runs(b=5), out, RunSettings(records=records), log=lines.append)
+    assert any(line.startswith("eval/b: recorded under another key") and "executes again" in line for line in lines)
+    assert not any(line.startswith(("eval/c: recorded under", "pre/a: recorded under")) for line in lines)
+
+
 def test_runs_done_before_the_ledger_get_their_records_from_their_folders(toy):
     out, records = toy
     runner.run_all(_runs(), out, log=lambda *a: None)  # no ledger yet

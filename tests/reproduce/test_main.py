@@ -74,11 +74,11 @@ def test_the_dry_run_of_a_seed_plan_shows_its_runs_and_run_hours(tmp_path, capsy
     out = capsys.readouterr().out
     would = [line.split()[2] for line in out.splitlines() if line.startswith("would run")]
     # the plan's extra seed runs; recorded seeds run only where the ledger's records no longer match their runs
-    # (evaluations whose instruments changed after the ledger was written) and the recorded pretraining runs
-    # those read, each with the line why; never a sixth seed of another run
+    # (a notebook's code or an instrument changed after the ledger was written) or a run that executes reads
+    # their output, each with the line why; never a sixth seed of another run
     assert [name for name in would if name.endswith("-s5")] == ["pretrain/mdc-alt-s5", "probe/mdc-alt-s5"]
     again = [name for name in would if name.startswith("pretrain/") and not name.endswith("-s5")]
-    assert all(f"{name}: recorded, but " in out for name in again)
+    assert all(f"{name}: recorded, but " in out or f"{name}: recorded under another key" in out for name in again)
     assert would[-1] == "figures"
     assert "seed plan" in out and "6 seeds for mdc-alt, 3 elsewhere" in out
     assert "run-hours left" in out and "in this plan" in out
