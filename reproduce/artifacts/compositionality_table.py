@@ -47,8 +47,7 @@ TABLE2_RULES = {
                        "they measure how a scorer copes with unfamiliar text as much as compositionality",
     "own / shuffled / no image": "each scorer's cell: its accuracy with the item's own image [interval], then with "
                                  "another item's image (a fixed seeded derangement of the suite's images) and "
-                                 "without an image; 'not run' where the run scored no such control (records "
-                                 "written before the controls)",
+                                 "without an image",
     "control": "passed when some scorer's own-image accuracy beats its shuffled-image accuracy by 2 sqrt(0.5 / n) "
                "(rounded up to a whole point, n the column's items; mdc.eval.positive_controls), fixed before any model was "
                "scored; 'control failed': the image does not decide the column for any scorer, which is then no "

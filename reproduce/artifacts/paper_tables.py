@@ -88,7 +88,7 @@ def table1(runs: list[dict], paper_dir: str, out: str) -> list[str]:
 TABLE1_NOTES = {
     "relation, grid / mean4, grid": "the grid probe (mdc.eval.grid_probe): the same encoder tokens averaged over 4 x 4 "
                                     "cells instead of one mean, then the same classifier; it keeps where things are, "
-                                    "which the pooled features discard. 'not run': records made before it",
+                                    "which the pooled features discard",
     "relation": "pooled features read it at chance (25%) for every model, and so does the supervised ceiling trained "
                 "with a relation head on its pooled features at mini's budget (23.8%), whose tokens the grid probe "
                 "reads at 71.0% (random init 42.1%): reproduce/studies/learnability.md, 'Relation'",

@@ -186,6 +186,6 @@ def test_the_dry_run_says_which_estimates_are_scaled_and_sums_evaluation_s_share
     runs = [EVALSETS, Run("pretrain/x", "pretrain", {}), _probe_run()]
     lines = []
     runner.dry_run(runs, str(tmp_path / "out"), RunSettings(records=records, profile="mini"), log=lines.append)
-    probe = next(line for line in lines if "probe/mdc-alt-s0" in line)
+    probe = next(line for line in lines if line.startswith("would run probe/mdc-alt-s0"))
     assert "~12 min (its record x 1.20: images 32,000 -> 38,240" in probe
     assert "pretraining 0.67, evaluation 0.20 (23% of the two)" in lines[-1]
