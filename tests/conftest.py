@@ -200,6 +200,12 @@ def toy_notebook(folder, name: str, parameters: str, code: str) -> str:
     return str(folder)
 
 
+def toy_calls(out, name: str) -> int:
+    """How many times a toy notebook's run ``name`` executed in ``out`` (one character of calls.txt a call)."""
+    path = os.path.join(out, name, "calls.txt")
+    return len(open(path).read()) if os.path.exists(path) else 0
+
+
 # What an instant run's command does in place of its notebook: write the results file the runner waits for.
 INSTANT = ("import json, sys; "
            "json.dump({'schema': 'mdc.results/1', 'kind': 'instant', 'results': {}}, open(sys.argv[1], 'w'))")

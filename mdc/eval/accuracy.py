@@ -25,7 +25,7 @@ import numpy as np
 from mdc.data import aro_sugarcrepe as comp
 from mdc.data.aro_sugarcrepe import TIES_WIN, correct_and_ties
 
-__all__ = ["BLIND_WARNING", "MACRO_SUITES", "TIES_WIN", "bootstrap_ci", "correct_and_ties", "decode_outcomes",
+__all__ = ["BLIND_WARNING", "MACRO_SUITES", "TIES_WIN", "correct_and_ties", "decode_outcomes",
            "encode_outcomes", "interval", "item_outcomes", "over_seeds", "paired_difference", "resample_stats", "same_words", "suite_accuracy"]
 
 BLIND_WARNING = 0.10  # |blind accuracy - chance| at which the text alone decides a suite
@@ -80,12 +80,6 @@ def interval(replicates: np.ndarray, level: float = 0.95) -> tuple[float, float]
         return float("nan"), float("nan")
     lo, hi = np.nanpercentile(replicates, [50 * (1 - level), 50 * (1 + level)])
     return float(lo), float(hi)
-
-
-def bootstrap_ci(correct, clusters=None, groups=None, resamples: int = 1000, seed=0,
-                 level: float = 0.95) -> tuple[float, float]:
-    """Percentile cluster-bootstrap interval of one accuracy (:func:`resample_stats`)."""
-    return interval(resample_stats(correct, clusters, groups, resamples, seed)[:, 0], level)
 
 
 def paired_difference(a, b, clusters=None, groups=None, resamples: int = 1000, seed=0,

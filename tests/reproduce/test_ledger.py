@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import toy_notebook
+from conftest import toy_calls, toy_notebook
 from reproduce import graph
 from reproduce.running import ledger, runner
 from reproduce.graph import Run
@@ -64,11 +64,6 @@ def _runs(b=2, sleep=0.0, checkpoint=False):
             Run("eval/c", "toy", {"output_dir": "{run:eval/c}", "value": 3, "sleep": sleep}, deps=("pre/a",))]
 
 
-def _calls(out, name):
-    path = os.path.join(out, name, "calls.txt")
-    return len(open(path).read()) if os.path.exists(path) else 0
-
-
 @pytest.mark.usefixtures("toy")  # the same notebook in graph.NOTEBOOKS: the digest and keys the records name
 def test_every_finished_run_leaves_a_record_that_names_its_code_and_no_machine_path(first_ledger):
     out, records, outcome = first_ledger
@@ -89,7 +84,7 @@ def test_a_recorded_run_is_done_without_its_folder(recorded):
     out, records = recorded
     outcome = runner.run_all(_runs(), out, RunSettings(records=records), log=lambda *a: None)
     assert {o["status"] for o in outcome.values()} == {"skipped"}
-    assert not any(_calls(out, r.name) for r in _runs())
+    assert not any(toy_calls(out, r.name) for r in _runs())
 
 
 def test_a_recorded_run_executes_again_when_a_run_that_executes_reads_its_output(recorded):

@@ -9,7 +9,7 @@ import time
 import nbformat
 import pytest
 
-from conftest import alive, toy_notebook
+from conftest import alive, toy_calls, toy_notebook
 from reproduce import graph, registry
 from reproduce.running import attempt, cluster, folders, runner
 from reproduce.__main__ import main
@@ -65,11 +65,6 @@ def _runs(a=1, b=2, fail_b=False):
             Run("d", "toy", {"output_dir": "{run:d}", "value": 4})]
 
 
-def _calls(out, name):
-    path = out / name / "calls.txt"
-    return len(path.read_text()) if path.exists() else 0
-
-
 def test_completed_runs_are_skipped_and_a_change_reruns_its_dependents(executed, first_run):
     out = executed
     assert {o["status"] for o in first_run[1].values()} == {"ok"}
@@ -78,9 +73,9 @@ def test_completed_runs_are_skipped_and_a_change_reruns_its_dependents(executed,
     key = graph.keys(_runs())
     changed = runner.run_all(_runs(b=5), str(out), log=lambda *a: None)  # b changed: b and c rerun, a and d do not
     assert [changed[n]["status"] for n in "abcd"] == ["skipped", "ok", "ok", "skipped"]
-    assert [_calls(out, n) for n in "abcd"] == [1, 1, 1, 1]  # b and c ran afresh in their folders...
+    assert [toy_calls(out, n) for n in "abcd"] == [1, 1, 1, 1]  # b and c ran afresh in their folders...
     for n in "bc":  # ...and what the earlier runs left is kept beside them, named by its key
-        assert _calls(out, f"{n}.superseded-{key[n]}") == 1
+        assert toy_calls(out, f"{n}.superseded-{key[n]}") == 1
     rows = {r["name"]: r for r in csv.DictReader(open(out / "runs.csv"))}
     assert rows["a"]["status"] == "skipped" and float(rows["a"]["seconds"]) > 0  # measured figures kept
     assert float(rows["b"]["peak_mb"]) > 10  # the notebook kernel's memory is counted
@@ -100,9 +95,9 @@ def test_a_cluster_job_keeps_its_lock_when_it_sets_an_old_run_aside(executed, mo
     monkeypatch.setattr(attempt, "run_attempt", spy)
     only_b = runner.RunSettings(only={"b"})
     assert runner.run_all(_runs(b=5), str(out), only_b, log=lambda *a: None)["b"]["status"] == "ok"
-    assert held == [True] and _calls(out, "b") == 1
+    assert held == [True] and toy_calls(out, "b") == 1
     old = out / f"b.superseded-{graph.keys(_runs())['b']}"
-    assert _calls(out, old.name) == 1 and not (old / folders.RUNNER_LOCK).exists()
+    assert toy_calls(out, old.name) == 1 and not (old / folders.RUNNER_LOCK).exists()
 
 
 def test_a_run_stopped_half_way_continues_in_its_folder(executed):
@@ -110,7 +105,7 @@ def test_a_run_stopped_half_way_continues_in_its_folder(executed):
     os.remove(out / "b" / "done.json")  # killed before it finished: same parameters, not done
     (out / "b" / "checkpoint.txt").write_text("step 3")
     again = runner.run_all(_runs(), str(out), log=lambda *a: None)
-    assert again["b"]["status"] == "ok" and _calls(out, "b") == 2
+    assert again["b"]["status"] == "ok" and toy_calls(out, "b") == 2
     assert (out / "b" / "checkpoint.txt").read_text() == "step 3"  # the notebook resumes from what it left
     assert not [p for p in os.listdir(out) if ".superseded-" in p]
 

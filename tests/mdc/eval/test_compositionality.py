@@ -14,6 +14,11 @@ from conftest import small_model
 from mdc.data.transforms import image_transform
 
 
+def bootstrap_ci(correct, clusters=None, groups=None, resamples: int = 1000, seed=0, level: float = 0.95):
+    """Percentile cluster-bootstrap interval of one accuracy, from the resamples Table 2's intervals use."""
+    return accuracy.interval(accuracy.resample_stats(correct, clusters, groups, resamples, seed)[:, 0], level)
+
+
 def _suite(name, groups, K=2, identical=None, data="synthetic", **item_fields):
     items = [{"id": i, "image_path": None, **{k: v[i] for k, v in item_fields.items()}} for i in range(len(groups))]
     cands = [[f"true {i}"] + [f"false {i} {k}" for k in range(1, K)] for i in range(len(groups))]
@@ -108,17 +113,17 @@ def test_bootstrap_interval_contains_the_estimate_and_shrinks():
     widths = []
     for n in (40, 4000):
         correct = rng.random(n) < 0.7
-        lo, hi = accuracy.bootstrap_ci(correct, resamples=300, seed=1)
+        lo, hi = bootstrap_ci(correct, resamples=300, seed=1)
         assert lo <= correct.mean() <= hi
         widths.append(hi - lo)
     assert widths[1] < widths[0] / 4  # ~ 1/sqrt(n): 10x narrower
-    assert accuracy.bootstrap_ci(correct, resamples=300, seed=1) == accuracy.bootstrap_ci(correct, resamples=300, seed=1)
+    assert bootstrap_ci(correct, resamples=300, seed=1) == bootstrap_ci(correct, resamples=300, seed=1)
     # macro: the point estimate is the mean of group accuracies; the interval re-runs that mean
     groups = ["a"] * 10 + ["b"] * 90
     correct = np.array([True] * 10 + [False] * 90)
-    lo, hi = accuracy.bootstrap_ci(correct, groups=groups, resamples=300)
+    lo, hi = bootstrap_ci(correct, groups=groups, resamples=300)
     assert lo == hi == 0.5  # every resample: (1 + 0) / 2
-    assert np.isnan(accuracy.bootstrap_ci([], resamples=10)[0])
+    assert np.isnan(bootstrap_ci([], resamples=10)[0])
 
 
 def test_groups_are_fixed_once_and_not_refiltered_per_resample():
@@ -152,8 +157,8 @@ def test_clustered_items_widen_the_interval_on_a_synthetic_suite():
     image_p = rng.beta(0.5, 0.5, size=1000)  # each image's chance of a correct caption
     correct = rng.random((1000, 5)) < image_p[:, None]
     clusters = np.repeat(np.arange(1000), 5)
-    lo_c, hi_c = accuracy.bootstrap_ci(correct.ravel(), clusters, resamples=1000)
-    lo_i, hi_i = accuracy.bootstrap_ci(correct.ravel(), resamples=1000)
+    lo_c, hi_c = bootstrap_ci(correct.ravel(), clusters, resamples=1000)
+    lo_i, hi_i = bootstrap_ci(correct.ravel(), resamples=1000)
     assert 1.6 < (hi_c - lo_c) / (hi_i - lo_i) < 2.2
 
 
