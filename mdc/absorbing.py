@@ -44,7 +44,7 @@ model's by default); MC-Diffusion's guidance passes its guided one (:mod:`mdc.ap
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 import torch
@@ -53,11 +53,12 @@ import torch.nn.functional as F
 from mdc import distribution
 from mdc.distribution import as_distribution
 from mdc.noise import NoiseProcess
+from mdc.base.options import with_options
 from mdc.base.seeding import key_seed, uniform
 from mdc.tokenizer import caption_mask, trim_padding
 
-__all__ = ["ABSORBING", "Absorbing", "Corrupted", "ElboOptions", "corrupt", "elbo_copies", "elbo_score", "elbo_sequential",
-           "heuristic_score", "Masking", "masked_row", "mdc_loss", "mdc_sample"]
+__all__ = ["ABSORBING", "Absorbing", "Corrupted", "ElboOptions", "corrupt", "elbo_copies", "elbo_score",
+           "heuristic_score", "Masking", "Unmasking", "masked_row", "mdc_loss", "mdc_sample"]
 
 T_MIN = 1e-4  # t is clamped here so that the 1/t weight stays finite when w_l = 0
 SAMPLINGS = ("uniform", "antithetic", "stratified")  # how t is drawn across a batch
@@ -73,19 +74,12 @@ class Corrupted:
 
 @dataclass(frozen=True)
 class Masking:
-    """The masking ratio t of MDC's training (Alg. 1, Eq. 5), validated here and nowhere else.
-
-    ``interval`` (w_l, w_u): t ~ U[w_l, w_u] per caption (the paper's (0.5, 1)). ``sampling`` across a
-    batch of n: "uniform" (i.i.d.), "antithetic" (u and 1 - u in pairs), "stratified" (one offset u, then
-    (u + b/n) mod 1). ``ratio``: a fixed t for every caption, image-conditioned BERT (Eq. 1; 1.0 = parallel
-    decoding), which replaces the interval. ``time_weighting``: the 1/t weight of Eq. 5 (False: the
-    "w/o t" / CMLM ablation). A ``ModelConfig`` carries these as its flat fields and hands them out as one
-    ``config.masking``.
-    """
-    interval: tuple[float, float] = (0.5, 1.0)
-    sampling: str = "uniform"
-    ratio: float | None = None
-    time_weighting: bool = True
+    """The masking ratio t of MDC's training (Alg. 1, Eq. 5), validated here and nowhere else; a
+    ``ModelConfig`` keeps its fields flat and hands them out as one ``config.masking``."""
+    interval: tuple[float, float] = (0.5, 1.0)  # t ~ U[w_l, w_u] per caption
+    sampling: str = "uniform"  # across a batch: i.i.d., "antithetic" (u, 1 - u), "stratified" ((u + b/n) mod 1)
+    ratio: float | None = None  # a fixed t for every caption: image-conditioned BERT (Eq. 1); 1.0: parallel decoding
+    time_weighting: bool = True  # the 1/t weight of Eq. 5; False: the "w/o t" (CMLM) ablation
 
     def __post_init__(self):
         t = tuple(self.interval)
@@ -172,23 +166,35 @@ def mdc_loss(model, images, tokens, *, t=None, u=None, generator=None):
 
 
 # ---------------------------------------------------------------------------- the sampler (Eq. 6)
+@dataclass(frozen=True)
+class Unmasking:
+    """How the sampler reveals tokens (the one place its defaults are written)."""
+    tokens_per_step: int = 1  # k: the k most confident masked positions a step (Eq. 6: k = 1)
+    temperature: float = 0.0  # 0: each position's most likely token; > 0: drawn at this temperature
+    threshold: float | None = None  # every position above this confidence, at least the best (Fast-dLLM)
+
+    def __post_init__(self):
+        if self.tokens_per_step < 1:
+            raise ValueError(f"tokens_per_step must be >= 1; got {self.tokens_per_step}")
+        if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold must lie in (0, 1]; got {self.threshold}")
+
+
 @torch.no_grad()
-def mdc_sample(model, images, length: int, tokens_per_step: int = 1, temperature: float = 0.0,
-               generator: torch.Generator | None = None, threshold: float | None = None,
-               trace: list | None = None, encode=None) -> torch.Tensor:
+def mdc_sample(model, images, length: int, options: Unmasking | None = None, *, generator=None,
+               trace: list | None = None, encode=None, **kw) -> torch.Tensor:
     """Greedy confidence unmasking. Returns tokens [B, length + 2] without [MASK].
 
-    Each step reveals the ``tokens_per_step`` most confident masked positions, or, with ``threshold``
-    (parallel decoding after Fast-dLLM), every masked position whose confidence exceeds it, at least the
-    most confident one. The head runs only at still-masked positions. ``trace``: a list that receives one
+    ``options`` (or its fields as keywords, :class:`Unmasking`): each step reveals the ``tokens_per_step``
+    most confident masked positions, or, with ``threshold`` (parallel decoding after Fast-dLLM), every
+    masked position whose confidence exceeds it, at least the most confident one; ``temperature`` > 0 draws
+    them (``generator``). The head runs only at still-masked positions. ``trace``: a list that receives one
     record per step, ``{"revealed": [B, N'+2] bool, "tokens": [B, N'+2] after the step, "confidence":
     [B, N'+2]}`` (each still-masked position's confidence at that step, -1 at the others);
     :func:`mdc.plots.plot_unmasking` draws it."""
     model.check_length(length)
-    if tokens_per_step < 1:
-        raise ValueError(f"tokens_per_step must be >= 1; got {tokens_per_step}")
-    if threshold is not None and not 0.0 < threshold <= 1.0:
-        raise ValueError(f"threshold must lie in (0, 1]; got {threshold}")
+    o = with_options(Unmasking, options, kw, "sampler")
+    tokens_per_step, temperature, threshold = o.tokens_per_step, o.temperature, o.threshold
     tok = model.tokenizer
     dist = (encode or distribution.encode)(model, images)  # encoder + cross-attn K/V, once
     x = masked_row(tok, len(images), length, images.device)  # [B, N'+2]
@@ -313,59 +319,6 @@ def elbo_score(model, context, rows, tokens, options: ElboOptions = ElboOptions(
     with that window alone, a narrower one the ~S x its share of the hull copies that fall in it."""
     out = elbo_copies(model, context, rows, tokens, options, keys, max_rows).sum(-1) / options.num_samples
     return out if options.several else out[:, 0]  # [R, J] or [R]
-
-
-def _unsure(m1: torch.Tensor, m2: torch.Tensor, n: torch.Tensor, tolerance: float) -> torch.Tensor:
-    """[A] items whose best candidate leads some other candidate, in some window, by less than
-    ``tolerance`` standard errors of the mean per-copy difference. From the running sums of the
-    terms m1 [A, K, J] and of their products m2 [A, K, K, J] over n [A] copies (float64)."""
-    A, K, J = m1.shape
-    n = n.double()[:, None, None]
-    mean, second = m1 / n, m2 / n[..., None]  # [A, K, J], [A, K, K, J]
-    best = mean.argmax(1, keepdim=True)  # [A, 1, J]
-    lead = mean.gather(1, best) - mean  # [A, K, J]
-    with_best = second.gather(1, best[:, :, None].expand(A, 1, K, J))[:, 0]  # E[x_best x_k]: [A, K, J]
-    square = second.diagonal(dim1=1, dim2=2).transpose(1, 2)  # E[x_k^2]: [A, K, J]
-    var = (square.gather(1, best) - 2 * with_best + square - lead**2).clamp(min=0) * n / (n - 1).clamp(min=1)
-    return (lead < tolerance * (var / n).sqrt()).flatten(1).any(1)  # the best against itself: 0 < 0
-
-
-def elbo_sequential(model, context, rows, tokens, group: int, options: ElboOptions, keys=None, max_rows=256):
-    """The ELBO of items of ``group`` consecutive captions (an item's candidates), with masked copies
-    added where the item's decision is not yet clear: (scores [R] or [R, J], copies per item [R / group]).
-
-    Round 0 is :func:`elbo_score` with ``num_samples`` copies and the captions' keys, so an item that is
-    sure at once scores exactly as the fixed estimate. While an item is unsure (:func:`_unsure`: its best
-    candidate's lead over another is under ``tolerance`` standard errors of the paired per-copy difference,
-    in any window) and has fewer than ``max_samples`` copies, round r >= 1 draws as many copies again
-    (keys (key, r)), doubling its count. The score is the mean over all its copies. The standard error
-    treats the copies as independent, which overstates it for stratified copies: the rule errs towards
-    more copies. What it targets is the decision; a score's copy count depends on it."""
-    R, K, J = len(tokens), group, len(options.windows)
-    B, keys = R // K, list(range(R) if keys is None else keys)
-    first, most = options.num_samples, options.max_samples or options.num_samples
-    m1 = torch.zeros(B, K, J, dtype=torch.float64)
-    m2 = torch.zeros(B, K, K, J, dtype=torch.float64)
-    copies = torch.zeros(B, dtype=torch.long)
-    out = torch.zeros(B, K, J)
-    active, size, r = torch.arange(B), first, 0
-    while len(active):
-        sel = (active[:, None] * K + torch.arange(K)).flatten()  # the active items' captions
-        round_keys = [keys[i] if r == 0 else (keys[i], r) for i in sel.tolist()]
-        x = elbo_copies(model, context, rows[sel.to(rows.device)], tokens[sel.to(tokens.device)],
-                        replace(options, num_samples=size), round_keys, max_rows).cpu().view(len(active), K, J, size)
-        if r == 0:  # elbo_score's numbers, to the bit
-            out = x.sum(-1) / size  # [B, K, J]
-        x = x.double()
-        m1[active] += x.sum(-1)
-        m2[active] += torch.einsum("akjs,aljs->aklj", x, x)
-        copies[active] += size
-        active = active[(copies[active] < most) & _unsure(m1[active], m2[active], copies[active], options.tolerance)]
-        size, r = min(first * 2 ** r, most - first * 2 ** r), r + 1
-    more = copies > first
-    out[more] = (m1[more] / copies[more, None, None]).float()
-    out = out.view(R, J).to(tokens.device)
-    return (out if options.several else out[:, 0]), copies
 
 
 # ---------------------------------------------------------------------------- the heuristic scorer

@@ -2,7 +2,7 @@
 
 - "exact" (ARC, Eq. 7): :func:`mdc.autoregressive.exact_loglik`.
 - "elbo" (MDC, Eq. 8): the Monte-Carlo bound of :mod:`mdc.absorbing` (:func:`~mdc.absorbing.elbo_score`;
-  with ``max_samples``, :func:`~mdc.absorbing.elbo_sequential` adds copies where an item is unsure).
+  with ``max_samples``, :func:`elbo_sequential` adds copies where an item is unsure).
   Its settings travel as one :class:`~mdc.absorbing.ElboOptions` (samples, seed, interval,
   stratification, sequential budget); ``score(..., num_samples=64)`` is shorthand for it.
 - "heuristic" (MDC): :func:`mdc.absorbing.heuristic_score`.
@@ -25,13 +25,13 @@ are bounds of the absorbing process, so a ``mask_replace`` model refuses them.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Hashable, Sequence
 
 import torch
 
 from mdc import distribution
-from mdc.absorbing import ElboOptions, elbo_score, elbo_sequential, heuristic_score
+from mdc.absorbing import ElboOptions, elbo_copies, elbo_score, heuristic_score
 from mdc.autoregressive import exact_loglik
 from mdc.model import OBJECTIVES, evaluating
 from mdc.base.options import with_options
@@ -50,6 +50,59 @@ class Scorer:
     objectives: tuple[str, ...]
     default_for: tuple[str, ...] = ()
     caption_distribution: bool = False
+
+
+def _unsure(m1: torch.Tensor, m2: torch.Tensor, n: torch.Tensor, tolerance: float) -> torch.Tensor:
+    """[A] items whose best candidate leads some other candidate, in some window, by less than
+    ``tolerance`` standard errors of the mean per-copy difference. From the running sums of the
+    terms m1 [A, K, J] and of their products m2 [A, K, K, J] over n [A] copies (float64)."""
+    A, K, J = m1.shape
+    n = n.double()[:, None, None]
+    mean, second = m1 / n, m2 / n[..., None]  # [A, K, J], [A, K, K, J]
+    best = mean.argmax(1, keepdim=True)  # [A, 1, J]
+    lead = mean.gather(1, best) - mean  # [A, K, J]
+    with_best = second.gather(1, best[:, :, None].expand(A, 1, K, J))[:, 0]  # E[x_best x_k]: [A, K, J]
+    square = second.diagonal(dim1=1, dim2=2).transpose(1, 2)  # E[x_k^2]: [A, K, J]
+    var = (square.gather(1, best) - 2 * with_best + square - lead**2).clamp(min=0) * n / (n - 1).clamp(min=1)
+    return (lead < tolerance * (var / n).sqrt()).flatten(1).any(1)  # the best against itself: 0 < 0
+
+
+def elbo_sequential(model, context, rows, tokens, group: int, options: ElboOptions, keys=None, max_rows=256):
+    """The ELBO of items of ``group`` consecutive captions (an item's candidates), with masked copies
+    added where the item's decision is not yet clear: (scores [R] or [R, J], copies per item [R / group]).
+
+    Round 0 is :func:`elbo_score` with ``num_samples`` copies and the captions' keys, so an item that is
+    sure at once scores exactly as the fixed estimate. While an item is unsure (:func:`_unsure`: its best
+    candidate's lead over another is under ``tolerance`` standard errors of the paired per-copy difference,
+    in any window) and has fewer than ``max_samples`` copies, round r >= 1 draws as many copies again
+    (keys (key, r)), doubling its count. The score is the mean over all its copies. The standard error
+    treats the copies as independent, which overstates it for stratified copies: the rule errs towards
+    more copies. What it targets is the decision; a score's copy count depends on it."""
+    R, K, J = len(tokens), group, len(options.windows)
+    B, keys = R // K, list(range(R) if keys is None else keys)
+    first, most = options.num_samples, options.max_samples or options.num_samples
+    m1 = torch.zeros(B, K, J, dtype=torch.float64)
+    m2 = torch.zeros(B, K, K, J, dtype=torch.float64)
+    copies = torch.zeros(B, dtype=torch.long)
+    out = torch.zeros(B, K, J)
+    active, size, r = torch.arange(B), first, 0
+    while len(active):
+        sel = (active[:, None] * K + torch.arange(K)).flatten()  # the active items' captions
+        round_keys = [keys[i] if r == 0 else (keys[i], r) for i in sel.tolist()]
+        x = elbo_copies(model, context, rows[sel.to(rows.device)], tokens[sel.to(tokens.device)],
+                        replace(options, num_samples=size), round_keys, max_rows).cpu().view(len(active), K, J, size)
+        if r == 0:  # elbo_score's numbers, to the bit
+            out = x.sum(-1) / size  # [B, K, J]
+        x = x.double()
+        m1[active] += x.sum(-1)
+        m2[active] += torch.einsum("akjs,aljs->aklj", x, x)
+        copies[active] += size
+        active = active[(copies[active] < most) & _unsure(m1[active], m2[active], copies[active], options.tolerance)]
+        size, r = min(first * 2 ** r, most - first * 2 ** r), r + 1
+    more = copies > first
+    out[more] = (m1[more] / copies[more, None, None]).float()
+    out = out.view(R, J).to(tokens.device)
+    return (out if options.several else out[:, 0]), copies
 
 
 def _cosine(model, images, rows, tokens, **_):
@@ -184,7 +237,7 @@ def score_candidates(model, images, candidates: Sequence[Sequence[str]], method:
 
     ELBO, sequentially: with ``max_samples`` > ``num_samples``, an item whose best candidate leads another
     by less than ``tolerance`` standard errors gets more masked copies, doubling its count up to
-    ``max_samples`` (:func:`mdc.absorbing.elbo_sequential`); an item clear at ``num_samples`` scores as without.
+    ``max_samples`` (:func:`elbo_sequential`); an item clear at ``num_samples`` scores as without.
     """
     if len(candidates) != len(images):
         raise ValueError(f"got {len(images)} images but {len(candidates)} candidate lists")

@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from mdc.base.errors import ConfigError
+from mdc.base.options import with_options
 
 # Paper App. A, Tables 6-8 (pretraining hyperparameters per backbone).
 PRESETS: dict[str, dict] = {
@@ -125,23 +127,33 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler
     optimizer.zero_grad(set_to_none=True)
 
 
-def fit(model: nn.Module, next_batch, steps: int, lr: float, weight_decay: float = 0.1, warmup_steps: int | None = None,
-        grad_clip_norm: float | None = None, loss_kwargs: dict | None = None, loss_fn=None, stop=None) -> list[float]:
-    """Train ``model`` in memory: ``steps`` AdamW steps on ``model.loss(*next_batch(), **loss_kwargs)``.
+@dataclass(frozen=True)
+class FitOptions:
+    """An in-memory fit's optimizer settings beyond its steps and peak rate (one default each)."""
+    weight_decay: float = 0.1  # AdamW's decay of the weight matrices (param_groups)
+    warmup_steps: int | None = None  # linear warm-up, then cosine decay to 0; None: 5% of the steps, at least 1
+    grad_clip_norm: float | None = None  # gradient-norm clip; None: off
 
-    ``next_batch()`` returns the loss's inputs (images, tokens); AdamW with :func:`param_groups`,
-    ``warmup_steps`` of linear warm-up (default 5% of the steps, at least 1) then cosine decay to 0,
-    gradient-norm clipping if ``grad_clip_norm``. ``loss_fn(*next_batch())``, if given, is the loss
-    in place of ``model.loss`` (e.g. linear heads on the image features, with ``model`` holding
-    every trained module). The loop of the tutorials, of captioning fine-tuning and of the studies'
-    in-memory training; pretraining (:mod:`mdc.train`) adds accumulation, DDP and checkpoints around
-    the same :func:`optimizer_step`. ``stop(step)``, if given, is asked after each step (1-based) whether to
-    stop before ``steps`` (captioning fine-tuning's stopping rule); the schedule stays that of ``steps``.
-    Returns the per-step losses; the model is left in eval mode.
+
+def fit(model: nn.Module, next_batch, steps: int, lr: float, options: FitOptions | None = None, *, loss_fn=None,
+        stop=None, **kw) -> list[float]:
+    """Train ``model`` in memory: ``steps`` AdamW steps on ``model.loss(*next_batch())``.
+
+    ``next_batch()`` returns the loss's inputs (images, tokens); ``options`` (or its fields as keywords,
+    :class:`FitOptions`): AdamW with :func:`param_groups`, ``warmup_steps`` of linear warm-up then cosine
+    decay to 0, gradient-norm clipping if ``grad_clip_norm``. ``loss_fn(*next_batch())``, if given, is the
+    loss in place of ``model.loss`` (e.g. the loss with a generator, or linear heads on the image features,
+    with ``model`` holding every trained module). The loop of the tutorials, of captioning fine-tuning and of
+    the studies' in-memory training; pretraining (:mod:`mdc.train`) adds accumulation, DDP and checkpoints
+    around the same :func:`optimizer_step`. ``stop(step)``, if given, is asked after each step (1-based)
+    whether to stop before ``steps`` (captioning fine-tuning's stopping rule); the schedule stays that of
+    ``steps``. Returns the per-step losses; the model is left in eval mode.
     """
+    o = with_options(FitOptions, options, kw, "fit")
+    weight_decay, warmup_steps, grad_clip_norm = o.weight_decay, o.warmup_steps, o.grad_clip_norm
     optimizer = make_optimizer(model, lr, weight_decay)
     scheduler = make_scheduler(optimizer, max(1, steps // 20) if warmup_steps is None else warmup_steps, steps)
-    loss_fn = loss_fn or (lambda *batch: model.loss(*batch, **(loss_kwargs or {})))
+    loss_fn = loss_fn or model.loss
     losses = []
     model.train()
     optimizer.zero_grad(set_to_none=True)  # no gradient left over from before

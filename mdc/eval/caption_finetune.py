@@ -131,9 +131,10 @@ def finetune(model, items: Sequence[Mapping], options: FinetuneOptions | None = 
     if rule:
         rule.check(model, 0)  # the pretrained weights: the first loss to beat
         stop = lambda step: rule.check(model, step, last=step == o.steps)  # noqa: E731
-    masks = {"generator": torch.Generator(device=o.device).manual_seed(o.seed)} if objective == "mdc" else None
-    losses = fit(model, _draws(model, items, o, text), o.steps, o.lr, o.weight_decay, o.warmup_steps,
-                 o.grad_clip_norm, loss_kwargs=masks, stop=stop)
+    masks = {"generator": torch.Generator(device=o.device).manual_seed(o.seed)} if objective == "mdc" else {}
+    losses = fit(model, _draws(model, items, o, text), o.steps, o.lr, weight_decay=o.weight_decay,
+                 warmup_steps=o.warmup_steps, grad_clip_norm=o.grad_clip_norm,
+                 loss_fn=lambda *batch: model.loss(*batch, **masks), stop=stop)
     log = {"loss": losses, "text": text.as_dict()}
     if rule:
         rule.restore(model)

@@ -153,7 +153,7 @@ def score_suite(model, transform, suite: Suite, methods: Sequence[str], options:
     keywords, :class:`SuiteOptions`): ELBO noise is keyed by the item's id (:meth:`Suite.keys`) and shared
     by its candidates when ``paired`` (common random numbers); ``max_rows`` bounds the masked copies in
     one forward pass. ``max_samples``: ELBO copies are added, doubling, up to it where an item's decision
-    with the image is within 3 standard errors (:func:`mdc.absorbing.elbo_sequential`; image-free scores
+    with the image is within 3 standard errors (:func:`mdc.scoring.elbo_sequential`; image-free scores
     keep ``num_samples``); None: ``num_samples``."""
     options = suite_options(options, **kw)
     return score_variants(model, transform, suite, method_variants(model, methods, options), options)

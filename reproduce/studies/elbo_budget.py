@@ -2,7 +2,7 @@
 
 The mini profile scores MDC's Monte-Carlo ELBO with 32 paired masked copies per candidate, doubled up
 to 256 where an item's decision is within 3 standard errors (``reproduce/registry.py``,
-:func:`mdc.absorbing.elbo_sequential`). This study scores the same items of every synthetic Table 2 suite
+:func:`mdc.scoring.elbo_sequential`). This study scores the same items of every synthetic Table 2 suite
 under five budgets, all paired and stratified as the profile scores them:
 
 - ``fixed``: 32 copies for every item (the budget before the sequential rule);

@@ -193,8 +193,8 @@ def ceiling_run(name: str, seed: int, out: str, lr: float | None = None, relatio
         return sum(torch.nn.functional.cross_entropy(h(feats), labels[:, k]) for k, h in enumerate(heads))
 
     cpu0, wall0 = cpu_seconds(), time.perf_counter()
-    losses = fit(torch.nn.ModuleList([model.visual, heads]), next_batch, cfg["steps"], cfg["lr"], 0.1,
-                 cfg["warmup"], loss_fn=loss_fn)  # the tower and the heads trained, the text decoder left
+    losses = fit(torch.nn.ModuleList([model.visual, heads]), next_batch, cfg["steps"], cfg["lr"], weight_decay=0.1,
+                 warmup_steps=cfg["warmup"], loss_fn=loss_fn)  # the tower and the heads trained, the text decoder left
     wall, cpu = time.perf_counter() - wall0, cpu_seconds() - cpu0
     if relation:
         os.makedirs(os.path.join(out, "ceiling"), exist_ok=True)

@@ -10,6 +10,7 @@ import mdc
 import mdc.condition
 from conftest import CAPTIONS, small_model
 from mdc import absorbing
+from mdc.scoring import elbo_sequential
 from mdc.absorbing import ElboOptions, Masking, elbo_score, masked_row, mdc_loss, mdc_sample
 from mdc.distribution import banned_ids, caption_log_probs
 from mdc.tokenizer import caption_mask, trim_padding
@@ -447,10 +448,10 @@ def test_sequential_elbo_counts_copies_and_settles_ties_and_clear_leads(images):
     rows = keys = torch.tensor([0, 0, 1, 1])  # one noise key per item: paired candidates
     with torch.no_grad():
         ctx = model.context(images[:2])
-        scores, copies = absorbing.elbo_sequential(model, ctx, rows, tokens, 2, ElboOptions(
+        scores, copies = elbo_sequential(model, ctx, rows, tokens, 2, ElboOptions(
             num_samples=8, max_samples=64, tolerance=1e9), keys=keys.tolist())
         assert copies.tolist() == [8, 64] and scores.shape == (4,)
         assert scores[0] == scores[1]
-        _, copies = absorbing.elbo_sequential(model, ctx, rows, tokens, 2, ElboOptions(
+        _, copies = elbo_sequential(model, ctx, rows, tokens, 2, ElboOptions(
             num_samples=8, max_samples=64, tolerance=3.0), keys=keys.tolist())
         assert copies[1] == 8  # 6 tokens of difference: a lead of far more than 3 standard errors

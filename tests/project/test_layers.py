@@ -71,3 +71,32 @@ def test_the_layer_map_names_every_module():
                if p.stem != "__init__" and p.stem != "__main__"
                and p.stem not in words and f"mdc.{p.stem}" not in words]
     assert not missing, f"docs/layers.md does not name {missing}"
+
+
+def _sources():
+    return sorted(p for folder in ("mdc", "reproduce") for p in (ROOT / folder).rglob("*.py"))
+
+
+def test_the_folders_show_the_layers():
+    """The root of mdc/ holds the method and its entry points (at most 16 modules), reproduce/ the registry and
+    the command lines (at most 10); MC-Diffusion's modules share one subpackage."""
+    assert len(list((ROOT / "mdc").glob("*.py"))) <= 16
+    assert len(list((ROOT / "reproduce").glob("*.py"))) <= 10
+    assert {p.name for p in (ROOT / "mdc" / "mc_diffusion").glob("*.py")} >= {"guidance.py", "mask_replace.py",
+                                                                             "vqvae.py"}
+
+
+def test_no_file_over_400_lines_no_function_over_60_lines_or_8_positional_parameters():
+    """Keyword-only options aside (an option set such as ElboOptions carries the rest), a function takes at most
+    8 positional parameters."""
+    found = []
+    for path in _sources():
+        text = path.read_text()
+        if text.count("\n") > 400:
+            found.append(f"{path.relative_to(ROOT)}: {text.count(chr(10))} lines")
+        for fn in ast.walk(ast.parse(text)):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                positional = [a.arg for a in fn.args.posonlyargs + fn.args.args if a.arg not in ("self", "cls")]
+                if fn.end_lineno - fn.lineno + 1 > 60 or len(positional) > 8:
+                    found.append(f"{path.relative_to(ROOT)}:{fn.lineno} {fn.name}")
+    assert not found, found
