@@ -12,6 +12,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, NullFormatter, NullLocator
 from PIL import Image
@@ -43,7 +44,9 @@ def save_figure(fig, path: str | None) -> None:
 def plot_captions(images: Sequence, captions_by_model: Mapping[str, Sequence[str]],
                   references: Sequence[Sequence[str]] | None = None, path: str | None = None, width: int = 70):
     """Fig. 6: each image beside its captions, one line per model (``{"mdc-10": [caption per
-    image], ..., "arc-beam6": [...]}``), optionally with its first reference ("GT").
+    image], ..., "arc-beam6": [...]}``), optionally with its first reference ("GT"). Each panel is as
+    tall as its image or its text, whichever is taller, the text measured as drawn (captions wrap at
+    ``width`` characters), so no caption runs into the next panel's.
 
     ``images``: PIL images, HxWx3 arrays or file paths. Saves ``path`` as .png and .pdf when
     given; returns the figure (a matplotlib Figure).
@@ -51,27 +54,47 @@ def plot_captions(images: Sequence, captions_by_model: Mapping[str, Sequence[str
     for name, captions in captions_by_model.items():
         if len(captions) != len(images):
             raise ValueError(f"captions_by_model[{name!r}] holds {len(captions)} captions for {len(images)} images")
-    fig = PaperFigure(figsize=(10, 2.4 * len(images)))
-    grid = fig.add_gridspec(len(images), 2, width_ratios=[1, 3.2], wspace=0.05)
-    for i, image in enumerate(images):
-        if isinstance(image, (str, os.PathLike)):
-            image = Image.open(image).convert("RGB")
-        ax = fig.add_subplot(grid[i, 0])
-        ax.imshow(np.asarray(image))
-        ax.axis("off")
+    fig_width, side, pad, gap = 10.0, 2.2, 0.1, 0.3  # inches: the figure, an image's side, margins, between panels
+    fig = PaperFigure(figsize=(fig_width, 2.4 * len(images)))  # its height is set below, from the text
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    panels = []
+    for i in range(len(images)):
         lines = [(row_label(name), captions[i]) for name, captions in captions_by_model.items()]
         if references is not None and references[i]:
             lines.append(("GT", references[i][0]))
-        text = fig.add_subplot(grid[i, 1])
-        text.axis("off")
-        y = 1.0
-        for label, caption in lines:
-            wrapped = textwrap.wrap(caption, width) or [""]
-            text.text(0.0, y, f"{label}:", va="top", ha="left", fontsize=9, weight="bold", transform=text.transAxes)
-            text.text(0.2, y, "\n".join(wrapped), va="top", ha="left", fontsize=9, transform=text.transAxes)
-            y -= 0.14 * len(wrapped) + 0.04
+        panels.append(_caption_rows(fig, renderer, lines, width))
+    label_width = max((w for rows in panels for _, _, _, w in rows), default=0.0)
+    heights = [max(side, sum(h for _, _, h, _ in rows)) for rows in panels]
+    total = 2 * pad + sum(heights) + gap * max(0, len(images) - 1)
+    fig.set_size_inches(fig_width, total)
+    top = total - pad
+    for image, rows, height in zip(images, panels, heights):
+        if isinstance(image, (str, os.PathLike)):
+            image = Image.open(image).convert("RGB")
+        ax = fig.add_axes((pad / fig_width, (top - side) / total, side / fig_width, side / total))
+        ax.imshow(np.asarray(image))
+        ax.axis("off")
+        y = top
+        for label, caption, h, _ in rows:
+            label.set_position((side + 3 * pad, y))
+            caption.set_position((side + 3 * pad + label_width + 1.5 * pad, y))
+            y -= h
+        top -= height + gap
     save_figure(fig, path)
     return fig
+
+
+def _caption_rows(fig, renderer, lines, width: int) -> list[tuple]:
+    """[(label text, caption text, row height, label width)] of one Fig. 6 panel, in inches as drawn; the
+    texts are placed in inches from the figure's lower left corner (their positions set by the caller)."""
+    rows = []
+    for label, caption in lines:
+        texts = [fig.text(0, 0, s, va="top", ha="left", fontsize=9, transform=fig.dpi_scale_trans, **kw)
+                 for s, kw in ((f"{label}:", {"weight": "bold"}), ("\n".join(textwrap.wrap(caption, width) or [""]), {}))]
+        boxes = [t.get_window_extent(renderer) for t in texts]
+        height = max(b.height for b in boxes) / fig.dpi + 0.09  # the row and the space under it
+        rows.append((*texts, height, boxes[0].width / fig.dpi))
+    return rows
 
 
 def plot_loss_curve(metrics_path: str, path: str | None = None, title: str = "") -> Figure:
@@ -97,6 +120,27 @@ def _interval_bars(ax, points, ci, xkey, scale, colour) -> None:
             ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt="none", ecolor=colour, elinewidth=0.7, alpha=0.6)
 
 
+LABEL_OFFSETS = ((3, 3), (3, -9), (-8, 3), (-8, -9), (6, -3), (-11, -3), (0, 6), (0, -13))  # points, in turn
+
+
+def _place_labels(fig, labels) -> None:
+    """Each point label at the first of :data:`LABEL_OFFSETS` where it stays inside its axes and overlaps no
+    label placed before it; a label with no such place is left out (its line still shows the point)."""
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    placed = []
+    for label in labels:
+        for offset in LABEL_OFFSETS:
+            label.xyann = offset
+            box = label.get_window_extent(renderer)
+            inside = label.axes.bbox.padded(-1).contains(box.x0, box.y0) and \
+                label.axes.bbox.padded(-1).contains(box.x1, box.y1)
+            if inside and not any(box.overlaps(b) for b in placed):
+                placed.append(box)
+                break
+        else:
+            label.set_visible(False)
+
+
 def plot_guidance_tradeoff(results: Mapping, path: str | None = None,
                            metrics: Sequence[str] = ("bleu4", "meteor", "cider")) -> Figure:
     """MC-Diffusion's guidance figure as trade-off frontiers: per reference metric (x, %), CLIPScore (y)
@@ -116,7 +160,7 @@ def plot_guidance_tradeoff(results: Mapping, path: str | None = None,
     def strength(r):
         return r["strength"] if r.get("strength") is not None else strength_of(r["guidance"], r["scale"])
 
-    fig = PaperFigure(figsize=(3.8 * len(panels), 3.3))
+    fig, labels = PaperFigure(figsize=(3.8 * len(panels), 3.6)), []
     for i, metric in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
         shown = [r for r in runs if r.get(metric) is not None and (r.get("clipscore") is not None or not clip)]
@@ -129,16 +173,19 @@ def plot_guidance_tradeoff(results: Mapping, path: str | None = None,
                 line = base + [p for p in pts if p[2] != 0 or not base]
                 ax.plot([p[0] for p in line], [p[1] for p in line], "o-", color=colour, label=name)
                 _interval_bars(ax, [(x, y, label) for x, y, _, label in pts], ci, metric, 100, colour)
-                for x, y, s, _ in pts:
-                    ax.annotate(f"{s:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7, color=colour)
+                labels += [ax.annotate(f"{s:g}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7,
+                                       color=colour) for x, y, s, _ in pts]
         if clip and base:
             ax.plot([base[0][0]], [base[0][1]], "*", color="k", markersize=10, label="unguided")
             _interval_bars(ax, [(base[0][0], base[0][1], base[0][3])], ci, metric, 100, "k")
         name = {"bleu4": "BLEU-4 (%)", "meteor": "METEOR (%)", "cider": "CIDEr (%)",
-                "word_edit": "distance from the unguided captions (word edits, %)"}.get(metric, metric)
+                "word_edit": "word edits from the unguided captions (%)"}.get(metric, metric)
         ax.set(xlabel=name, ylabel="CLIPScore" if clip else "guidance strength (no CLIPScore)")
-        ax.legend(frameon=False, fontsize=8, title="labels: guidance strength", title_fontsize=7)
-    fig.tight_layout()
+    handles, names = fig.axes[0].get_legend_handles_labels() if fig.axes else ([], [])
+    fig.legend(handles, names, loc="upper center", ncol=len(names) + 1, frameon=False, fontsize=8,
+               title="numbers beside the points: guidance strength", title_fontsize=7)  # above the panels, off the data
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
+    _place_labels(fig, labels)
     save_figure(fig, path)
     return fig
 

@@ -337,7 +337,7 @@ def test_tradeoff_figure_and_table(tmp_path, clip):
     assert (tmp_path / "fig.png").is_file() and (tmp_path / "fig.pdf").is_file()
     assert fig.axes[0].get_ylabel() == ("CLIPScore" if clip else "guidance strength (no CLIPScore)")
     assert len(fig.axes) == 3 and len(fig.axes[0].lines) == (4 if clip else 3)  # three rules (and the unguided star)
-    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]  # one legend, above the panels
     assert legend == ["CFG", "MCS (as printed)", "MCS (mirrored)"] + (["unguided"] if clip else [])
     for line in fig.axes[0].lines[:3]:  # every rule starts from the unguided model (strength 0)
         x, y = line.get_data()
