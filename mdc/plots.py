@@ -89,8 +89,9 @@ def _caption_rows(fig, renderer, lines, width: int) -> list[tuple]:
     texts are placed in inches from the figure's lower left corner (their positions set by the caller)."""
     rows = []
     for label, caption in lines:
+        wrapped = "\n".join(textwrap.wrap(caption, width) or [""])
         texts = [fig.text(0, 0, s, va="top", ha="left", fontsize=9, transform=fig.dpi_scale_trans, **kw)
-                 for s, kw in ((f"{label}:", {"weight": "bold"}), ("\n".join(textwrap.wrap(caption, width) or [""]), {}))]
+                 for s, kw in ((f"{label}:", {"weight": "bold"}), (wrapped, {}))]
         boxes = [t.get_window_extent(renderer) for t in texts]
         height = max(b.height for b in boxes) / fig.dpi + 0.09  # the row and the space under it
         rows.append((*texts, height, boxes[0].width / fig.dpi))

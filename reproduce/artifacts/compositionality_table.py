@@ -14,6 +14,7 @@ import numpy as np
 from mdc.eval.accuracy import over_seeds
 from mdc.eval.compositionality import OWN_COLUMNS, TEMPLATE_COLUMNS
 from mdc.eval.positive_controls import control_margin, control_status
+from reproduce.artifacts.interval_figures import plot_controls
 from reproduce.artifacts.tables import cell, paper_cell, paper_table, write_table
 
 # Table 2: the paper's row (reproduce/paper/table2_compositionality.csv) of each scorer
@@ -54,6 +55,8 @@ TABLE2_RULES = {
                "verdict on any method",
 }
 SUBSETS = ("sugarcrepe_subsets", "own_subsets")
+# The scorers' names in the controls' figure
+SHORT_NAMES = {"cosine": "CLIP", "exact": "ARC", "elbo": "MDC\nMonte Carlo", "heuristic": "MDC\nheuristic"}
 
 
 def _mean(results: list[dict], column: str, variant: str) -> float | None:
@@ -84,6 +87,30 @@ def _control_row(by_variant: dict, columns: list[str]) -> dict:
         n = entries[0]["items"]
         row[c] = f"{control_status(cells, n)} (margin {100 * control_margin(n):.0f})"
     return row
+
+
+def _control_panels(by_variant: dict, columns: list[str]) -> list[dict]:
+    """Per in-distribution column scored, what :func:`reproduce.artifacts.interval_figures.plot_controls` draws:
+    each scorer's accuracy (%, [95% interval]) with its own image, another item's and none, the column's margin
+    and control status."""
+    panels = []
+    for c in (c for c in columns if c in OWN_COLUMNS):
+        scorers = [v for v in SHORT_NAMES if any(c in r["columns"] for r in by_variant.get(v, ()))]
+        if not scorers:
+            continue
+        kinds = (("own", ""), ("shuffled", "_shuffled"), ("blind", "_blind"))
+        got = {SHORT_NAMES[v]: {kind: _percent(over_seeds(by_variant[v], c, v + suffix)) for kind, suffix in kinds}
+               for v in scorers}
+        n = next(r["columns"][c]["items"] for v in scorers for r in by_variant[v] if c in r["columns"])
+        cells = [{"own": _mean(by_variant[v], c, v), "shuffled": _mean(by_variant[v], c, f"{v}_shuffled")}
+                 for v in scorers]
+        panels.append({"column": c, "items": n, "margin": 100 * control_margin(n), "status": control_status(cells, n),
+                       "scorers": got})
+    return panels
+
+
+def _percent(got) -> tuple[float, float, float] | None:
+    return None if got is None else tuple(100 * x for x in got)
 
 
 def _table2_cell(results: list[dict], column: str, variant: str, baseline: str | None = None,
@@ -193,4 +220,9 @@ def table2(runs: list[dict], paper_dir: str, out: str) -> list[str]:
                     "images), the image adds: with - without (points, paired interval), image-debiased: "
                     "log p(t|i) - log p(t); * no-image accuracy at least 10 points from chance (the text alone "
                     "decides); SugarCrepe's published text-only baselines sit near 50 by construction")
-    return write_table(rows, os.path.join(out, "table2_compositionality"), caption, TABLE2_RULES)
+    files = write_table(rows, os.path.join(out, "table2_compositionality"), caption, TABLE2_RULES)
+    panels = _control_panels(by_variant, columns)
+    if panels:  # runs scored with the controls
+        plot_controls(panels, os.path.join(out, "table2_controls"))
+        files += [os.path.join(out, "table2_controls.png"), os.path.join(out, "table2_controls.pdf")]
+    return files

@@ -1,8 +1,8 @@
 """The paper's claims that rest on linear probes, each as the difference it names, with its 95% and 90%
 intervals, the p-value of its claim's test (Holm-adjusted over the rows too) and a verdict that follows
-from the intervals (``figures/claims.md``; the build copies its table into the README between
-``<!-- claims:begin -->`` and ``<!-- claims:end -->``, and the sentence counting its verdicts into the
-README and docs/results.md). The statistics live in :mod:`reproduce.claims.stats`.
+from the intervals (``figures/claims.md``, drawn as a forest plot in ``figures/claims.png``; the build copies
+its table into the README between ``<!-- claims:begin -->`` and ``<!-- claims:end -->``, and the sentence
+counting its verdicts into the README and docs/results.md). The statistics live in :mod:`reproduce.claims.stats`.
 
 A claim compares two groups of probe runs, ``a`` and ``b`` (selected by their labels), on mean4: the
 mean top-1 over the informative synthetic tasks (object, shape, texture, count). Runs of the same seed
@@ -86,6 +86,7 @@ from reproduce.claims.caption_claims import SEED_SD as CAPTION_SEED_SD
 from reproduce.claims.caption_claims import margin as caption_margin
 from reproduce.claims.stats import LEVEL, SEED_SD, TASKS, difference, holm, tost_p, two_sided_p
 from reproduce.artifacts.probe_records import informative_mean, probe_top1
+from reproduce.artifacts.interval_figures import plot_forest
 from reproduce.artifacts.tables import write_table
 
 __all__ = ["CAPTION_CLAIMS", "CLAIMS", "Claim", "LEVEL", "SEED_SD", "TASKS", "build", "difference", "margins", "paired_items",
@@ -299,12 +300,23 @@ def _verdict_row(c, measure, m: float, note: str) -> dict:
         d = measure()
     except ValueError as exn:
         return {**row, "seeds": "0", "mean": "-", "95% interval": "-", "90% interval": "-", "p": "-",
-                "verdict": f"not run ({exn})", "_p": None}
+                "verdict": f"not run ({exn})", "_p": None, "_d": None, "_m": m}
     p = claim_p(c.expect, d, m)
     return {**row, "seeds": str(d["seeds"]), "mean": f"{d['mean']:+.1f}",
             "95% interval": f"[{d['low']:+.1f}, {d['high']:+.1f}]",
             "90% interval": f"[{d['tost_low']:+.1f}, {d['tost_high']:+.1f}]", "p": _p_text(p),
-            "verdict": verdict(c.expect, d, m, c.sides), "_p": p}
+            "verdict": verdict(c.expect, d, m, c.sides), "_p": p, "_d": d, "_m": m}
+
+
+def _forest_row(c, row: dict) -> dict:
+    """A claim row as the forest plot draws it (:func:`reproduce.artifacts.interval_figures.plot_forest`); claim 8's
+    rows on an axis of their own, in CIDEr-D points."""
+    d = row["_d"]
+    verdict_ = row["verdict"].split(" (", 1)[0] if d is None else row["verdict"]  # "not run", its reason in the table
+    return {"group": c.claim, "label": c.what, "verdict": verdict_,
+            "unit": f"difference, {'CIDEr-D' if isinstance(c, CaptionClaim) else 'mean4'} points", "margin": row["_m"],
+            "tost": c.expect == "equal" or row["verdict"].startswith(("no effect", "reproduced, by less than")),
+            **({k: d[k] for k in ("mean", "low", "high", "tost_low", "tost_high")} if d else {"mean": None})}
 
 
 def _p_text(p: float) -> str:
@@ -319,7 +331,8 @@ def build(runs: list[dict], paper_dir: str, out: str) -> list[str]:
     rows = [_row(c, runs, margin) for c in CLAIMS] + [_caption_row(c, runs) for c in CAPTION_CLAIMS]
     ran = [i for i, r in enumerate(rows) if r["_p"] is not None]
     adjusted = dict(zip(ran, holm([rows[i]["_p"] for i in ran])))
-    rows = [{**{k: v for k, v in r.items() if k not in ("_p", "verdict")},
+    plot_forest([_forest_row(c, r) for c, r in zip(CLAIMS + CAPTION_CLAIMS, rows)], os.path.join(out, "claims"))
+    rows = [{**{k: v for k, v in r.items() if not k.startswith("_") and k != "verdict"},
              "Holm p": _p_text(adjusted[i]) if i in adjusted else "-", "verdict": r["verdict"]}
             for i, r in enumerate(rows)]
     anchors = ", ".join(f"{s} +-{m:g}" for s, m in sorted(margin.items())) or "none recorded"
@@ -344,4 +357,4 @@ def build(runs: list[dict], paper_dir: str, out: str) -> list[str]:
             write_readme_table(os.path.join(ROOT, "README.md"), "".join(line for line in f if line.startswith("|")))
         for doc in ("README.md", os.path.join("docs", "results.md")):
             write_block(os.path.join(ROOT, doc), SUMMARY, summary(rows))
-    return files
+    return files + [os.path.join(out, "claims.png"), os.path.join(out, "claims.pdf")]

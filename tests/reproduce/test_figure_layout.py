@@ -120,7 +120,8 @@ def test_fig6_lays_out_captions_that_wrap_to_several_lines_without_collisions(tm
         examples = json.load(f)["results"]["results"]["examples"]
     words = "a small striped purple cross above a dotted green diamond on a noisy background".split()
     for k, e in enumerate(examples):
-        e["captions"] = {name: " ".join(words * (1 + (k + j) % 3))[: 60 + 140 * k] for j, name in enumerate(e["captions"])}
+        e["captions"] = {name: " ".join(words * (1 + (k + j) % 3))[: 60 + 140 * k]
+                         for j, name in enumerate(e["captions"])}
         e["references"] = [" ".join(words * (1 + 2 * k))]
     results = {"schema": 1, "kind": "captioning", "results": {"examples": examples}}
     records = write_records(tmp_path / "records", {"captioning/alt-s0": {
