@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 import mdc
+from mdc.tokenizer import trim_padding
 from mdc.world.scenes import scene_captions
 
 from benchmarks.peers import build_coca
@@ -96,11 +97,13 @@ def speedup(times: dict[str, list[float]], fast: str, slow: str) -> float:
 
 
 def batch(model, n: int, device=torch.device("cpu"), seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random images [n, 3, S, S] and the tokens [n, L] of n synthetic alt-text captions."""
+    """Random images [n, 3, S, S] and the tokens [n, L] of n synthetic alt-text captions, cut to the longest on
+    the host as the training stream cuts them (:func:`mdc.tokenizer.trim_padding`)."""
     g = torch.Generator().manual_seed(seed)
     size = model.config.image_size
     images = torch.randn(n, 3, size, size, generator=g)
-    return images.to(device), model.tokenizer(scene_captions(n, seed=seed)).to(device)
+    tokens = trim_padding(model.tokenizer(scene_captions(n, seed=seed)), model.tokenizer.eot_id)
+    return images.to(device), tokens.to(device)
 
 
 def open_clip_module():

@@ -30,6 +30,7 @@ import mdc
 from mdc.base import optim
 from mdc.base.flops import Meter
 from mdc.train import LossModule, accumulate
+from mdc.tokenizer import trim_padding
 from mdc.world.scenes import scene_captions
 
 from benchmarks.common import Context, Section, interleaved, median
@@ -64,7 +65,7 @@ def count(model, images: torch.Tensor, tokens: torch.Tensor, seed: int = 0) -> d
 def batch(model, n: int, style: str = "descriptive", seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     size = model.config.image_size
     images = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
-    return images, model.tokenizer(scene_captions(n, style, seed))
+    return images, trim_padding(model.tokenizer(scene_captions(n, style, seed)), model.tokenizer.eot_id)
 
 
 # profiler operator name -> group; the first group whose key is in the name

@@ -63,7 +63,6 @@ def _trainer(model, device: torch.device, compiled: bool, backend: str | None):
     on CUDA, "bf16" elsewhere), fp32 master weights; ``compiled``: the loop's --compile."""
     net = LossModule(model)
     if compiled:
-        model.trim_multiple = 16
         net = torch.compile(net, **({"backend": backend} if backend else {}))
     opt = optim.make_optimizer(model, 5e-4, 0.1)
     sched = optim.make_scheduler(opt, 10, 10**6)

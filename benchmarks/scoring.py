@@ -18,6 +18,7 @@ import torch
 import mdc
 from mdc.base import optim
 from mdc.data.transforms import CLIP_MEAN, CLIP_STD
+from mdc.tokenizer import trim_padding
 from mdc.world.render import render_array
 from mdc.world.scenes import sample_scene
 from mdc.world.streams import STREAM_BENCHMARK_ITEMS, STREAM_CAPTION, STREAM_SCENE, stream_rng
@@ -59,7 +60,7 @@ def trained_model(ctx: Context):
         scenes = [sample_scene(stream_rng(0, STREAM_SCENE, i)) for i in range(n)]
         images = _images(scenes, model.config.image_size)
         captions = [caption(s, "descriptive", stream_rng(0, STREAM_CAPTION, i)) for i, s in enumerate(scenes)]
-        tokens = model.tokenizer(captions)
+        tokens = trim_padding(model.tokenizer(captions), model.tokenizer.eot_id)
         opt = optim.make_optimizer(model, 1e-3, 0.1)
         sched = optim.make_scheduler(opt, max(1, steps // 20), steps)
         g, start = torch.Generator().manual_seed(0), time.perf_counter()

@@ -55,7 +55,7 @@ from mdc.distribution import as_distribution
 from mdc.noise import NoiseProcess
 from mdc.base.options import with_options
 from mdc.base.seeding import key_seed, uniform
-from mdc.tokenizer import caption_mask, trim_padding
+from mdc.tokenizer import caption_mask
 
 __all__ = ["ABSORBING", "Absorbing", "Corrupted", "ElboOptions", "corrupt", "elbo_copies", "elbo_score",
            "heuristic_score", "Masking", "Unmasking", "masked_row", "mdc_loss", "mdc_sample"]
@@ -148,21 +148,25 @@ def masked_row(tok, batch: int, length: int, device) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------- the loss (Eq. 5)
 def mdc_loss(model, images, tokens, *, t=None, u=None, generator=None):
-    """Masked diffusion captioning loss (Alg. 1). Optional fixed ``t`` [B] and uniforms ``u`` [B, L] for tests."""
+    """Masked diffusion captioning loss (Alg. 1). Optional fixed ``t`` [B] and uniforms ``u`` [B, L] for tests.
+
+    Dense, so that the step has one static graph and no host synchronisation: the cross-entropy at every
+    position [B, L], weighted by 1/t where masked and 0 elsewhere (padding included)."""
     tok, masking = model.tokenizer, model.config.masking
-    tokens = trim_padding(tokens, tok.eot_id, model.trim_multiple)  # [B, L]
     maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [B, L] caption tokens
     B, L = tokens.shape
     if t is None:
         t = masking.sample(B, generator, tokens.device)  # [B]
     if u is None:
-        u = uniform(B, L, generator=generator, device=tokens.device)  # Alg. 1: p = uniform(B, L)
+        # Alg. 1: p = uniform(B, L), drawn at the full context so that position j's draw is the same whatever
+        # padding the batch carries (trimmed, bucketed or none): the masks do not depend on the batching
+        u = uniform(B, model.config.context_length, generator=generator, device=tokens.device)
     c = corrupt(tokens, maskable, tok.mask_id, t=t, u=u[:, :L])  # C_t
     cond = model.training_condition(B, generator, tokens.device)  # {} unless an extension varies the condition
-    hidden = model.hidden(c.noisy, model.context(images, **cond))  # [B, L, W]
-    ce = F.cross_entropy(model.head(hidden[c.masked]).float(), tokens[c.masked], reduction="none")  # [M]
-    ce = ce * masking.weight(t)[:, None].expand(B, L)[c.masked]  # (1/t) per masked token (Eq. 5)
-    return ce.sum() / maskable.sum().clamp(min=1)
+    logits = model.head(model.hidden(c.noisy, model.context(images, **cond))).float()  # [B, L, V]
+    ce = F.cross_entropy(logits.transpose(1, 2), tokens, reduction="none")  # [B, L]
+    weight = c.masked * masking.weight(t)[:, None]  # [B, L]: (1/t) on the masked tokens (Eq. 5), 0 elsewhere
+    return (ce * weight).sum() / maskable.sum().clamp(min=1)
 
 
 # ---------------------------------------------------------------------------- the sampler (Eq. 6)

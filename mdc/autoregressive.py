@@ -17,20 +17,19 @@ import torch
 import torch.nn.functional as F
 
 from mdc.distribution import banned_ids, caption_log_probs
-from mdc.tokenizer import trim_padding, valid_mask
+from mdc.tokenizer import valid_mask
 
 __all__ = ["arc_loss", "arc_sample", "exact_loglik"]
 
 
 def arc_loss(model, images, tokens):
-    """Autoregressive captioning: teacher forcing; targets c_0..c_{N-1} and [EOT]; mean over them."""
+    """Autoregressive captioning: teacher forcing; targets c_0..c_{N-1} and [EOT]; mean over them. Dense: the
+    padding after [EOT] is ``ignore_index``, so the step has one static graph and no host synchronisation."""
     tok = model.tokenizer
-    tokens = trim_padding(tokens, tok.eot_id, model.trim_multiple)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # [B, L-1]
     supervised = valid_mask(tokens, tok.eot_id)[:, 1:]  # caption tokens and EOT
-    hidden = model.hidden(inputs, model.context(images))  # [B, L-1, W]
-    ce = F.cross_entropy(model.head(hidden[supervised]).float(), targets[supervised])
-    return ce
+    logits = model.head(model.hidden(inputs, model.context(images))).float()  # [B, L-1, V]
+    return F.cross_entropy(logits.transpose(1, 2), targets.masked_fill(~supervised, -100), ignore_index=-100)
 
 
 def _decode_step(model, tokens, context, cache, start):

@@ -179,10 +179,11 @@ class _Model(nn.Module):
         super().__init__()
         self.config = cfg
         self.tokenizer = Tokenizer(cfg.context_length, cfg.vocab)
-        self.trim_multiple = 1  # losses round the trimmed caption length up to this (16 under torch.compile)
 
-    def check_images(self, images: torch.Tensor) -> None:
-        """Shape [B, 3, S, S], the weights' float dtype, finite values; else a ValueError naming it."""
+    def check_images(self, images: torch.Tensor, sync: bool = True) -> None:
+        """Shape [B, 3, S, S], the weights' float dtype, finite values; else a ValueError naming it. ``sync=False``
+        (the training step): the values are checked by a device-side assert, which neither waits for the device
+        nor breaks a compiled graph, and fails as a RuntimeError with the same message."""
         s = self.config.image_size
         if images.dim() != 4 or tuple(images.shape[1:]) != (3, s, s):
             raise ValueError(f"images must have shape [B, 3, {s}, {s}] for model {self.config.name!r}; "
@@ -193,19 +194,26 @@ class _Model(nn.Module):
                     if not images.is_floating_point() else f"convert them with images.to({dtype})")
             raise ValueError(f"images are {str(images.dtype).removeprefix('torch.')} but the model's weights are "
                              f"{str(dtype).removeprefix('torch.')}: {hint}")
-        if not torch.isfinite(images).all():
+        if not sync:
+            torch._assert_async(torch.isfinite(images).all(), "images contain NaN or infinite values")
+        elif not torch.isfinite(images).all():
             raise ValueError("images contain NaN or infinite values")
 
-    def check_tokens(self, tokens: torch.Tensor) -> None:
-        """Shape [B, L] with 1 <= L <= context, ids in [0, vocab_size); else a ValueError naming it."""
+    def check_tokens(self, tokens: torch.Tensor, sync: bool = True) -> None:
+        """Shape [B, L] with 1 <= L <= context, ids in [0, vocab_size); else a ValueError naming it (``sync``:
+        as :meth:`check_images`)."""
         if tokens.dim() != 2 or not 1 <= tokens.shape[1] <= self.config.context_length:
             raise ValueError(f"tokens must have shape [B, L] with 1 <= L <= {self.config.context_length}; "
                              f"got {list(tokens.shape)}")
+        V, use = self.tokenizer.vocab_size, f"tokenize with mdc.get_tokenizer({self.config.name!r}) or model.tokenizer"
+        if not sync:
+            torch._assert_async((tokens >= 0).all() & (tokens < V).all(),
+                                f"token ids must lie in [0, {V}) for model {self.config.name!r} ({use})")
+            return
         lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= self.tokenizer.vocab_size:
-            raise ValueError(f"token ids must lie in [0, {self.tokenizer.vocab_size}) for model "
-                             f"{self.config.name!r}; got {lo if lo < 0 else hi} (tokenize with mdc.get_tokenizer"
-                             f"({self.config.name!r}) or model.tokenizer)")
+        if lo < 0 or hi >= V:
+            raise ValueError(f"token ids must lie in [0, {V}) for model {self.config.name!r}; got "
+                             f"{lo if lo < 0 else hi} ({use})")
 
     def check_length(self, length: int) -> None:
         """A caption of ``length`` tokens fits the context with [SOT] and [EOT]; else a ValueError naming it."""
@@ -262,9 +270,8 @@ class Captioner(_Model):
     def condition(self, images: torch.Tensor, token_mask=None) -> torch.Tensor:
         """The decoder's condition y: projected image tokens [B, T, W]. ``token_mask`` [B, T] (bool):
         MCS's partial condition, those tokens' content masked and their positions kept (mdc/condition.py)."""
-        if token_mask is None:
-            return self.image_proj(self.forward_features(images))
-        self.check_images(images)
+        if token_mask is None:  # the entry points (forward, loss, generate, score) have checked the images
+            return self.image_proj(self.visual.forward_features(images))
         return self.image_proj(masked_features(self, images, token_mask))
 
     def context(self, images: torch.Tensor, null=None, token_mask=None) -> ImageContext:
@@ -283,7 +290,6 @@ class Captioner(_Model):
 
     def hidden(self, tokens: torch.Tensor, context: ImageContext) -> torch.Tensor:
         """Decoder states [B, L, W]; bidirectional attention ignores padding after [EOT]."""
-        self.check_tokens(tokens)
         mask = None if self.causal else valid_mask(tokens, self.tokenizer.eot_id)[:, None, None, :]
         return self.decoder(tokens, mask=mask, causal=self.causal, context=context)
 
@@ -292,11 +298,17 @@ class Captioner(_Model):
 
     def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [B, L, V] at every position; `tokens` may hold [MASK]."""
+        self.check_images(images)
+        self.check_tokens(tokens)
         return self.logits(tokens, self.context(images))
 
     def loss(self, images, tokens, **kw):
         """ARC teacher forcing (no noise process), else the noise process's loss: MDC's (kw: t, u,
-        generator) or, for a mask-and-replace captioner, the D3PM loss of mdc/mc_diffusion/mask_replace.py (kw: t, generator)."""
+        generator) or, for a mask-and-replace captioner, the D3PM loss of mdc/mc_diffusion/mask_replace.py (kw: t,
+        generator). No host synchronisation: the inputs' values are checked on the device; ``tokens`` as given
+        (trim the padding on the host, :func:`mdc.tokenizer.trim_padding`, as the training loader does)."""
+        self.check_images(images, sync=False)
+        self.check_tokens(tokens, sync=False)
         if self.noise is None:
             return arc_loss(self, images, tokens, **kw)
         return self.noise.loss(self, images, tokens, **kw)
@@ -314,14 +326,21 @@ class CLIP(_Model):
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
 
     def image_embedding(self, images):  # [B, E], unit norm
-        return F.normalize(self.image_proj(self.encode_image(images)), dim=-1)
+        self.check_images(images)
+        return self._image(images)
 
     def text_embedding(self, tokens):  # [B, E], unit norm
         self.check_tokens(tokens)
-        tokens = trim_padding(tokens, self.tokenizer.eot_id, self.trim_multiple)  # causal: padding cannot reach [EOT]
+        return self._text(trim_padding(tokens, self.tokenizer.eot_id))  # causal: padding cannot reach [EOT]
+
+    def _image(self, images):  # [B, E] of checked images
+        return F.normalize(self.image_proj(self.visual.forward_head(self.visual.forward_features(images),
+                                                                    pre_logits=True)), dim=-1)
+
+    def _text(self, tokens):  # [B, E] of checked tokens, pooled at [EOT]
         h = self.text(tokens, causal=True)  # [B, L, W]
-        eot = (tokens == self.tokenizer.eot_id).int().argmax(-1)
-        return F.normalize(self.text_proj(h[torch.arange(len(tokens)), eot]), dim=-1)
+        eot = (tokens == self.tokenizer.eot_id).int().argmax(-1)  # [B]
+        return F.normalize(self.text_proj(h[torch.arange(len(tokens), device=tokens.device), eot]), dim=-1)
 
     def scale(self) -> torch.Tensor:
         """Learned temperature exp(logit_scale); kept at most 100 by :meth:`clamp_logit_scale`."""
@@ -334,8 +353,10 @@ class CLIP(_Model):
         past 100 a zero gradient for ever."""
         self.logit_scale.clamp_(0, math.log(100))
 
-    def forward(self, images, tokens):
-        return self.image_embedding(images), self.text_embedding(tokens), self.scale()
+    def forward(self, images, tokens):  # what the loss contrasts: the text as given (causal: padding cannot reach [EOT])
+        self.check_images(images)
+        self.check_tokens(tokens)
+        return self._image(images), self._text(tokens), self.scale()
 
     def loss(self, images, tokens, cached=None, index=0, live_scale=True):
         """Symmetric InfoNCE over the batch (and every DDP rank's, see ``clip_loss``).
@@ -346,7 +367,9 @@ class CLIP(_Model):
         gradient and spliced in, so the loss contrasts all K micro-batches. ``live_scale=False``
         detaches the temperature, which must receive its gradient in one micro-step only.
         """
-        img, txt, scale = self(images, tokens)  # [B, E], [B, E], []
+        self.check_images(images, sync=False)
+        self.check_tokens(tokens, sync=False)
+        img, txt, scale = self._image(images), self._text(tokens), self.scale()  # [B, E], [B, E], []
         if cached is not None:
             img = torch.cat([*cached[0][:index], img, *cached[0][index + 1 :]])  # [sum_k B_k, E]
             txt = torch.cat([*cached[1][:index], txt, *cached[1][index + 1 :]])

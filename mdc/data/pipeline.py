@@ -10,7 +10,8 @@ Stream, per (node, DataLoader worker)::
 
     shard list (shuffled by (seed, epoch) when training, the same order on every rank; or seeded resampling)
       -> split by node -> split by worker -> tar members -> samples (grouped per shard)
-      -> seeded shuffle buffer -> validate + decode (PIL) -> transform -> tokenize -> batch
+      -> seeded shuffle buffer -> validate + decode (PIL) -> transform -> tokenize -> batch (``trim_multiple``:
+      the tokens cut to the batch's longest caption on the host, so the training step reads no length)
 
 Splitting. With at least world_size x num_workers shards, each (rank, worker) slot reads
 its own shards (shard i goes to rank i mod world_size, then round-robin to its workers).
@@ -22,9 +23,8 @@ shuffling. Each sample then belongs to exactly one slot: none is seen twice in a
 none is lost, at the cost of every slot reading (not decoding) every shard. Shard-level
 errors are then counted and logged by slot 0 only.
 
-Bad input never crashes the stream: it is skipped, logged (logger ``mdc.data.pipeline``,
-naming the shard URL and sample key) and counted in a :class:`SkipStats` under one of
-``SKIP_REASONS``. Loader batches are ``(images, tokens, meta)`` with
+Bad input never crashes the stream: it is skipped, logged (logger ``mdc.data.pipeline``, naming the shard URL
+and sample key) and counted in a :class:`SkipStats` under one of ``SKIP_REASONS``. Loader batches are ``(images, tokens, meta)`` with
 ``meta = {"worker", "position", "last", "skipped", "keys", "text"}`` (``keys``: the batch's sample
 keys, in row order): ``skipped`` holds the counts incurred while that batch was assembled
 and ``text`` the :class:`~mdc.tokenizer.TextStats` of its captions (tokens, unknown tokens
@@ -63,7 +63,7 @@ from webdataset.utils import make_seed, pytorch_worker_info
 from mdc.base.options import with_options
 from mdc.data.shards import fast_forward, open_at, shard_samples, shuffled
 from mdc.data.transforms import ImageTransform, image_transform
-from mdc.tokenizer import TextStats
+from mdc.tokenizer import TextStats, trim_padding
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +174,7 @@ class StreamOptions:
     partial: bool = True  # a finite stream ends with each worker's partial batch (False drops it)
     resume: StreamPosition | Mapping | None = None  # where a saved stream continues (or its state_dict())
     fast_resume: bool = True  # resume by reading tar headers up to the resume point (False: replay the pass)
+    trim_multiple: int | None = None  # each batch's tokens cut to its longest caption, rounded up to this (training)
 
     def __post_init__(self):
         if isinstance(self.resume, Mapping):  # a saved state_dict()
@@ -237,8 +238,8 @@ def _npy_image(data: bytes) -> Image.Image:
     return Image.fromarray(array)
 
 
-def _collate(samples: list, tokenizer, image_size: int) -> tuple[torch.Tensor, torch.Tensor, TextStats]:
-    """(images [B, 3, H, W], tokens [B, L], the captions' TextStats); a plain callable tokenizer gives no counts."""
+def _collate(samples: list, tokenizer, image_size: int, trim: int | None = None):
+    """(images [B, 3, H, W], tokens [B, L] cut to a multiple of ``trim``, TextStats: none from a plain callable)."""
     if not samples:
         return (torch.zeros(0, 3, image_size, image_size),
                 torch.zeros(0, tokenizer.context_length, dtype=torch.long), TextStats())
@@ -247,6 +248,7 @@ def _collate(samples: list, tokenizer, image_size: int) -> tuple[torch.Tensor, t
         tokens, text = tokenizer.tokenize(list(captions))
     else:
         tokens, text = tokenizer(list(captions)), TextStats()
+    tokens = tokens if trim is None else trim_padding(tokens, tokenizer.eot_id, trim)
     return torch.stack(images), tokens, text
 
 
@@ -354,7 +356,7 @@ class ImageCaptionDataset(IterableDataset):
 
     def _batch(self, samples: list, worker: int, position: int, stats: SkipStats, last: bool, keys: list[str]):
         """(images, tokens, meta) of a loader batch; the skip counts in ``stats`` move into ``meta``."""
-        images, tokens, text = _collate(samples, self.tokenizer, self.transform.size)
+        images, tokens, text = _collate(samples, self.tokenizer, self.transform.size, self.options.trim_multiple)
         meta = {"worker": worker, "position": position, "last": last, "skipped": stats.as_dict(), "keys": keys,
                 "text": text.as_dict()}
         stats.clear()

@@ -22,7 +22,7 @@ import torch
 from mdc.eval.caption_data import Images, check_captioner, check_items
 from mdc.base.optim import fit
 from mdc.base.options import with_options
-from mdc.tokenizer import TextStats
+from mdc.tokenizer import TextStats, trim_padding
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def validation_loss(model, items: Sequence[Mapping], batch_size: int = 32, seed:
     for a in range(0, len(pairs), batch_size):
         chunk = pairs[a : a + batch_size]
         x = torch.stack([images[i] for i, _ in chunk]).to(device)  # [b, 3, H, W]
-        tokens = model.tokenizer([ref for _, ref in chunk]).to(device)  # [b, L]
+        tokens = trim_padding(model.tokenizer([ref for _, ref in chunk]), model.tokenizer.eot_id).to(device)  # [b, L]
         total += model.loss(x, tokens, **kw).item() * len(chunk)
     model.train(was_training)
     return total / len(pairs)
@@ -159,6 +159,7 @@ def _draws(model, items: Sequence[Mapping], o: FinetuneOptions, text: TextStats)
         captions = [items[i]["references"][rng.integers(len(items[i]["references"]))] for i in batch]
         tokens, stats = model.tokenizer.tokenize(captions)
         text.merge(stats)
+        tokens = trim_padding(tokens, model.tokenizer.eot_id)  # on the host: the loss reads no length off the device
         return torch.stack([images[i] for i in batch]).to(o.device), tokens.to(o.device)
 
     return next_batch

@@ -125,6 +125,7 @@ class DataStream:
         loader = make_loader(c.train_data, self.tokenizer, self.image_size, c.batch_size, num_workers=c.workers,
                              train=True, seed=c.seed, epoch=self.epoch, resampled=c.resampled,
                              shuffle_buffer=c.shuffle_buffer, partial=False, resume=position,
+                             trim_multiple=16 if c.compile else 1,  # compiled: a handful of caption lengths
                              pin_memory=torch.cuda.is_available())
         self.position = StreamPosition.from_state_dict(position) if position else StreamPosition(c.workers)
         with torch.random.fork_rng(devices=[]):

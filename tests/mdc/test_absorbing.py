@@ -164,21 +164,19 @@ def test_t_min_clamp_keeps_the_weight_finite(images):
     assert torch.isfinite(loss)
 
 
-def test_trim_multiple_buckets_lengths_and_leaves_the_loss_unchanged(images):
+def test_the_padding_a_batch_carries_changes_no_mask_and_no_loss(images):
+    """Tokens as the tokenizer pads them, cut to the longest caption, or to a multiple of 16 (as the training
+    stream cuts them under --compile): the same masks from the same generator, the same loss."""
     from mdc.tokenizer import trim_padding
 
     model = small_model()
-    tokens = model.tokenizer(CAPTIONS)  # [4, 24], longest caption 10 tokens with SOT/EOT
-    assert trim_padding(tokens, model.tokenizer.eot_id).shape[1] == 10
-    assert trim_padding(tokens, model.tokenizer.eot_id, 16).shape[1] == 16
-    assert trim_padding(tokens, model.tokenizer.eot_id, 64).shape[1] == 24  # never past the context
-    plain = model.loss(images, tokens, generator=torch.Generator().manual_seed(0))
-    model.trim_multiple = 16
-    noise = torch.rand(4, 16, generator=torch.Generator().manual_seed(0))[:, :10]
-    bucketed = model.loss(images, tokens, t=torch.full((4,), 0.7), u=torch.cat([noise, torch.ones(4, 6)], 1))
-    model.trim_multiple = 1
-    torch.testing.assert_close(bucketed, model.loss(images, tokens, t=torch.full((4,), 0.7), u=noise))
-    assert torch.isfinite(plain)
+    tokens, eot = model.tokenizer(CAPTIONS), model.tokenizer.eot_id  # [4, 24], longest caption 10 with SOT/EOT
+    assert trim_padding(tokens, eot).shape[1] == 10 and trim_padding(tokens, eot, 16).shape[1] == 16
+    assert trim_padding(tokens, eot, 64).shape[1] == 24  # never past the context
+    losses = [model.loss(images, x, generator=torch.Generator().manual_seed(0))
+              for x in (tokens, trim_padding(tokens, eot), trim_padding(tokens, eot, 16))]
+    torch.testing.assert_close(losses[1], losses[0])
+    torch.testing.assert_close(losses[2], losses[0])
 
 
 def _recording(model):

@@ -1,11 +1,11 @@
 """``--compile`` on CPU: the training loop's ``torch.compile`` path, run where the tests run.
 
 A short MDC and ARC run with ``compile=True`` must equal the eager run (the same caption-length
-buckets: the loop rounds trimmed lengths up to 16 when compiling, which changes the MDC noise's
-shape, so the eager twin is given the same rounding) and must stop compiling once warm: Dynamo's
+buckets: the stream cuts each batch's tokens to a multiple of 16 when compiling, which changes the MDC
+noise's shape, so the eager twin is given the same cut) and must stop compiling once warm: Dynamo's
 frame counter (``torch._dynamo.utils.counters["frames"]``) is read at every optimizer step and may
-grow only in the first ``WARM`` steps (the first graphs, then one recompilation with dynamic
-shapes when the number of masked tokens first changes).
+grow only in the first ``WARM`` steps (the first graphs, then a recompilation with dynamic shapes
+where a batch's length first changes).
 
 - In ``make test``: the ``aot_eager`` backend (Dynamo's graphs and AOTAutograd's joint graph, no
   code generation; about 20 s a run): bit-for-bit the eager run.
@@ -27,7 +27,8 @@ from torch._dynamo.utils import counters
 
 import mdc
 from mdc.base import optim
-from mdc.train import LossModule, loop, train
+from mdc.tokenizer import trim_padding
+from mdc.train import LossModule, stream, train
 from conftest import CAPTIONS, SMALL, TRAIN_MODEL
 
 STEPS, WARM = 6, 2
@@ -64,17 +65,11 @@ def counting_train(monkeypatch, **kwargs) -> tuple[dict, list[int]]:
 
 
 def eager_twin(monkeypatch, **kwargs) -> dict:
-    """The eager run with the compiled run's caption-length buckets (multiples of 16)."""
-    create = loop.create_model
-
-    def bucketed(*args, **kw):
-        model = create(*args, **kw)
-        model.trim_multiple = 16
-        return model
-
-    monkeypatch.setattr(loop, "create_model", bucketed)
+    """The eager run with the compiled run's caption-length buckets (multiples of 16, cut by the stream)."""
+    make = stream.make_loader
+    monkeypatch.setattr(stream, "make_loader", lambda *a, **kw: make(*a, **{**kw, "trim_multiple": 16}))
     result = train(**kwargs)
-    monkeypatch.setattr(loop, "create_model", create)
+    monkeypatch.setattr(stream, "make_loader", make)
     return result
 
 
@@ -114,10 +109,10 @@ def test_a_compiled_loss_takes_new_batch_sizes():
     """A second batch size makes Dynamo trace the batch dimension as a symbol; the MDC loss's random
     draws must trace with it (torch.rand(B, generator=None) did not) and match eager's."""
     model = mdc.create_model("tiny", "mdc", **SMALL)
-    model.trim_multiple = 16
     net, compiled = LossModule(model), torch.compile(LossModule(model), backend="aot_eager")
     for B in (4, 6, 8):
-        images, tokens = torch.randn(B, 3, 32, 32), model.tokenizer((CAPTIONS * 2)[:B])
+        tokens = trim_padding(model.tokenizer((CAPTIONS * 2)[:B]), model.tokenizer.eot_id, 16)  # as the stream cuts
+        images = torch.randn(B, 3, 32, 32)
         torch.manual_seed(B)
         eager = net(images, tokens)
         torch.manual_seed(B)
