@@ -148,7 +148,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
     stream = _open_stream(cfg, model, state, rank, world, device)
     net, ddp = _wrap(cfg, model, world, device)
     run = _Run(cfg, rank, world, device, model, optimizer, scheduler, stream, net, ddp,
-               step=state["step"] if state else 0, last_ckpt=last_ckpt)
+               step=state["step"] if state else 0, last_ckpt=last_ckpt, read_step=state["step"] if state else 0)
     if rank == 0:
         checkpoint.atomic_write_text(os.path.join(cfg.output_dir, "train_config.json"),
                                      json.dumps(run_config(cfg, world), indent=1))
@@ -207,8 +207,7 @@ def _wrap(cfg: TrainConfig, model, world: int, device: torch.device) -> tuple[nn
     if world > 1:
         device_ids = [device.index] if device.type == "cuda" else None
         net = ddp = nn.parallel.DistributedDataParallel(net, device_ids=device_ids)
-    if cfg.compile:  # caption lengths bucketed to multiples of 16: a handful of shapes, not one per batch
-        model.trim_multiple = 16
+    if cfg.compile:  # the stream buckets caption lengths to multiples of 16: a handful of shapes, not one per batch
         net = torch.compile(net)
     return net, ddp if world > 1 else None
 
@@ -231,7 +230,11 @@ class _Run:
     step: int = 0
     last_ckpt: str | None = None
     loss: float = float("nan")
-    speeds: list[float] = dataclasses.field(default_factory=list)
+    speeds: list[float] = dataclasses.field(default_factory=list)  # images/s between reads of the device
+    pending: torch.Tensor | None = None  # the last step's loss, on the device until the next read
+    finite: torch.Tensor | bool = True  # every loss since the last read finite (a device bool once a step ran)
+    read_step: int = 0  # the step of the last read, and its time
+    read_time: float = dataclasses.field(default_factory=time.perf_counter)
     warned: bool = False  # the unknown-token warning was given
 
     @property
@@ -256,10 +259,16 @@ def _run_steps(run: _Run) -> None:
     run.model.train()
     try:
         while run.step < cfg.steps:
-            report, lr = _step(run)
+            lr = _step(run)
+            logged = run.step % cfg.log_every == 0 or run.step == cfg.steps
+            saved = run.step % cfg.save_every == 0 or run.step == cfg.steps
+            if logged or saved:  # the loop's one read of the device: the loss, its finiteness, the counts
+                report = _read(run)
+                if run.rank == 0:
+                    _show(run, bar, log if logged else None, report, lr)
             if run.rank == 0:
-                _show(run, bar, log, report, lr)
-            if run.step % cfg.save_every == 0 or run.step == cfg.steps:
+                bar.update(1)
+            if saved:
                 run.last_ckpt = _save(cfg, run.step, run.model, run.optimizer, run.scheduler, run.stream,
                                       run.rank, run.world)
     except RuntimeError as exn:
@@ -274,34 +283,43 @@ def _run_steps(run: _Run) -> None:
             log.close()
 
 
-def _step(run: _Run) -> tuple[list[float], float]:
-    """One optimizer step; returns the step's sums over ranks ([loss, skip counts, caption counts]) and its LR."""
-    start = time.perf_counter()
+def _step(run: _Run) -> float:
+    """One optimizer step, with no host synchronisation: the loss stays on the device (``run.pending``), and
+    whether every loss since the last read was finite (``run.finite``); returns the step's LR."""
     batches = [tuple(x.to(run.device, non_blocking=True) for x in run.stream.next())
                for _ in range(run.cfg.accum_steps)]
     loss = accumulate(run.net, run.model, batches, run.ddp, run.autocast)
-    # the step's loss averaged over ranks, the skip and caption counts of all ranks: [1 + reasons + text]
-    report = all_sum([loss.item()] + _skip_counts(run.stream.stats) + _text_counts(run.stream.text),
-                      run.world, run.device)
-    run.loss = report[0] / run.world
+    run.pending, run.finite = loss, run.finite & torch.isfinite(loss)
     run.step += 1
-    if not np.isfinite(run.loss):
-        raise NonFiniteLossError(f"loss is {run.loss} at step {run.step}; last good checkpoint: "
-                                 f"{run.last_ckpt or 'none written yet'}")
     lr = run.optimizer.param_groups[0]["lr"]
     optim.optimizer_step(run.model, run.optimizer, run.scheduler, run.cfg.grad_clip_norm)
-    run.speeds.append(run.global_batch / (time.perf_counter() - start))
-    return report, lr
+    return lr
+
+
+def _read(run: _Run) -> list[float]:
+    """At a log or save step: the last step's loss and the skip and caption counts, summed over ranks
+    ([loss, skip counts, caption counts]); the images/s since the last read. A loss that was NaN or infinite at
+    any step since then, on any rank, stops the run before a checkpoint holds its weights."""
+    values = [float(run.pending), float(~run.finite)]  # waits for the device: once per log_every steps
+    report = all_sum(values + _skip_counts(run.stream.stats) + _text_counts(run.stream.text), run.world, run.device)
+    run.loss, bad = report[0] / run.world, report[1]
+    if bad or not np.isfinite(run.loss):
+        when = f"step {run.step}" if run.step - run.read_step == 1 else f"a step of {run.read_step + 1}-{run.step}"
+        raise NonFiniteLossError(f"loss is NaN or infinite at {when}; last good checkpoint: "
+                                 f"{run.last_ckpt or 'none written yet'}")
+    now = time.perf_counter()
+    run.speeds.append(run.global_batch * (run.step - run.read_step) / (now - run.read_time))
+    run.read_step, run.read_time, run.finite = run.step, now, torch.ones((), dtype=torch.bool, device=run.device)
+    return [report[0]] + report[2:]
 
 
 def _show(run: _Run, bar, log, report: list[float], lr: float) -> None:
-    """Rank 0: the progress bar, a metrics line every ``log_every`` steps, and one warning when many caption
-    tokens fall outside a compact vocabulary."""
-    cfg, step, text = run.cfg, run.step, _text_stats(report[1 + len(SKIP_REASONS):])
-    bar.update(1)
+    """Rank 0, at a read: the progress bar's figures, a metrics line (``log``, every ``log_every`` steps), and one
+    warning when many caption tokens fall outside a compact vocabulary."""
+    step, text = run.step, _text_stats(report[1 + len(SKIP_REASONS):])
     bar.set_postfix(loss=f"{run.loss:.4f}", img_s=f"{run.speeds[-1]:.1f}", lr=f"{lr:.2e}",
                     **({"unk": f"{text.unknown_rate:.1%}"} if run.model.tokenizer.vocab is not None else {}))
-    if step % cfg.log_every == 0 or step == cfg.steps:
+    if log is not None:
         log.write({"step": step, "epoch": run.stream.epoch, "loss": run.loss, "lr": lr,
                    "images_per_s": run.speeds[-1], "skipped": _skip_dict(report[1 : 1 + len(SKIP_REASONS)]),
                    "unk_rate": text.unknown_rate, "truncated": text.truncated})
