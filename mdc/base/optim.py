@@ -92,9 +92,18 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+FUSED_DEVICES = ("cuda", "cpu", "xpu", "mps")  # where torch's AdamW has a fused kernel
+
+
 def make_optimizer(model: nn.Module, lr: float, weight_decay: float,
                    betas: tuple[float, float] = PAPER["betas"]) -> torch.optim.AdamW:
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas))
+    """AdamW over :func:`param_groups`, fused (one kernel for every parameter, no per-parameter step counter
+    read on the host) where the parameters' device has the kernel: on a CPU, 6 operators a step instead of
+    about 1,400 for ``mini``."""
+    groups = param_groups(model, weight_decay)
+    devices = {p.device.type for g in groups for p in g["params"]}
+    fused = len(devices) == 1 and devices <= set(FUSED_DEVICES)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), fused=fused)
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int):

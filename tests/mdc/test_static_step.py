@@ -100,3 +100,29 @@ def test_the_loop_reads_the_device_at_its_log_and_save_steps_only(scene_shards, 
     out = loop.train(train_data=scene_shards, output_dir=str(tmp_path / "run"), model_overrides=TRAIN_MODEL,
                      batch_size=4, steps=8, log_every=4, save_every=6, workers=0, progress=False)
     assert reads == [4, 6, 8] and out["steps"] == 8
+
+
+def test_the_optimizer_step_is_one_fused_kernel_per_group():
+    """AdamW fused where the device has the kernel (the CPU does): a handful of operators a step, not a few per
+    parameter, and no step counter read on the host."""
+    from mdc.base import optim
+
+    model = small_model()
+    opt = optim.make_optimizer(model, 1e-3, 0.1)
+    assert all(g["fused"] for g in opt.param_groups)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()  # the first step makes the state
+    with Reads() as reads, Ops() as ops:
+        opt.step()
+    assert reads.found == [] and ops.count < 20
+
+
+class Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
