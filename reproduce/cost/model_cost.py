@@ -6,10 +6,9 @@ are scored and generated) is one :class:`ObjectiveCost` each (:data:`OBJECTIVES`
 
 - Parameters: the model built on the ``meta`` device (shapes only: ViT-L/14 costs no memory).
 - FLOPs: the meter of :mod:`mdc.base.flops` over a meta-device forward (and, for training, backward) of
-  the model's modules, called in the order the loss calls them (the loss itself picks its masked
-  positions from data, which meta tensors do not hold): the vision tower, the image projection and
+  the model's modules, called in the order the loss calls them: the vision tower, the image projection and
   every decoder block's cross-attention keys/values, the decoder at the caption length and the
-  vocabulary head at the supervised positions (captioners); both towers and their projections
+  vocabulary head at every position the dense loss reads (captioners); both towers and their projections
   (CLIP). Matrix products and attention only, as MFU counts them. ``tests/reproduce/test_cost.py`` checks this
   count against the real loss of a small model and against :func:`analytic_forward_flops`.
 - Activation memory: the bytes autograd saves for backward in that meta pass, with the model in bf16
@@ -52,20 +51,14 @@ class ObjectiveCost:
 
     captioner: bool
     image: Callable  # (model, images) -> the image part of the forward
-    train_positions: Callable[[int, dict], int]  # head positions per caption of N tokens in pretraining (run params)
+    # head positions of a training row of L tokens: the losses are dense (one static graph), so the head runs at
+    # every position the loss reads, masked or not (MDC: L; ARC: its L - 1 inputs; CLIP: none)
+    positions: Callable[[int], int]
     # forward FLOPs of scoring one candidate caption of N tokens (run params) from a caption row's and the
     # head's: the decoder row (captioners) or CLIP's text tower, with and without the image where scored so
     score: Callable[[float, float, int, dict], float]
-    finetune_positions: Callable[[int], int] | None = None  # head positions per caption of N tokens, fine-tuning
     # forward FLOPs of captioning ``images`` test images: (images, decoder FLOPs of a row of k tokens, head, params)
     generate: Callable[[int, Callable[[int], float], float, dict], float] | None = None
-
-
-def _mdc_train_positions(tokens: int, p: dict) -> int:
-    """The expected masked share E[t] of the caption (a fixed ratio for BERT)."""
-    lo, hi = p.get("t_interval") or (0.5, 1.0)
-    share = p["mask_ratio"] if p.get("mask_ratio") is not None else (lo + hi) / 2
-    return max(1, round(share * tokens))
 
 
 def _mdc_score(row: float, head: float, n: int, p: dict) -> float:
@@ -95,12 +88,11 @@ def _arc_generate(images: int, decoder: Callable[[int], float], head: float, p: 
 
 
 OBJECTIVES = {
-    "mdc": ObjectiveCost(True, _image_context, _mdc_train_positions, _mdc_score, lambda n: round(0.75 * n),
-                         _mdc_generate),
-    "arc": ObjectiveCost(True, _image_context, lambda tokens, p: tokens + 1,  # the caption and [EOT]
+    "mdc": ObjectiveCost(True, _image_context, lambda length: length, _mdc_score, _mdc_generate),
+    "arc": ObjectiveCost(True, _image_context, lambda length: length - 1,
                          lambda row, head, n, p: 2 * (row + (n + 1) * head),  # exact, with and without the image
-                         lambda n: n + 1, _arc_generate),
-    "clip": ObjectiveCost(False, _image_embedding, lambda tokens, p: 0, lambda row, head, n, p: row),  # text tower
+                         _arc_generate),
+    "clip": ObjectiveCost(False, _image_embedding, lambda length: 0, lambda row, head, n, p: row),  # text tower
 }
 
 
@@ -116,8 +108,8 @@ def meta_model(name: str, objective: str):
 
 def training_forward(model, batch: int, length: int, positions: int, device="meta") -> torch.Tensor:
     """The training loss's matrix products on ``batch`` samples, in the loss's order: captioners run the
-    decoder on ``length`` tokens and the head at ``positions`` per sample (MDC: the masked tokens; ARC:
-    the caption and [EOT]); CLIP runs both towers (text: ``length`` tokens) and the similarity matrix."""
+    decoder on ``length`` tokens and the head at ``positions`` per sample (dense losses: MDC every position,
+    ARC every input position); CLIP runs both towers (text: ``length`` tokens) and the similarity matrix."""
     cfg, dtype = model.config, next(model.parameters()).dtype
     images = torch.zeros(batch, 3, cfg.image_size, cfg.image_size, device=device, dtype=dtype)
     tokens = torch.zeros(batch, length, dtype=torch.long, device=device)

@@ -22,8 +22,8 @@ Sizes the registry does not fix are the published ones (:data:`NOMINAL_SAMPLES`,
 :data:`PROBE_IMAGES`, :data:`COMPOSITIONALITY_ITEMS`, :data:`COCO_TEST_IMAGES`) unless a data
 variable says otherwise (``MDC_CC12M_SAMPLES`` ...), and caption lengths are assumptions
 (:data:`CAPTION_TOKENS`): the decoder runs at the full 77-token context in pretraining (a batch of
-128 is trimmed to its longest caption, which is near the context), the head at the mean caption
-length times the masked share.
+128 is trimmed to its longest caption, which is near the context), and the head at every position the
+dense loss reads.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from mdc.base.optim import preset_values
 from mdc.world.scenes import scene_captions
 from reproduce.running.cluster import torchrun_command
 from reproduce.graph import Run
-from reproduce.cost.model_cost import OBJECTIVES, forward_flops, num_params, training_pass
+from reproduce.cost.model_cost import CONTEXT, OBJECTIVES, forward_flops, num_params, training_pass
 from reproduce.paper_profile import PER_GPU_BATCH, data_vars
 
 H100_BF16 = 989e12  # FLOP/s, H100 SXM dense bf16 tensor cores (benchmarks/gpu.py: PEAK_BF16)
@@ -106,7 +106,7 @@ def _pretrain(run: Run, cost: Cost) -> None:
     per_epoch = _samples(var, p, cost.notes) if var in NOMINAL_SAMPLES else int(p["samples_per_epoch"])
     steps = p.get("steps") or (p.get("epochs") or recipe["epochs"]) * max(1, per_epoch // global_batch)
     tokens, captioner = CAPTION_TOKENS[var], OBJECTIVES[objective].captioner
-    positions = OBJECTIVES[objective].train_positions(tokens, p)
+    positions = OBJECTIVES[objective].positions(CONTEXT)  # the row: a batch trimmed to its longest caption
     flops, saved = training_pass(name, objective).at(positions)
     cost.params = num_params(name, objective)
     cost.flops = flops * steps * global_batch
@@ -130,8 +130,8 @@ def synthetic_pretrain_flops(run: Run) -> float:
     and backward at its caption style's mean length (matmuls, convolutions, attention; not the optimizer)."""
     p = run.params
     tokens = synthetic_caption_tokens(run.labels.get("style", "alt"), p["model"])
-    flops, _ = training_pass(p["model"], p["objective"], round(tokens) + 2).at(
-        OBJECTIVES[p["objective"]].train_positions(round(tokens), p))
+    length = round(tokens) + 2
+    flops, _ = training_pass(p["model"], p["objective"], length).at(OBJECTIVES[p["objective"]].positions(length))
     return flops * p["steps"] * p["batch_size"]
 
 
@@ -176,7 +176,7 @@ def _captioning(run: Run, cost: Cost, runs: dict[str, Run]) -> None:
     for key in ("mdc_checkpoint", "arc_checkpoint"):
         name, objective = _checkpoint_model(runs, p[key])
         captioner = OBJECTIVES[objective]
-        f += steps * batch * training_pass(name, objective, length).at(captioner.finetune_positions(n))[0]
+        f += steps * batch * training_pass(name, objective, length).at(captioner.positions(length))[0]
         f += COCO_TEST_IMAGES * forward_flops(name, objective, "image")
         decoder = functools.partial(forward_flops, name, objective, "decoder")  # a row of k tokens
         f += captioner.generate(COCO_TEST_IMAGES, decoder, forward_flops(name, objective, "head"), p)

@@ -30,16 +30,17 @@ def real_loss_flops(model, tokens, **kw) -> float:
 @pytest.mark.parametrize("objective", ["mdc", "arc", "clip"])
 def test_meta_training_pass_counts_what_the_real_loss_does(objective):
     """The modules called in the loss's order count the same FLOPs as the loss itself: 4 captions of
-    N = 6 caption tokens (L = 8 with [SOT], [EOT]); MDC at t = 1 masks all 6, ARC supervises 7."""
+    N = 6 caption tokens (L = 8 with [SOT], [EOT]), cut to their length on the host as the training stream
+    cuts them; the dense losses run the head at every position they read, MDC 8, ARC 7."""
     model = mdc.create_model("tiny", objective, **SMALL)
     tok = model.tokenizer
     N, B = 6, 4
     words = torch.randint(0, tok.vocab_size, (B, N))
     words[words >= min(tok.sot_id, tok.eot_id, tok.mask_id, tok.pad_id)] = 5  # plain words
-    tokens = torch.cat([torch.full((B, 1), tok.sot_id), words, torch.full((B, 1), tok.eot_id),
-                        torch.full((B, 3), tok.pad_id)], dim=1)
+    tokens = torch.cat([torch.full((B, 1), tok.sot_id), words, torch.full((B, 1), tok.eot_id)], dim=1)
     kw = {"t": torch.ones(B)} if objective == "mdc" else {}
-    length, positions = {"mdc": (N + 2, N), "arc": (N + 1, N + 1), "clip": (N + 2, 0)}[objective]
+    length, positions = {"mdc": (N + 2, N + 2), "arc": (N + 1, N + 1), "clip": (N + 2, 0)}[objective]
+    assert positions == model_cost.OBJECTIVES[objective].positions(N + 2)
     flops, _ = model_cost.measure_training(model, B, length, positions)
     assert flops == pytest.approx(real_loss_flops(model, tokens, **kw), rel=1e-3)
     with torch.device("meta"):
@@ -113,7 +114,7 @@ def test_paper_dry_run_prints_the_costed_plan(tmp_path, monkeypatch, capsys):
     runs = registry.select(registry.with_figures(registry.build("paper"), "figs", "paper", "records"), ["table4"])
     costs = {c.run: c for c in paper_cost.plan(runs, str(tmp_path))}
     alt = costs["pretrain/vit-b-32-mdc-wot-alt-s0"]
-    per_sample = model_cost.training_pass("vit-b-32", "mdc").at(round(0.75 * paper_cost.CAPTION_TOKENS["MDC_CC12M"]))[0]
+    per_sample = model_cost.training_pass("vit-b-32", "mdc").at(model_cost.CONTEXT)[0]  # the dense head: every position
     assert alt.flops == pytest.approx(per_sample * 32 * (10_000_000 // 1024) * 1024)
     assert alt.gpu_hours(0.5) == pytest.approx(alt.flops / (0.5 * 989e12) / 3600)
     assert alt.params == model_cost.num_params("vit-b-32", "mdc") and 150e6 < alt.params < 250e6
