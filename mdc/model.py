@@ -215,6 +215,11 @@ class _Model(nn.Module):
             raise ValueError(f"token ids must lie in [0, {V}) for model {self.config.name!r}; got "
                              f"{lo if lo < 0 else hi} ({use})")
 
+    def check_inputs(self, images: torch.Tensor, tokens: torch.Tensor, sync: bool = True) -> None:
+        """:meth:`check_images` and :meth:`check_tokens` of one (images, tokens) batch."""
+        self.check_images(images, sync)
+        self.check_tokens(tokens, sync)
+
     def check_length(self, length: int) -> None:
         """A caption of ``length`` tokens fits the context with [SOT] and [EOT]; else a ValueError naming it."""
         if not 1 <= length <= self.config.context_length - 2:
@@ -228,7 +233,11 @@ class _Model(nn.Module):
 
     def encode_image(self, images: torch.Tensor) -> torch.Tensor:
         """Pooled features [B, Dv] for linear probing: GAP (captioners) or CLS (CLIP), pre-projection."""
-        return self.visual.forward_head(self.forward_features(images), pre_logits=True)
+        self.check_images(images)
+        return self._pooled(images)
+
+    def _pooled(self, images: torch.Tensor) -> torch.Tensor:  # encode_image of checked images
+        return self.visual.forward_head(self.visual.forward_features(images), pre_logits=True)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write `path/model.safetensors` and `path/config.json` (no pickle)."""
@@ -298,8 +307,7 @@ class Captioner(_Model):
 
     def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [B, L, V] at every position; `tokens` may hold [MASK]."""
-        self.check_images(images)
-        self.check_tokens(tokens)
+        self.check_inputs(images, tokens)
         return self.logits(tokens, self.context(images))
 
     def loss(self, images, tokens, **kw):
@@ -307,8 +315,7 @@ class Captioner(_Model):
         generator) or, for a mask-and-replace captioner, the D3PM loss of mdc/mc_diffusion/mask_replace.py (kw: t,
         generator). No host synchronisation: the inputs' values are checked on the device; ``tokens`` as given
         (trim the padding on the host, :func:`mdc.tokenizer.trim_padding`, as the training loader does)."""
-        self.check_images(images, sync=False)
-        self.check_tokens(tokens, sync=False)
+        self.check_inputs(images, tokens, sync=False)
         if self.noise is None:
             return arc_loss(self, images, tokens, **kw)
         return self.noise.loss(self, images, tokens, **kw)
@@ -334,8 +341,7 @@ class CLIP(_Model):
         return self._text(trim_padding(tokens, self.tokenizer.eot_id))  # causal: padding cannot reach [EOT]
 
     def _image(self, images):  # [B, E] of checked images
-        return F.normalize(self.image_proj(self.visual.forward_head(self.visual.forward_features(images),
-                                                                    pre_logits=True)), dim=-1)
+        return F.normalize(self.image_proj(self._pooled(images)), dim=-1)
 
     def _text(self, tokens):  # [B, E] of checked tokens, pooled at [EOT]
         h = self.text(tokens, causal=True)  # [B, L, W]
@@ -354,8 +360,7 @@ class CLIP(_Model):
         self.logit_scale.clamp_(0, math.log(100))
 
     def forward(self, images, tokens):  # what the loss contrasts: the text as given (causal: padding cannot reach [EOT])
-        self.check_images(images)
-        self.check_tokens(tokens)
+        self.check_inputs(images, tokens)
         return self._image(images), self._text(tokens), self.scale()
 
     def loss(self, images, tokens, cached=None, index=0, live_scale=True):
@@ -367,8 +372,7 @@ class CLIP(_Model):
         gradient and spliced in, so the loss contrasts all K micro-batches. ``live_scale=False``
         detaches the temperature, which must receive its gradient in one micro-step only.
         """
-        self.check_images(images, sync=False)
-        self.check_tokens(tokens, sync=False)
+        self.check_inputs(images, tokens, sync=False)
         img, txt, scale = self._image(images), self._text(tokens), self.scale()  # [B, E], [B, E], []
         if cached is not None:
             img = torch.cat([*cached[0][:index], img, *cached[0][index + 1 :]])  # [sum_k B_k, E]
