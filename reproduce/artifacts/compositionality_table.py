@@ -72,20 +72,25 @@ def _controls_cell(results: list[dict], column: str, base: str) -> str:
     return f" / {pct(shuffled)} / {pct(blind)}"
 
 
+def _control(by_variant: dict, column: str, scorers: list[str]) -> tuple[int, str] | None:
+    """The column's items and its control's verdict (mdc.eval.positive_controls.control_status) over the scorers'
+    seed means; None where no scorer scored the column."""
+    n = next((r["columns"][column]["items"] for v in scorers for r in by_variant[v] if column in r["columns"]), None)
+    if n is None:
+        return None
+    cells = [{"own": _mean(by_variant[v], column, v), "shuffled": _mean(by_variant[v], column, f"{v}_shuffled")}
+             for v in scorers]
+    return n, control_status(cells, n)
+
+
 def _control_row(by_variant: dict, columns: list[str]) -> dict:
-    """Per column the control's verdict (mdc.eval.positive_controls.control_status) over the scorers' seed means,
-    with the margin (points) for the column's items."""
+    """Per column the control's verdict over the scorers' seed means, with the margin (points) for the column's
+    items."""
     row = {"method": "control (own - shuffled >= margin, some scorer)", "seeds": ""}
     scorers = [v for v in ("cosine", "exact", "elbo", "heuristic") if v in by_variant]
     for c in columns:
-        entries = [r["columns"][c] for v in scorers for r in by_variant[v] if c in r["columns"]]
-        if not entries:
-            row[c] = "-"
-            continue
-        cells = [{"own": _mean(by_variant[v], c, v), "shuffled": _mean(by_variant[v], c, f"{v}_shuffled")}
-                 for v in scorers]
-        n = entries[0]["items"]
-        row[c] = f"{control_status(cells, n)} (margin {100 * control_margin(n):.0f})"
+        control = _control(by_variant, c, scorers)
+        row[c] = "-" if control is None else f"{control[1]} (margin {100 * control_margin(control[0]):.0f})"
     return row
 
 
@@ -101,11 +106,8 @@ def _control_panels(by_variant: dict, columns: list[str]) -> list[dict]:
         kinds = (("own", ""), ("shuffled", "_shuffled"), ("blind", "_blind"))
         got = {SHORT_NAMES[v]: {kind: _percent(over_seeds(by_variant[v], c, v + suffix)) for kind, suffix in kinds}
                for v in scorers}
-        n = next(r["columns"][c]["items"] for v in scorers for r in by_variant[v] if c in r["columns"])
-        cells = [{"own": _mean(by_variant[v], c, v), "shuffled": _mean(by_variant[v], c, f"{v}_shuffled")}
-                 for v in scorers]
-        panels.append({"column": c, "items": n, "margin": 100 * control_margin(n), "status": control_status(cells, n),
-                       "scorers": got})
+        n, status = _control(by_variant, c, scorers)
+        panels.append({"column": c, "items": n, "margin": 100 * control_margin(n), "status": status, "scorers": got})
     return panels
 
 
