@@ -1,7 +1,11 @@
 """The decoder's building blocks: multi-head attention with reusable keys/values, pre-LN blocks
 [self-attention -> (cross-attention to image tokens) -> MLP], the text transformer and its
-vocabulary head. :mod:`mdc.model` assembles them into the captioner and CLIP's text tower."""
+vocabulary head. :mod:`mdc.model` assembles them into the captioner and CLIP's text tower.
+:func:`recording_attention` records the self-attention probabilities of a text transformer's forward passes."""
 from __future__ import annotations
+
+import contextlib
+import math
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +31,24 @@ def _heads(x: torch.Tensor, h: int) -> torch.Tensor:  # [B, L, D] -> [B, h, L, D
     return x.view(B, L, h, D // h).transpose(1, 2)
 
 
+def attention_probs(q, k, mask=None, causal=False) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) [B, h, L, S] in float32, masked as scaled_dot_product_attention masks it:
+    q [B, h, L, d], k [B, h, S, d], mask [B, 1, 1|L, S] (bool: True attends; else added), causal top-left."""
+    with torch.autocast(q.device.type, enabled=False):
+        scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, h, L, S]
+    L, S = scores.shape[-2:]
+    if causal:
+        scores = scores.masked_fill(~torch.ones(L, S, dtype=torch.bool, device=q.device).tril(), -math.inf)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.float()
+    return scores.softmax(-1)
+
+
 class Attention(nn.Module):
     """Multi-head attention on scaled_dot_product_attention; keys/values computed separately
     so that cross-attention memory and self-attention KV caches can be reused."""
+
+    record: list | None = None  # while :func:`recording_attention` is active: the list its probabilities go to
 
     def __init__(self, width: int, heads: int):
         super().__init__()
@@ -46,7 +65,10 @@ class Attention(nn.Module):
         q = self.q(x)
         if len(kv[0]) != len(x):  # a folded context: R = B * f rows, image-major; one query sequence per image
             q = q.reshape(len(kv[0]), -1, q.shape[-1])  # [B, f * L, D]
-        y = F.scaled_dot_product_attention(_heads(q, self.heads), *kv, attn_mask=mask, is_causal=causal)
+        q = _heads(q, self.heads)  # [R, h, L, D/h]
+        if self.record is not None:
+            self.record.append(attention_probs(q, kv[0], mask, causal).detach())  # [R, h, L, S]
+        y = F.scaled_dot_product_attention(q, *kv, attn_mask=mask, is_causal=causal)
         return self.out(y.transpose(1, 2).flatten(2)).reshape(x.shape)  # [R, L, D]
 
 
@@ -95,3 +117,20 @@ class TextTransformer(nn.Module):
             x = block(x, mask, causal, context[i] if context is not None else None,
                       cache[i] if cache is not None else None)
         return self.ln_final(x)
+
+
+@contextlib.contextmanager
+def recording_attention(text: TextTransformer):
+    """While active, every forward pass of ``text`` appends to the yielded list its blocks' self-attention
+    probabilities [B, h, L, S] (float32, detached; :func:`attention_probs`), one entry per block in order.
+    The forward's outputs are unchanged."""
+    records: list[torch.Tensor] = []
+    layers = [block.self_attn for block in text.blocks]
+    before = [layer.record for layer in layers]
+    for layer in layers:
+        layer.record = records
+    try:
+        yield records
+    finally:
+        for layer, record in zip(layers, before):
+            layer.record = record
