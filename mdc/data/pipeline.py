@@ -175,6 +175,7 @@ class StreamOptions:
     resume: StreamPosition | Mapping | None = None  # where a saved stream continues (or its state_dict())
     fast_resume: bool = True  # resume by reading tar headers up to the resume point (False: replay the pass)
     trim_multiple: int | None = None  # each batch's tokens cut to its longest caption, rounded up to this (training)
+    uint8: bool = False  # images as resized uint8 pixels, normalised where they are used (transforms.normalize)
 
     def __post_init__(self):
         if isinstance(self.resume, Mapping):  # a saved state_dict()
@@ -238,10 +239,10 @@ def _npy_image(data: bytes) -> Image.Image:
     return Image.fromarray(array)
 
 
-def _collate(samples: list, tokenizer, image_size: int, trim: int | None = None):
+def _collate(samples: list, tokenizer, image_size: int, trim: int | None = None, dtype=torch.float32):
     """(images [B, 3, H, W], tokens [B, L] cut to a multiple of ``trim``, TextStats: none from a plain callable)."""
     if not samples:
-        return (torch.zeros(0, 3, image_size, image_size),
+        return (torch.zeros(0, 3, image_size, image_size, dtype=dtype),
                 torch.zeros(0, tokenizer.context_length, dtype=torch.long), TextStats())
     images, captions = zip(*samples)
     if hasattr(tokenizer, "tokenize"):
@@ -356,7 +357,8 @@ class ImageCaptionDataset(IterableDataset):
 
     def _batch(self, samples: list, worker: int, position: int, stats: SkipStats, last: bool, keys: list[str]):
         """(images, tokens, meta) of a loader batch; the skip counts in ``stats`` move into ``meta``."""
-        images, tokens, text = _collate(samples, self.tokenizer, self.transform.size, self.options.trim_multiple)
+        images, tokens, text = _collate(samples, self.tokenizer, self.transform.size, self.options.trim_multiple,
+                                         torch.uint8 if self.transform.uint8 else torch.float32)
         meta = {"worker": worker, "position": position, "last": last, "skipped": stats.as_dict(), "keys": keys,
                 "text": text.as_dict()}
         stats.clear()
@@ -371,7 +373,8 @@ def make_dataset(urls: str | Sequence[str], tokenizer: Callable, image_size: int
     one is a ValueError naming it). Skips are counted into ``stats`` in the iterating process. With
     ``batch_size`` it yields loader batches ``(images, tokens, meta)`` (see the module docstring)."""
     options = with_options(StreamOptions, options, kw, "stream")
-    transform = image_transform(image_size, options.train, crop_scale=options.crop_scale, seed=options.seed)
+    transform = image_transform(image_size, options.train, crop_scale=options.crop_scale, seed=options.seed,
+                                uint8=options.uint8)
     return ImageCaptionDataset(urls, tokenizer, transform, options, stats=stats, batch_size=batch_size)
 
 

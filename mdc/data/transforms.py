@@ -1,5 +1,8 @@
-"""Image transforms: PIL image -> CLIP-normalised FloatTensor [3, S, S], for training and evaluation."""
+"""Image transforms: PIL image -> CLIP-normalised FloatTensor [3, S, S], for training and evaluation; or the
+resized uint8 pixels, which travel to the device four times smaller and are normalised there (:func:`normalize`)."""
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import torch
@@ -17,15 +20,15 @@ class ImageTransform:
     ``size``; ``crop_scale=None`` means a plain resize to ``size`` (no resize if the image
     already has that size). Eval: resize the shorter side to ``size``, centre crop.
     Train randomness comes from ``rng`` (a ``numpy.random.Generator``) when passed to the
-    call, else from the transform's own generator seeded by ``seed``.
+    call, else from the transform's own generator seeded by ``seed``. ``uint8``: the resized pixels as a
+    ByteTensor [3, size, size], left for :func:`normalize` (the same floats, bit for bit).
     """
 
     def __init__(self, image_size: int, train: bool, crop_scale: tuple[float, float] | None = (0.9, 1.0),
-                 ratio: tuple[float, float] = (3 / 4, 4 / 3), seed: int = 0):
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), seed: int = 0, uint8: bool = False):
         self.size, self.train, self.crop_scale, self.ratio = image_size, train, crop_scale, ratio
+        self.uint8 = uint8
         self.rng = np.random.default_rng(seed)
-        self.mean = torch.tensor(CLIP_MEAN).view(3, 1, 1)
-        self.std = torch.tensor(CLIP_STD).view(3, 1, 1)
 
     def __call__(self, image: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
         image = image.convert("RGB")
@@ -44,8 +47,8 @@ class ImageTransform:
         else:
             box = self._crop_box(image.size, rng if rng is not None else self.rng)
             image = image.resize((s, s), Image.BICUBIC, box=box)
-        x = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
-        return (x - self.mean) / self.std
+        pixels = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)  # [3, S, S]
+        return pixels if self.uint8 else normalize(pixels)
 
     def _crop_box(self, size: tuple[int, int], rng: np.random.Generator) -> tuple[int, int, int, int]:
         """(left, top, right, bottom) of a random crop with the configured area and ratio."""
@@ -72,7 +75,18 @@ class ImageTransform:
         return left, top, left + w, top + h
 
 
+@functools.lru_cache(maxsize=None)
+def _mean_std(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:  # copied to a device once, not per batch
+    return torch.tensor(CLIP_MEAN, device=device).view(3, 1, 1), torch.tensor(CLIP_STD, device=device).view(3, 1, 1)
+
+
+def normalize(pixels: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels [..., 3, H, W] -> CLIP-normalised float32 [..., 3, H, W], on the pixels' device."""
+    mean, std = _mean_std(pixels.device)
+    return (pixels.float() / 255.0 - mean) / std
+
+
 def image_transform(image_size: int, train: bool, *, crop_scale: tuple[float, float] | None = (0.9, 1.0),
-                    seed: int = 0) -> ImageTransform:
+                    seed: int = 0, uint8: bool = False) -> ImageTransform:
     """The CLIP-normalised train/eval image transform (see :class:`ImageTransform`)."""
-    return ImageTransform(image_size, train, crop_scale=crop_scale, seed=seed)
+    return ImageTransform(image_size, train, crop_scale=crop_scale, seed=seed, uint8=uint8)

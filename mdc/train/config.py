@@ -34,7 +34,7 @@ class TrainConfig:
     Every checkpoint stores the resolved configuration (``train_config.json``, plus the model's
     ``config.json``). ``resume`` continues only the same run: any difference outside
     ``RESUME_FREE`` (bookkeeping that does not change what is trained: resume, force_resume,
-    save_every, log_every, keep_last, tensorboard, progress, compile, and output_dir, so that a run
+    save_every, log_every, keep_last, tensorboard, progress, compile, compile_mode and output_dir, so that a run
     folder may be moved) is refused with a ``ValueError`` naming each field and both values;
     ``force_resume`` continues anyway and logs the differences.
     """
@@ -90,7 +90,10 @@ class TrainConfig:
                                        "differences)")
     # execution
     precision: Literal["auto", "fp32", "bf16"] = option("auto", "auto: bf16 autocast on CUDA, fp32 on CPU")
-    compile: bool = option(False, "torch.compile the loss computation")
+    compile: bool = option(False, "torch.compile each step's forward and backward whole (one graph: a graph break is "
+                                  "an error); caption lengths come in multiples of 16")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = option(
+        "default", "with --compile: inductor's mode; reduce-overhead replays CUDA graphs of the step (CUDA)")
     tensorboard: bool = option(False, "also log to output_dir/tensorboard (if tensorboard is installed)")
     progress: bool = option(True, "a progress bar (rank 0); off (--no-progress) keeps notebooks' stored "
                                   "outputs short")
@@ -260,7 +263,7 @@ def model_options(c: TrainConfig) -> dict:
 
 # TrainConfig fields that may differ between a run and its resumption (see TrainConfig).
 RESUME_FREE = ("resume", "force_resume", "save_every", "log_every", "keep_last", "tensorboard", "progress",
-               "compile", "output_dir")
+               "compile", "compile_mode", "output_dir")
 
 
 def run_config(cfg: TrainConfig, world: int) -> dict:

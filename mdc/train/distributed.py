@@ -102,3 +102,9 @@ def all_sum(values: list[float], world: int, device: torch.device) -> list[float
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def host_group():
+    """The process group for agreements the host makes alone (a CPU tensor: no wait on the device): the default
+    group under gloo, else a gloo group beside NCCL's. Every rank calls it at the same point (it is collective)."""
+    return None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")

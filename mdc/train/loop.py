@@ -17,6 +17,7 @@ from torch import nn
 
 from mdc.base import checkpoint, optim
 from mdc.data.pipeline import SKIP_REASONS, SkipStats
+from mdc.data.transforms import normalize
 from mdc.base.errors import RunError
 from mdc.factory import create_model, load_weights
 from mdc.base.lock import FolderInUseError, FolderLock
@@ -203,13 +204,16 @@ def _open_stream(cfg: TrainConfig, model, state: dict | None, rank: int, world: 
 def _wrap(cfg: TrainConfig, model, world: int, device: torch.device) -> tuple[nn.Module, nn.Module | None]:
     """(net, ddp): the loss as a module, DDP-wrapped under several processes (``ddp``, else None) and compiled
     with ``compile``."""
-    net = ddp = LossModule(model)
-    if world > 1:
-        device_ids = [device.index] if device.type == "cuda" else None
-        net = ddp = nn.parallel.DistributedDataParallel(net, device_ids=device_ids)
+    net = LossModule(model)
     if cfg.compile:  # the stream buckets caption lengths to multiples of 16: a handful of shapes, not one per batch
-        net = torch.compile(net)
-    return net, ddp if world > 1 else None
+        # one graph of the whole loss (fullgraph: a break is an error, not a slow step); compiled inside DDP, whose
+        # gradient hooks then fire when the compiled backward ends
+        net = torch.compile(net, fullgraph=True, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)
+    if world == 1:
+        return net, None
+    device_ids = [device.index] if device.type == "cuda" else None
+    ddp = nn.parallel.DistributedDataParallel(net, device_ids=device_ids)
+    return ddp, ddp
 
 
 @dataclasses.dataclass
@@ -286,14 +290,20 @@ def _run_steps(run: _Run) -> None:
 def _step(run: _Run) -> float:
     """One optimizer step, with no host synchronisation: the loss stays on the device (``run.pending``), and
     whether every loss since the last read was finite (``run.finite``); returns the step's LR."""
-    batches = [tuple(x.to(run.device, non_blocking=True) for x in run.stream.next())
-               for _ in range(run.cfg.accum_steps)]
-    loss = accumulate(run.net, run.model, batches, run.ddp, run.autocast)
+    batches = [_to_device(*run.stream.next(), run.device) for _ in range(run.cfg.accum_steps)]
+    if run.cfg.compile and run.cfg.compile_mode == "reduce-overhead":
+        torch.compiler.cudagraph_mark_step_begin()  # a new step: the last replay's outputs may be overwritten
+    loss = accumulate(run.net, run.model, batches, run.ddp, run.autocast).clone()  # not a CUDA graph's output
     run.pending, run.finite = loss, run.finite & torch.isfinite(loss)
     run.step += 1
     lr = run.optimizer.param_groups[0]["lr"]
     optim.optimizer_step(run.model, run.optimizer, run.scheduler, run.cfg.grad_clip_norm)
     return lr
+
+
+def _to_device(pixels: torch.Tensor, tokens: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stream batch on the device: uint8 pixels [B, 3, H, W] copied, then normalised there; tokens [B, L]."""
+    return normalize(pixels.to(device, non_blocking=True)), tokens.to(device, non_blocking=True)
 
 
 def _read(run: _Run) -> list[float]:

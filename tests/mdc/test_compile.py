@@ -1,9 +1,9 @@
 """``--compile`` on CPU: the training loop's ``torch.compile`` path, run where the tests run.
 
-A short MDC and ARC run with ``compile=True`` must equal the eager run (the same caption-length
-buckets: the stream cuts each batch's tokens to a multiple of 16 when compiling, which changes the MDC
-noise's shape, so the eager twin is given the same cut) and must stop compiling once warm: Dynamo's
-frame counter (``torch._dynamo.utils.counters["frames"]``) is read at every optimizer step and may
+A short MDC, ARC and CLIP run with ``compile=True`` (each loss one graph, ``fullgraph``) must equal the eager
+run (the same caption-length buckets: the stream cuts each batch's tokens to a multiple of 16 when compiling,
+so the eager twin is given the same cut) and must stop compiling once warm: Dynamo's
+graph counter (``torch._dynamo.utils.counters["stats"]["unique_graphs"]``) is read at every optimizer step and may
 grow only in the first ``WARM`` steps (the first graphs, then a recompilation with dynamic shapes
 where a batch's length first changes).
 
@@ -51,11 +51,11 @@ def run_args(data, out, objective, **kw):
 
 
 def counting_train(monkeypatch, **kwargs) -> tuple[dict, list[int]]:
-    """``train(**kwargs)`` and Dynamo's count of compiled frames at each optimizer step."""
+    """``train(**kwargs)`` and Dynamo's count of compiled graphs at each optimizer step."""
     frames, step = [], optim.optimizer_step
 
     def stepping(*args, **kw):
-        frames.append(counters["frames"]["total"])
+        frames.append(counters["stats"]["unique_graphs"])
         step(*args, **kw)
 
     monkeypatch.setattr(optim, "optimizer_step", stepping)
@@ -76,9 +76,9 @@ def eager_twin(monkeypatch, **kwargs) -> dict:
 def check_compiled(eager: dict, compiled: dict, frames: list[int], rtol: float, atol: float) -> None:
     """What a compiled run must show: frames compiled, none after the first WARM steps, the eager losses
     and weights."""
-    assert len(frames) == STEPS and frames[0] > 0, f"nothing was compiled (Dynamo frames per step: {frames})"
+    assert len(frames) == STEPS and frames[0] > 0, f"nothing was compiled (Dynamo graphs per step: {frames})"
     late = [i + 1 for i in range(WARM, STEPS) if frames[i] != frames[i - 1]]
-    assert not late, f"recompiled at steps {late} once warm (frames per step: {frames})"
+    assert not late, f"recompiled at steps {late} once warm (graphs per step: {frames})"
     losses = [[json.loads(line)["loss"] for line in open(r["metrics"])] for r in (eager, compiled)]
     torch.testing.assert_close(losses[1], losses[0], rtol=rtol, atol=0)
     a, b = (load_file(os.path.join(r["checkpoint"], "model.safetensors")) for r in (eager, compiled))
@@ -86,15 +86,18 @@ def check_compiled(eager: dict, compiled: dict, frames: list[int], rtol: float, 
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=atol, msg=name)
 
 
-@pytest.mark.parametrize("objective", ["mdc", "arc"])
+@pytest.mark.parametrize("objective", ["mdc", "arc", "clip"])
 def test_compiled_training_equals_eager_and_stops_compiling(scene_shards, tmp_path, monkeypatch, objective):
-    """aot_eager: Dynamo's graph capture (graph breaks, guards, dynamic shapes) and AOTAutograd's
-    joint forward-backward graph, bit for bit."""
+    """aot_eager: Dynamo's graph capture (the whole loss as one graph: fullgraph turns a break into an error;
+    guards, dynamic shapes) and AOTAutograd's joint forward-backward graph, bit for bit."""
     eager = eager_twin(monkeypatch, **run_args(scene_shards, tmp_path / "eager", objective))
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    asked = []
+    compile_ = functools.partial(torch.compile, backend="aot_eager")
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: asked.append(kw) or compile_(model, **kw))
     compiled, frames = counting_train(monkeypatch, **run_args(scene_shards, tmp_path / "compiled", objective,
                                                               compile=True))
     check_compiled(eager, compiled, frames, rtol=0, atol=0)
+    assert asked == [{"fullgraph": True, "mode": None}]
 
 
 def test_an_ignored_compile_switch_is_noticed(scene_shards, tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ from mdc.data.pipeline import (
     SkipStats, StreamOptions, StreamPosition, image_transform, iterate_batches, make_dataset, make_loader,
 )
 from mdc.data.shards import fast_forward
-from mdc.data.transforms import CLIP_MEAN
+from mdc.data.transforms import CLIP_MEAN, CLIP_STD, normalize
 from mdc.data.writer import write_tar
 from mdc.tokenizer import TextStats, compact_vocab
 from conftest import png
@@ -64,6 +64,20 @@ def test_transform_shapes_normalisation_and_seeding():
     assert not torch.equal(a, t(ramp, np.random.default_rng(2)))
     plain = image_transform(SIZE, True, crop_scale=None)
     assert torch.equal(plain(ramp), plain(ramp))
+
+
+def test_uint8_pixels_normalised_later_are_the_floats_bit_for_bit(tmp_path, tok):
+    """The training stream's images travel as uint8 and are normalised on the device: the same floats as the
+    transform's float path (and as its formula before the uint8 path: numpy's float32 / 255, then mean and std)."""
+    pixels = np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
+    before = (torch.from_numpy(pixels.astype(np.float32) / 255.0).permute(2, 0, 1)
+              - torch.tensor(CLIP_MEAN).view(3, 1, 1)) / torch.tensor(CLIP_STD).view(3, 1, 1)
+    assert torch.equal(normalize(torch.from_numpy(pixels).permute(2, 0, 1)), before)
+    write_shard(tmp_path / "000000.tar", good_members(0, 6))
+    floats, tokens, _ = collect(make_loader(str(tmp_path / "000000.tar"), tok, SIZE, 3, num_workers=0))
+    pixels, tokens8, _ = collect(make_loader(str(tmp_path / "000000.tar"), tok, SIZE, 3, num_workers=0, uint8=True))
+    assert pixels.dtype == torch.uint8 and torch.equal(tokens8, tokens)
+    assert torch.equal(normalize(pixels), floats)
 
 
 def test_bad_samples_are_skipped_and_counted(tmp_path, tok, caplog):
