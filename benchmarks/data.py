@@ -6,7 +6,8 @@ captions, references, JSON, image encoding, tar), PNG and npy image members, in 
 writer's own functions, each stage in a loop over the same scenes), and what the whole writer
 spends beyond their sum (the stages taken in turn per sample rather than in loops, which costs
 caches; generators and members; files). Loading: one full pass of ``make_loader`` over those
-shards (tiny's tokenizer, batch 64) with 0 and 2 workers, after an untimed pass (page cache,
+shards (tiny's tokenizer, batch 64, uint8 pixels as the training stream) with 0, 1 and 2 workers, each rate also
+per worker, after an untimed pass (page cache,
 tokenizer). Resume: time to the first batch when resuming three quarters into a pass, from tar
 headers (the default) or by replaying the stream. Training: images/s of a tiny MDC step.
 """
@@ -70,8 +71,8 @@ def _stages(num: int, folder: str) -> dict[str, float]:
 def _pass(urls: list[str], tok, workers: int):
     def one_pass():
         n = 0
-        for images, _ in iterate_batches(make_loader(urls, tok, 64, 64, num_workers=workers, shuffle_buffer=256),
-                                         SkipStats()):
+        loader = make_loader(urls, tok, 64, 64, num_workers=workers, shuffle_buffer=256, uint8=True)  # as training
+        for images, _ in iterate_batches(loader, SkipStats()):
             n += len(images)
         return n
     return one_pass
@@ -118,10 +119,13 @@ def run(ctx: Context) -> Section:
         tok = mdc.get_tokenizer("tiny")
         shards = {fmt: sorted(os.path.join(tmp, f"{fmt}-1", f) for f in os.listdir(os.path.join(tmp, f"{fmt}-1")))
                   for fmt in ("png", "npy")}
-        passes = {f"{fmt}, {w} workers": _pass(shards[fmt], tok, w) for w in (0, 2) for fmt in ("png", "npy")}
+        passes = {f"{fmt}, {w} workers": _pass(shards[fmt], tok, w) for w in (0, 1, 2) for fmt in ("png", "npy")}
         times = interleaved(passes, rounds=ctx.pick(2, 1))
         for name, t in times.items():
-            sec.add(f"loader decode, {name}", round(num / median(t)), "images/s", "batch 64, train transform")
+            w = int(name.split(", ")[1].split()[0])
+            sec.add(f"loader decode, {name}", round(num / median(t)), "images/s",
+                    f"{num / median(t) / max(w, 1):.0f} per worker (0: in the training process); batch 64, "
+                    f"train transform, uint8 pixels as the training stream")
         for fmt in ("png", "npy"):
             replay, fast = _resume_time(shards[fmt], tok, False), _resume_time(shards[fmt], tok, True)
             sec.add(f"resume 3/4 into a pass, {fmt}, from tar headers", round(1000 * fast), "ms to first batch",

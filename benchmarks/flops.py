@@ -14,6 +14,9 @@ other SDPA kernels: all L x S scores, padding and causal masks included). Elemen
 loss), reductions and the optimizer are not counted. fraction = the step's GFLOP/s / the matmul's,
 the median over rounds of the paired ratio (the matmul of the same round).
 
+The ``mini`` MDC step compiled whole (the loop's ``--compile``: ``fullgraph``, inductor; quick runs use
+aot_eager) beside the eager step, a ratio from interleaved rounds, and the first compiled step's seconds.
+
 Then the FLOPs of one ``mini`` pretraining run (``reproduce/presets/mini.json``: steps x batch) per
 objective and caption style, and where a ``mini`` MDC step's time goes: ``torch.profiler``'s self
 CPU time by group of operators, the optimizer's apart.
@@ -21,6 +24,7 @@ CPU time by group of operators, the optimizer's apart.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -33,15 +37,17 @@ from mdc.train import LossModule, accumulate
 from mdc.tokenizer import trim_padding
 from mdc.world.scenes import scene_captions
 
-from benchmarks.common import Context, Section, interleaved, median
+from benchmarks.common import Context, Section, interleaved, median, speedup
 
 PRESET = json.loads((Path(__file__).parents[1] / "reproduce" / "presets" / "mini.json").read_text())
 MODELS, OBJECTIVES, STYLES = ("tiny", "mini"), ("mdc", "arc", "clip"), ("alt", "descriptive")
 
 
-def trainer(model, images: torch.Tensor, tokens: torch.Tensor, seed: int = 0):
-    """One pretraining step of ``model`` on (images, tokens), the same masks at every call."""
+def trainer(model, images: torch.Tensor, tokens: torch.Tensor, seed: int = 0, compile: dict | None = None):
+    """One pretraining step of ``model`` on (images, tokens), the same masks at every call; ``compile``: the
+    loss compiled whole with these ``torch.compile`` arguments, as the loop's ``--compile`` does."""
     net, lr = LossModule(model), PRESET["objectives"].get(model.config.objective, {}).get("lr", PRESET["lr"])
+    net = net if compile is None else torch.compile(net, fullgraph=True, **compile)
     opt = optim.make_optimizer(model, lr, PRESET["weight_decay"])
     sched = optim.make_scheduler(opt, PRESET["warmup_steps"], PRESET["steps"])
 
@@ -111,6 +117,26 @@ def where_time_goes(sec: Section, step, flops: dict[str, int], steps: int, step_
             f"{1000 * step_seconds:.0f} ms")
 
 
+def compiled_whole(sec: Section, ctx: Context, B: int) -> None:
+    """The ``mini`` MDC step eager beside the same step compiled whole (the loop's ``--compile``: inductor, caption
+    lengths cut to a multiple of 16 for both), two copies of one model, interleaved; quick: aot_eager."""
+    torch.manual_seed(0)
+    models = [mdc.create_model("mini", "mdc") for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    images, tokens = batch(models[0], B)
+    tokens = trim_padding(tokens, models[0].tokenizer.eot_id, 16)
+    eager, compiled = trainer(models[0], images, tokens), trainer(models[1], images, tokens,
+                                                                  compile=ctx.pick({}, {"backend": "aot_eager"}))
+    start = time.perf_counter()
+    compiled()
+    warm = time.perf_counter() - start
+    times = interleaved({"eager": eager, "compiled": compiled}, rounds=ctx.pick(5, 1), warmup=1)
+    backend = ctx.pick("inductor", "aot_eager: quick")
+    sec.add(f"mini MDC step, compiled whole ({backend}) / eager speed", round(speedup(times, "compiled", "eager"), 3),
+            "x", f"eager {1000 * median(times['eager']):.0f} ms, compiled {1000 * median(times['compiled']):.0f} ms "
+                 f"a step of {B}; the first compiled step took {warm:.0f} s")
+
+
 def run(ctx: Context) -> Section:
     sec = Section("flops", "Pretraining at the machine's limit (CPU, fp32): a step's GFLOP/s beside a large matmul's")
     B, size = ctx.pick(PRESET["batch_size"], 4), ctx.pick(2048, 256)
@@ -150,6 +176,7 @@ def run(ctx: Context) -> Section:
             sec.add(f"mini {obj.upper()} pretraining run, {style} captions", round(total / 1e12, 1), "TFLOP",
                     f"{n / B / 1e9:.3f} GFLOP/image x {PRESET['steps']} steps x {PRESET['batch_size']}; "
                     f"{total / rate / 60:.0f} min at this step's measured rate")
+    compiled_whole(sec, ctx, B)
     where_time_goes(sec, steps["mini", "mdc"], flops["mini", "mdc"], ctx.pick(2, 1), median(times["mini", "mdc"]))
     sec.notes.append(f"Counted FLOPs: matrix products, convolutions and attention of one forward and backward "
                      f"(FlopCounterMode; SDPA's CPU kernel at the counter's SDPA formula); elementwise ops, "

@@ -3,8 +3,10 @@
 - Training, ViT-B/32 MDC, ARC and CLIP in turn at the paper's micro-batch (128 per GPU, Sec. 4.1),
   through the training loop's own code (:class:`mdc.train.LossModule`, :func:`mdc.train.accumulate`, bf16 autocast as
   ``precision="auto"`` gives on CUDA, :func:`mdc.base.optim.optimizer_step`): images/s, achieved TFLOP/s,
-  model FLOPs utilisation (MFU), peak memory, and the same step under ``torch.compile`` (the
-  loop's ``--compile``: caption lengths bucketed to 16) with its speed-up over eager; each row is named
+  model FLOPs utilisation (MFU), peak memory, and the same step compiled whole (the loop's ``--compile``:
+  ``fullgraph``) and, on CUDA, replayed as CUDA graphs (``--compile-mode reduce-overhead``), each with its
+  speed-up over eager, the host's milliseconds to issue a step, and its kernels and GPU-busy milliseconds a
+  step (the eager step's too); each row is named
   after its objective (``MDC training, batch 128``, ``ARC model FLOPs utilisation``, ...).
 - Sampling: MDC greedy unmasking (20 tokens) and ARC beam search (beam 6, 20 tokens), captions/s.
 - Scoring: every scorer's throughput (ELBO with 1024 samples, heuristic, ARC exact, CLIP cosine) in
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 
 import torch
 
@@ -58,18 +61,22 @@ def skip_reason() -> str | None:
     return None
 
 
-def _trainer(model, device: torch.device, compiled: bool, backend: str | None):
+def _trainer(model, device: torch.device, compile: dict | None = None):
     """One optimizer step of the training loop's code on a fixed batch: bf16 autocast (precision "auto"
-    on CUDA, "bf16" elsewhere), fp32 master weights; ``compiled``: the loop's --compile."""
+    on CUDA, "bf16" elsewhere), fused AdamW, fp32 master weights; ``compile``: the loop's --compile (the loss
+    compiled whole, ``fullgraph``) with these ``torch.compile`` arguments (``mode="reduce-overhead"``: CUDA graphs)."""
     net = LossModule(model)
-    if compiled:
-        net = torch.compile(net, **({"backend": backend} if backend else {}))
+    graphs = (compile or {}).get("mode") == "reduce-overhead"
+    if compile is not None:
+        net = torch.compile(net, fullgraph=True, **compile)
     opt = optim.make_optimizer(model, 5e-4, 0.1)
     sched = optim.make_scheduler(opt, 10, 10**6)
     autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16)
 
     def step(images, tokens):
-        loss = accumulate(net, model, [(images, tokens)], autocast=autocast)
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        loss = accumulate(net, model, [(images, tokens)], autocast=autocast).clone()
         optim.optimizer_step(model, opt, sched)
         return loss
 
@@ -93,7 +100,7 @@ def _eager(sec: Section, ctx: Context, device: torch.device, name: str, objectiv
     model = mdc.create_model("vit-b-32", objective, **small("vit-b-32", ctx.quick)).to(device)
     B = ctx.pick(int(os.environ.get("MDC_GPU_BATCH", PAPER_MICRO_BATCH)), 2)
     images, tokens = batch(model, B, device)
-    eager = _trainer(model, device, False, None)
+    eager = _trainer(model, device)
     eager(images, tokens)  # optimizer state allocated before counting
     flops = _count_flops(model, images, tokens, device)
     if device.type == "cuda":
@@ -114,21 +121,60 @@ def _eager(sec: Section, ctx: Context, device: torch.device, name: str, objectiv
     return eager, images, tokens
 
 
+def _variants(ctx: Context, device: torch.device) -> dict[str, dict]:
+    """The compiled steps beside eager, by name: torch.compile's arguments (quick: aot_eager)."""
+    if ctx.quick:
+        return {"compiled whole (aot_eager: quick)": {"backend": "aot_eager"}}
+    out = {"compiled whole": {}}
+    if device.type == "cuda":
+        out["compiled whole, CUDA graphs"] = {"mode": "reduce-overhead"}
+    return out
+
+
 def _compiled(sec: Section, ctx: Context, device: torch.device, objective: str, eager, images, tokens) -> None:
-    """The loop's --compile: a second copy of the model, its steps interleaved with the eager ones."""
-    torch.manual_seed(0)
-    twin = mdc.create_model("vit-b-32", objective, **small("vit-b-32", ctx.quick)).to(device)
-    backend = ctx.pick(None, "aot_eager")
-    compiled = _trainer(twin, device, True, backend)
-    compiled(images, tokens)  # compiles
-    times = interleaved({"eager": lambda: eager(images, tokens), "compiled": lambda: compiled(images, tokens)},
-                        rounds=ctx.pick(10, 1), warmup=ctx.pick(3, 1), device=device)
+    """The loop's --compile and its CUDA-graph mode: a copy of the model each, steps interleaved with eager's; per
+    variant the images/s, the speed-up, the host's milliseconds to issue a step and, on CUDA, its kernels and
+    GPU-busy milliseconds."""
+    steps = {"eager": lambda: eager(images, tokens)}
+    for name, kw in _variants(ctx, device).items():
+        torch.manual_seed(0)
+        twin = mdc.create_model("vit-b-32", objective, **small("vit-b-32", ctx.quick)).to(device)
+        step = _trainer(twin, device, kw)
+        step(images, tokens)  # compiles (CUDA graphs: warms up and records on the next calls)
+        steps[name] = functools.partial(step, images, tokens)
+    times = interleaved(steps, rounds=ctx.pick(10, 1), warmup=ctx.pick(3, 1), device=device)
     label, B = objective.upper(), len(images)
-    sec.add(f"{label} training, torch.compile{' (aot_eager: quick)' if backend else ''}",
-            round(B / median(times["compiled"]), 1), "images/s", f"{1000 * median(times['compiled']):.0f} ms/step")
-    sec.add(f"{label} torch.compile speed-up", round(speedup(times, "compiled", "eager"), 3), "x",
-            f"steps interleaved: eager {1000 * median(times['eager']):.0f} ms, compiled "
-            f"{1000 * median(times['compiled']):.0f} ms")
+    for name, step in steps.items():
+        if name != "eager":
+            sec.add(f"{label} training, {name}", round(B / median(times[name]), 1), "images/s",
+                    f"{1000 * median(times[name]):.0f} ms/step")
+            sec.add(f"{label} {name} speed-up", round(speedup(times, name, "eager"), 3), "x",
+                    f"steps interleaved: eager {1000 * median(times['eager']):.0f} ms")
+        host, kernels, busy = _host_and_kernels(step, device)
+        sec.add(f"{label} {name}: host ms to issue a step", round(1000 * host, 2), "ms",
+                "the Python and dispatch time before the device has the step (a host-bound step: close to a step)")
+        if kernels is not None:
+            sec.add(f"{label} {name}: kernels a step", kernels, "kernels", f"GPU busy {1000 * busy:.1f} ms a step")
+
+
+def _host_and_kernels(step, device: torch.device, n: int = 3) -> tuple[float, int | None, float | None]:
+    """Seconds the host takes to issue one step (no wait for the device), and on CUDA the kernels and the
+    GPU-busy seconds per step (torch.profiler's device events)."""
+    sync(device)
+    host = []
+    for _ in range(n):
+        start = time.perf_counter()
+        step()
+        host.append(time.perf_counter() - start)
+        sync(device)
+    if device.type != "cuda":
+        return median(host), None, None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        sync(device)
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return median(host), round(len(events) / n), sum(e.device_time_total for e in events) / 1e6 / n
 
 
 def _profile(step, images, tokens, device: torch.device, objective: str) -> None:

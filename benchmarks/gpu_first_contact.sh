@@ -11,6 +11,11 @@
 #   torchrun   python -m mdc.train under torchrun (NCCL), a checkpoint, a kill, a resume -> torchrun.log
 #   mini-train the mini profile's descriptive shards and MDC pretraining run             -> mini.log
 #   mini-eval  its evaluation sets and linear probe (the mdc.eval.probe API)             -> mini.log
+# Two steps run only when MDC_GPU_STEPS names them (the static-step check, at most 8 minutes:
+#   MDC_GPU_STEPS="env:10 static:330 loader:120" bash benchmarks/gpu_first_contact.sh runs/gpu-static-step):
+#   static     python -m benchmarks gpu, training only, MDC: eager, compiled whole and CUDA graphs, with
+#              host ms, kernels and GPU-busy ms a step, MFU, and a profile of the eager step  -> static.log, static.json
+#   loader     python -m benchmarks data: the loader's images/s per worker on this machine's cores -> loader.log
 # The runs' figures, beside the CPU records of reproduce/records/mini/, go to runs.json, and
 # summary.txt lists each step's status and seconds. Scratch data (shards, checkpoints) goes to
 # $MDC_GPU_WORK (default: a new temporary folder). The exit status is 0 when every step is ok, else 1;
@@ -100,8 +105,20 @@ bench() {
     return $rc
 }
 
+static_step() {  # the static-step check: MDC eager, compiled whole and as CUDA graphs, with a profile of eager's step
+    MDC_GPU_PARTS=training MDC_GPU_OBJECTIVES=${MDC_GPU_OBJECTIVES:-mdc} MDC_GPU_PROFILE=1 \
+        "$PYTHON" -m benchmarks gpu --out "$WORK/static"
+    local rc=$?
+    cp "$WORK/static/benchmarks.json" "$OUT/static.json" 2>/dev/null
+    return $rc
+}
+
+loader() {  # the loader's images/s per worker on this machine's cores, beside the steps' appetite
+    "$PYTHON" -m benchmarks data --out "$WORK/loader"
+}
+
 TESTS=${MDC_GPU_TESTS:-tests/mdc/test_precision.py tests/mdc/test_compile.py tests/mdc/test_scoring.py tests/mdc/eval/test_probe.py}
-export -f env_report runs bench
+export -f env_report runs bench static_step loader
 export PYTHON OUT WORK
 
 # MDC_GPU_STEPS: the steps to run and their limits in seconds, in order (a second try within a lease runs
@@ -115,7 +132,10 @@ for spec in ${MDC_GPU_STEPS:-env:10 tests:80 bench:135 torchrun:75 mini-train:90
         bench) step bench "$limit" bench.log bash -c bench ;;
         torchrun) step torchrun "$limit" torchrun.log bash -c "runs torchrun $limit" ;;
         mini-train|mini-eval) step "$name" "$limit" mini.log bash -c "runs $name $limit" ;;
-        *) echo "unknown step $name in MDC_GPU_STEPS (env, tests, bench, torchrun, mini-train, mini-eval)" >&2
+        static) step static "$limit" static.log bash -c static_step ;;
+        loader) step loader "$limit" loader.log bash -c loader ;;
+        *) echo "unknown step $name in MDC_GPU_STEPS (env, tests, bench, torchrun, mini-train, mini-eval, static," \
+                "loader)" >&2
            exit 2 ;;
     esac
 done

@@ -51,3 +51,16 @@ def test_a_second_try_picks_the_parts(monkeypatch):
     monkeypatch.setenv("MDC_GPU_PARTS", "training,sampleing")
     with pytest.raises(ValueError, match="MDC_GPU_PARTS.*'sampleing'.*training, sampling, scoring"):
         gpu.measure(Context(quick=True), torch.device("cpu"))
+
+
+def test_the_compiled_variants_report_speed_host_time_and_their_names(monkeypatch):
+    """Every compiled variant (quick: the whole loss under aot_eager; CUDA adds CUDA graphs) gets its images/s, its
+    speed-up over eager and the host's milliseconds to issue a step, as eager does; kernels only where CUDA is."""
+    monkeypatch.setenv("MDC_GPU_OBJECTIVES", "mdc")
+    sec = Section("gpu", "test")
+    gpu._training(sec, Context(quick=True), torch.device("cpu"), "cpu")
+    rows = {row.name: row.value for row in sec.rows}
+    whole = "compiled whole (aot_eager: quick)"
+    assert rows[f"MDC {whole} speed-up"] > 0 and rows[f"MDC training, {whole}"] > 0
+    assert rows[f"MDC eager: host ms to issue a step"] > 0 and rows[f"MDC {whole}: host ms to issue a step"] > 0
+    assert not any("kernels" in name or "CUDA graphs" in name for name in rows)
