@@ -24,13 +24,13 @@ none is lost, at the cost of every slot reading (not decoding) every shard. Shar
 errors are then counted and logged by slot 0 only.
 
 Bad input never crashes the stream: it is skipped, logged (logger ``mdc.data.pipeline``, naming the shard URL
-and sample key) and counted in a :class:`SkipStats` under one of ``SKIP_REASONS``. Loader batches are ``(images, tokens, meta)`` with
-``meta = {"worker", "position", "last", "skipped", "keys", "text"}`` (``keys``: the batch's sample
-keys, in row order): ``skipped`` holds the counts incurred while that batch was assembled
-and ``text`` the :class:`~mdc.tokenizer.TextStats` of its captions (tokens, unknown tokens
-under a compact vocabulary, truncated captions), so counts made in worker processes reach
-the main process with the data. :func:`iterate_batches` folds them into one
-:class:`SkipStats` (and a ``TextStats``) and yields plain ``(images, tokens)``.
+and sample key) and counted in a :class:`SkipStats` under one of ``SKIP_REASONS``. Loader batches are
+``(images, tokens, meta)`` (images float32, or uint8 pixels with ``uint8``) with ``meta = {"worker", "position",
+"last", "skipped", "keys", "text"}`` (``keys``: the batch's sample keys, in row order): ``skipped`` holds the
+counts incurred while that batch was assembled and ``text`` the :class:`~mdc.tokenizer.TextStats` of its captions
+(tokens, unknown tokens under a compact vocabulary, truncated captions), so counts made in worker processes reach
+the main process with the data. :func:`iterate_batches` folds them into one :class:`SkipStats` (and a
+``TextStats``) and yields plain ``(images, tokens)``.
 
 Exact resume. All randomness (shard order, shuffle buffer, crops) is a function of
 (seed, epoch, rank, worker, sample index), so a worker's stream is fixed. ``position``
@@ -40,9 +40,8 @@ tracks it per worker plus the worker due next in the DataLoader's round-robin. S
 the same batch sequence from the next batch on, and skip counts are not reported twice.
 Local uncompressed shards are not read again: :mod:`mdc.data.shards` replays the shuffle
 buffer on sample ids from the tar headers and seeks to the samples still buffered; other
-sources replay the stream, dropping consumed samples before decoding.
-Resume needs the same urls, seed, epoch, num_workers and world size; under DDP each rank
-saves its own state.
+sources replay the stream, dropping consumed samples before decoding. Resume needs the same urls, seed, epoch,
+num_workers and world size; under DDP each rank saves its own state.
 """
 from __future__ import annotations
 
@@ -239,10 +238,10 @@ def _npy_image(data: bytes) -> Image.Image:
     return Image.fromarray(array)
 
 
-def _collate(samples: list, tokenizer, image_size: int, trim: int | None = None, dtype=torch.float32):
+def _collate(samples: list, tokenizer, transform: ImageTransform, trim: int | None = None):
     """(images [B, 3, H, W], tokens [B, L] cut to a multiple of ``trim``, TextStats: none from a plain callable)."""
     if not samples:
-        return (torch.zeros(0, 3, image_size, image_size, dtype=dtype),
+        return (torch.zeros(0, 3, transform.size, transform.size, dtype=torch.uint8 if transform.uint8 else None),
                 torch.zeros(0, tokenizer.context_length, dtype=torch.long), TextStats())
     images, captions = zip(*samples)
     if hasattr(tokenizer, "tokenize"):
@@ -357,8 +356,7 @@ class ImageCaptionDataset(IterableDataset):
 
     def _batch(self, samples: list, worker: int, position: int, stats: SkipStats, last: bool, keys: list[str]):
         """(images, tokens, meta) of a loader batch; the skip counts in ``stats`` move into ``meta``."""
-        images, tokens, text = _collate(samples, self.tokenizer, self.transform.size, self.options.trim_multiple,
-                                         torch.uint8 if self.transform.uint8 else torch.float32)
+        images, tokens, text = _collate(samples, self.tokenizer, self.transform, self.options.trim_multiple)
         meta = {"worker": worker, "position": position, "last": last, "skipped": stats.as_dict(), "keys": keys,
                 "text": text.as_dict()}
         stats.clear()
@@ -372,10 +370,9 @@ def make_dataset(urls: str | Sequence[str], tokenizer: Callable, image_size: int
     ``options`` say (a :class:`StreamOptions`, or its fields as keywords: ``train=False``; an unknown
     one is a ValueError naming it). Skips are counted into ``stats`` in the iterating process. With
     ``batch_size`` it yields loader batches ``(images, tokens, meta)`` (see the module docstring)."""
-    options = with_options(StreamOptions, options, kw, "stream")
-    transform = image_transform(image_size, options.train, crop_scale=options.crop_scale, seed=options.seed,
-                                uint8=options.uint8)
-    return ImageCaptionDataset(urls, tokenizer, transform, options, stats=stats, batch_size=batch_size)
+    o = with_options(StreamOptions, options, kw, "stream")
+    transform = image_transform(image_size, o.train, crop_scale=o.crop_scale, seed=o.seed, uint8=o.uint8)
+    return ImageCaptionDataset(urls, tokenizer, transform, o, stats=stats, batch_size=batch_size)
 
 
 def _as_is(batch):
