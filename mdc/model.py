@@ -34,6 +34,8 @@ from mdc.transformer import Head, TextTransformer
 __all__ = ["CLIP", "Captioner", "ModelConfig", "evaluating", "vision_tower"]
 
 OBJECTIVES = ("mdc", "arc", "clip")
+POSITIONS = ("learned", "rotary")  # the text transformer's positions: a learned embedding, or RoPE (mdc/transformer.py)
+LATER_FIELDS = ("positions",)  # written to config.json only when not at their defaults
 
 
 @dataclass
@@ -53,6 +55,7 @@ class ModelConfig:
     text_heads: int = 8
     mlp_ratio: float = 4.0
     context_length: int = 77  # tokens per caption, SOT and EOT included
+    positions: str = "learned"  # "learned" absolute embedding | "rotary" (RoPE on the self-attention's q and k)
     vocab: tuple[int, ...] | None = None  # compact vocabulary (BPE ids kept); None = full CLIP BPE
     embed_dim: int = 512  # CLIP joint embedding width
     # MDC objective (paper Alg. 1); ignored by ARC and CLIP
@@ -83,6 +86,9 @@ class ModelConfig:
         if self.vision_stem == "conv" and (self.patch_size < 2 or self.patch_size & (self.patch_size - 1)):
             raise ValueError(f"a conv stem halves the resolution per convolution, so patch_size must be a power of 2 "
                              f">= 2; got {self.patch_size}")
+        if self.positions not in POSITIONS or self.positions == "rotary" and self.text_width // self.text_heads % 2:
+            raise ValueError(f"positions must be one of {POSITIONS} (rotary: an even text head width); got "
+                             f"{self.positions!r}")
         if self.vocab is not None:
             self.vocab = tuple(int(i) for i in self.vocab)
         if self.extensions and self.objective != "mdc":
@@ -95,7 +101,9 @@ class ModelConfig:
         return Masking(self.t_interval, self.t_sampling, self.mask_ratio, self.time_weighting)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        """The fields as JSON; :data:`LATER_FIELDS` only where set (a config.json without them stays as it was)."""
+        d = {k: v for k, v in asdict(self).items() if k not in LATER_FIELDS or v != getattr(ModelConfig, k)}
+        return json.dumps(d, indent=1)
 
 
 PRECISIONS = ("auto", "fp32", "bf16")
