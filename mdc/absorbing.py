@@ -2,8 +2,9 @@
 sampler (Eq. 6), the Monte-Carlo ELBO (Eq. 8) and the heuristic scorer.
 
 Forward process (Eq. 2, linear schedule alpha_t = 1 - t): every caption token c^i becomes [MASK]
-with probability t, independently; [SOT], [EOT] and padding stay as they are. :func:`corrupt` is
-that process as one pure function of the clean tokens and given uniforms ``u``, in two forms:
+with probability t, independently; [SOT], [EOT] and padding stay as they are (with the length hidden,
+``length_visible=False``, only [SOT]: :func:`maskable_positions`). :func:`corrupt` is that process as one
+pure function of the clean tokens and given uniforms ``u``, in two forms:
 
 - by ratio t (training, Alg. 1): token i is masked iff u_i < t; weight 1/t (Eq. 5);
 - by count n (the bound, Eq. 8): the n caption tokens with the smallest u are masked, a uniformly
@@ -25,7 +26,8 @@ time-independent: t enters only the weight.
 Sampler (Eq. 6): from [SOT] [MASK]*N' [EOT], ceil(N'/k) steps; each predicts every masked position,
 takes the confidence of position i as max_j p(j) under :func:`mdc.distribution.caption_log_probs`,
 reveals the k most confident (k = 1: N' steps, Eq. 6) and keeps revealed tokens fixed. The image is
-encoded once per batch (:class:`mdc.condition.ImageContext`); only the text is re-run.
+encoded once per batch (:class:`mdc.condition.ImageContext`); only the text is re-run. A hidden length not
+given: from [SOT] [MASK]*(context - 1), [EOT] and [PAD] predicted too, the caption ending at the first [EOT].
 
 Bound (Eq. 8):   log p(C) >= sum_{n=1}^{N} E_{C_n}[ (1/n) sum_{i masked in C_n} log p(c^i | C_n, f(I)) ],
 estimated with S = ``num_samples`` masked copies per caption: copy s masks n_s = 1 + floor(N (s + u) / S)
@@ -51,14 +53,14 @@ import torch
 import torch.nn.functional as F
 
 from mdc import distribution
-from mdc.distribution import as_distribution
+from mdc.distribution import CaptionDistribution, as_distribution
 from mdc.noise import NoiseProcess
 from mdc.base.options import with_options
 from mdc.base.seeding import key_seed, uniform
-from mdc.tokenizer import caption_mask
+from mdc.tokenizer import caption_mask, valid_mask
 
 __all__ = ["ABSORBING", "Absorbing", "Corrupted", "ElboOptions", "corrupt", "elbo_copies", "elbo_score",
-           "heuristic_score", "Masking", "Unmasking", "masked_row", "mdc_loss", "mdc_sample"]
+           "heuristic_score", "Masking", "Unmasking", "maskable_positions", "masked_row", "mdc_loss", "mdc_sample"]
 
 T_MIN = 1e-4  # t is clamped here so that the 1/t weight stays finite when w_l = 0
 SAMPLINGS = ("uniform", "antithetic", "stratified")  # how t is drawn across a batch
@@ -137,13 +139,41 @@ def corrupt(tokens: torch.Tensor, maskable: torch.Tensor, mask_id: int, *, t: to
     return Corrupted(tokens.masked_fill(masked, mask_id), masked, weight)
 
 
-def masked_row(tok, batch: int, length: int, device) -> torch.Tensor:
-    """[SOT] [MASK]*length [EOT] for every row: [B, length + 2] (the fully corrupted caption)."""
-    x = torch.full((batch, length + 2), tok.pad_id, dtype=torch.long, device=device)
-    x[:, 0], x[:, -1] = tok.sot_id, tok.eot_id
-    maskable = torch.ones_like(x, dtype=torch.bool)
-    maskable[:, [0, -1]] = False
-    return corrupt(x, maskable, tok.mask_id).noisy
+def maskable_positions(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, maskable) [B, L] for the loss, the ELBO and the heuristic alike: the tokens as given and their
+    caption tokens or, with the length hidden (``length_visible=False``), the tokens padded with [PAD] to the
+    context (a static shape) and every position but [SOT], so [EOT] and padding are predicted like words."""
+    tok = model.tokenizer
+    if model.config.length_visible:
+        return tokens, caption_mask(tokens, tok.sot_id, tok.eot_id)
+    tokens = tokens.masked_fill(~valid_mask(tokens, tok.eot_id), tok.pad_id)  # [PAD] after [EOT]
+    tokens = F.pad(tokens, (0, model.config.context_length - tokens.shape[1]), value=tok.pad_id)  # [B, C]
+    maskable = torch.ones_like(tokens, dtype=torch.bool)
+    maskable[:, 0] = False  # [SOT]
+    return tokens, maskable
+
+
+def masked_row(tok, batch: int, length: int | None, device, width: int | None = None) -> torch.Tensor:
+    """[SOT] [MASK]*length [EOT] for every row, then [PAD] to ``width``: [B, width or length + 2] (the fully
+    corrupted caption); ``length=None`` (a hidden length, predicted): [SOT] [MASK]*(width - 1)."""
+    x = torch.full((batch, width or length + 2), tok.pad_id, dtype=torch.long, device=device)
+    x[:, 0] = tok.sot_id
+    end = x.shape[1] if length is None else length + 1  # the caption is 1 .. end - 1
+    x[:, end:end + 1] = tok.eot_id
+    at = torch.arange(x.shape[1], device=device)
+    return corrupt(x, ((at > 0) & (at < end)).expand_as(x), tok.mask_id).noisy
+
+
+def log_probs(model, dist, x, where, temperature=None, *, ends: bool = False) -> torch.Tensor:
+    """log p [M, V] at the positions ``where`` of ``x`` [B, L]: the caption distribution's or, with ``ends``
+    (a hidden length's [EOT] and padding), over every id but [SOT] and [MASK] (the plain distribution only)."""
+    if not ends:
+        return dist.log_probs(x, where=where, temperature=temperature)
+    if type(dist) is not CaptionDistribution:
+        raise ValueError("guidance needs a model trained with its caption length visible (length_visible=True)")
+    logits = dist.logits(x, where).float() / (temperature or 1.0)  # [M, V]
+    logits[:, [model.tokenizer.sot_id, model.tokenizer.mask_id]] = -torch.inf
+    return F.log_softmax(logits, dim=-1)
 
 
 # ------------------------------------------------------------------------------- the loss (Eq. 5)
@@ -153,7 +183,7 @@ def mdc_loss(model, images, tokens, *, t=None, u=None, generator=None):
     Dense, so that the step has one static graph and no host synchronisation: the cross-entropy at every
     position [B, L], weighted by 1/t where masked and 0 elsewhere (padding included)."""
     tok, masking = model.tokenizer, model.config.masking
-    maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [B, L] caption tokens
+    tokens, maskable = maskable_positions(model, tokens)  # [B, L] (L = context_length if the length is hidden)
     B, L = tokens.shape
     if t is None:
         t = masking.sample(B, generator, tokens.device)  # [B]
@@ -185,9 +215,10 @@ class Unmasking:
 
 
 @torch.no_grad()
-def mdc_sample(model, images, length: int, options: Unmasking | None = None, *, generator=None,
+def mdc_sample(model, images, length: int | None, options: Unmasking | None = None, *, generator=None,
                trace: list | None = None, encode=None, **kw) -> torch.Tensor:
-    """Greedy confidence unmasking. Returns tokens [B, length + 2] without [MASK].
+    """Greedy confidence unmasking. Returns tokens [B, length + 2] without [MASK] ([B, context_length] with the
+    length hidden; ``length=None`` there: predicted, [PAD] after the first [EOT], where the caption ends).
 
     ``options`` (or its fields as keywords, :class:`Unmasking`): each step reveals the ``tokens_per_step``
     most confident masked positions, or, with ``threshold`` (parallel decoding after Fast-dLLM), every
@@ -199,11 +230,11 @@ def mdc_sample(model, images, length: int, options: Unmasking | None = None, *, 
     model.check_length(length)
     o = with_options(Unmasking, options, kw, "sampler")
     tokens_per_step, temperature, threshold = o.tokens_per_step, o.temperature, o.threshold
-    tok = model.tokenizer
+    tok, width = model.tokenizer, None if model.config.length_visible else model.config.context_length
     dist = (encode or distribution.encode)(model, images)  # encoder + cross-attn K/V, once
-    x = masked_row(tok, len(images), length, images.device)  # [B, N'+2]
+    x = masked_row(tok, len(images), length, images.device, width)  # [B, N'+2], or [B, context_length]
     while bool((still := x == tok.mask_id).any()):  # still: [B, N'+2]
-        logp = dist.log_probs(x, where=still, temperature=temperature or None)  # [M, V] masked positions only
+        logp = log_probs(model, dist, x, still, temperature or None, ends=length is None)  # [M, V] masked only
         if temperature > 0:
             p = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)  # [M]
             c = logp.gather(-1, p[:, None]).squeeze(1).exp()
@@ -218,7 +249,7 @@ def mdc_sample(model, images, length: int, options: Unmasking | None = None, *, 
         x = torch.where(reveal, x.masked_scatter(still, p), x)
         if trace is not None:
             trace.append({"revealed": reveal.cpu(), "tokens": x.cpu(), "confidence": conf.float().cpu()})
-    return x
+    return x if length is not None else x.masked_fill(~valid_mask(x, tok.eot_id), tok.pad_id)  # ends at 1st [EOT]
 
 
 # ---------------------------------------------------------------------------- the bound (Eq. 8)
@@ -284,10 +315,10 @@ def elbo_copies(model, context, rows, tokens, options: ElboOptions, keys=None, m
     copy s of caption r, for window j of ``options.windows``, is span * (1/n_s) sum_masked log p if its
     count n_s lies in the window, else 0."""
     tok, dist = model.tokenizer, as_distribution(model, context)
+    tokens, maskable = maskable_positions(model, tokens)  # [R, L]: positions 1..N
     R, L = tokens.shape
     S, dev = options.num_samples, tokens.device
-    maskable = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] positions 1..N
-    N = maskable.sum(1).cpu()  # [R] caption lengths
+    N = maskable.sum(1).cpu()  # [R] caption lengths (context_length - 1 with the length hidden)
     bounds = [_count_bounds(t, N) for t in options.windows]  # J x ([R], [R])
     lo = torch.stack([b[0] for b in bounds]).min(0).values  # [R] the hull of the windows' counts
     hi = torch.stack([b[1] for b in bounds]).max(0).values
@@ -304,7 +335,7 @@ def elbo_copies(model, context, rows, tokens, options: ElboOptions, keys=None, m
     for chunk in _chunks(R, S, max_rows):
         b = caption_of[chunk].to(dev)
         c = corrupt(tokens[b], maskable[b], tok.mask_id, n=n[chunk].to(dev), u=u[chunk].to(dev))
-        logp = dist.select(rows[b]).log_probs(c.noisy, where=c.masked)  # [M, V]
+        logp = log_probs(model, dist.select(rows[b]), c.noisy, c.masked, ends=not model.config.length_visible)
         ll = torch.zeros(len(b), L, device=dev)
         ll[c.masked] = logp.gather(-1, tokens[b][c.masked][:, None]).squeeze(-1)
         per_copy[chunk] = ll.sum(1) * c.weight  # (1/n) sum over the masked tokens
@@ -329,14 +360,14 @@ def elbo_score(model, context, rows, tokens, options: ElboOptions = ElboOptions(
 def heuristic_score(model, context, rows, tokens):
     """Greedy-order sum of ground-truth log-probabilities [R] (paper Sec. 4.2).
     ``context``: an ImageContext, or a :class:`mdc.distribution.CaptionDistribution`."""
-    tok = model.tokenizer
+    tok, ends = model.tokenizer, not model.config.length_visible
     dist = as_distribution(model, context).select(rows)
-    todo = caption_mask(tokens, tok.sot_id, tok.eot_id)  # [R, L] still masked
+    tokens, todo = maskable_positions(model, tokens)  # [R, L] still masked
     x = corrupt(tokens, todo, tok.mask_id).noisy  # every caption token masked
     total = torch.zeros(len(tokens), device=tokens.device)
     r = torch.arange(len(tokens), device=tokens.device)
     for _ in range(int(todo.sum(1).max())):
-        logp = dist.log_probs(x, where=todo)  # [M, V] at the still-masked positions only
+        logp = log_probs(model, dist, x, todo, ends=ends)  # [M, V] at the still-masked positions only
         conf = torch.full(x.shape, -torch.inf, device=x.device).masked_scatter_(todo, logp.max(-1).values)  # [R, L]
         truth_ll = torch.zeros(x.shape, device=x.device).masked_scatter_(
             todo, logp.gather(-1, tokens[todo][:, None]).squeeze(-1))  # [R, L] log p(ground truth)

@@ -22,11 +22,12 @@ from mdc.mc_diffusion.guidance import encoder
 __all__ = ["generate", "score", "score_candidates"]
 
 
-def generate(model, images, length: int = 15, *, guidance: str | None = None, guidance_scale: float | None = None,
-             guidance_seed: int = 0, guidance_strength: float | None = None, **kw):
+def generate(model, images, length: int | None = 15, *, guidance: str | None = None,
+             guidance_scale: float | None = None, guidance_seed: int = 0, guidance_strength: float | None = None, **kw):
     """Captions for ``images`` [B, 3, H, W]: list[str] (or tokens with ``return_tokens=True``).
 
-    MDC: exactly ``length`` tokens by greedy confidence unmasking; ARC: at most ``length`` tokens by
+    MDC: exactly ``length`` tokens by greedy confidence unmasking (``length=None``: predicted, for a model
+    trained with ``length_visible=False``); ARC: at most ``length`` tokens by
     beam search (``beam_size``, 1 = greedy); a ``mask_replace`` model: the D3PM reverse process
     (``generator`` drives it). ``guidance`` with ``guidance_strength`` or ``guidance_scale`` (MDC
     only, not both; a ValueError names the conflict): sample under the guided distribution;

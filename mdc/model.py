@@ -35,7 +35,7 @@ __all__ = ["CLIP", "Captioner", "ModelConfig", "evaluating", "vision_tower"]
 
 OBJECTIVES = ("mdc", "arc", "clip")
 POSITIONS = ("learned", "rotary")  # the text transformer's positions: a learned embedding, or RoPE (mdc/transformer.py)
-LATER_FIELDS = ("positions",)  # written to config.json only when not at their defaults
+LATER_FIELDS = ("positions", "length_visible")  # written to config.json only when not at their defaults
 
 
 @dataclass
@@ -63,6 +63,7 @@ class ModelConfig:
     time_weighting: bool = True  # weight by 1/t; False = the "w/o t" (CMLM) ablation
     mask_ratio: float | None = None  # fixed ratio = image-conditioned BERT; 1.0 = parallel decoding
     t_sampling: str = "uniform"  # "uniform" | "antithetic" | "stratified" (how t is drawn across a batch)
+    length_visible: bool = True  # False: captions padded to the context, [EOT] and padding masked and predicted
     # extensions (MC-Diffusion's condition variants, mask-and-replace noise, VQ-VAE tokens): name -> its own
     # config fields, read by the extension alone; mdc.factory wires them in. {} is plain MDC / ARC / CLIP
     extensions: dict = field(default_factory=dict)
@@ -89,6 +90,9 @@ class ModelConfig:
         if self.positions not in POSITIONS or self.positions == "rotary" and self.text_width // self.text_heads % 2:
             raise ValueError(f"positions must be one of {POSITIONS} (rotary: an even text head width); got "
                              f"{self.positions!r}")
+        if not self.length_visible and (self.objective != "mdc" or "mask_replace" in self.extensions):
+            raise ValueError(f"length_visible=False applies to MDC's absorbing noise only; got objective "
+                             f"{self.objective!r}{' with mask_replace noise' * ('mask_replace' in self.extensions)}")
         if self.vocab is not None:
             self.vocab = tuple(int(i) for i in self.vocab)
         if self.extensions and self.objective != "mdc":
@@ -228,8 +232,14 @@ class _Model(nn.Module):
         self.check_images(images, sync)
         self.check_tokens(tokens, sync)
 
-    def check_length(self, length: int) -> None:
-        """A caption of ``length`` tokens fits the context with [SOT] and [EOT]; else a ValueError naming it."""
+    def check_length(self, length: int | None) -> None:
+        """A caption of ``length`` tokens fits the context with [SOT] and [EOT], or ``length=None`` (predicted)
+        for a model trained with its caption length hidden; else a ValueError naming it."""
+        if length is None and self.config.length_visible:
+            raise ValueError(f"model {self.config.name!r} ({self.config.objective}) was trained with its caption "
+                             "length visible and needs a length; length=None needs length_visible=False (MDC)")
+        if length is None:
+            return
         if not 1 <= length <= self.config.context_length - 2:
             raise ValueError(f"length must lie in [1, {self.config.context_length - 2}] "
                              f"(context {self.config.context_length} minus SOT/EOT); got {length}")
@@ -306,8 +316,9 @@ class Captioner(_Model):
         return ImageContext([blk.cross_attn.keys_values(v) for blk in self.decoder.blocks])
 
     def hidden(self, tokens: torch.Tensor, context: ImageContext) -> torch.Tensor:
-        """Decoder states [B, L, W]; bidirectional attention ignores padding after [EOT]."""
-        mask = None if self.causal else valid_mask(tokens, self.tokenizer.eot_id)[:, None, None, :]
+        """Decoder states [B, L, W]; bidirectional attention ignores padding after [EOT] (a visible length only)."""
+        visible = self.config.length_visible and not self.causal
+        mask = valid_mask(tokens, self.tokenizer.eot_id)[:, None, None, :] if visible else None
         return self.decoder(tokens, mask=mask, causal=self.causal, context=context)
 
     def logits(self, tokens: torch.Tensor, context: ImageContext) -> torch.Tensor:

@@ -17,12 +17,14 @@ from mdc.model import evaluating
 __all__ = ["generate"]
 
 
-def generate(model, images, length: int = 15, *, beam_size: int = 6, min_length=None, generator=None,
+def generate(model, images, length: int | None = 15, *, beam_size: int = 6, min_length=None, generator=None,
              return_tokens: bool = False, precision: str = "auto", encode=None, **options):
     """Captions for `images` [B, 3, H, W]: list[str] (or the token tensor).
 
     A diffusion captioner samples with its noise process (``model.noise.sample``): MDC's absorbing
-    noise gives exactly `length` tokens by greedy confidence unmasking; ``options`` are its own
+    noise gives exactly `length` tokens by greedy confidence unmasking, or, for a model trained with its
+    caption length hidden (``length_visible=False``) and ``length=None``, the caption up to the first [EOT]
+    it predicts (tokens [PAD] after it); ``options`` are its own
     (``tokens_per_step`` or a confidence ``threshold`` reveal several per step; ``temperature`` > 0
     samples; ``trace``: a list that receives each step's revealed positions, tokens and confidences,
     see :func:`mdc.absorbing.mdc_sample`); a ``mask_replace`` model runs the D3PM reverse process
@@ -35,6 +37,8 @@ def generate(model, images, length: int = 15, *, beam_size: int = 6, min_length=
     if model.config.objective == "clip":
         raise ValueError("a CLIP model cannot generate captions; use an 'mdc' or 'arc' model")
     model.check_images(images)
+    if length is None:
+        model.check_length(length)  # a predicted length: an MDC model trained with length_visible=False only
     options = {name: value for name, value in options.items() if value is not None}  # the sampler's defaults else
     if min_length is not None and model.noise is not None:
         raise ValueError("min_length holds ARC's [EOT] back; a diffusion captioner writes exactly `length` tokens")
