@@ -22,6 +22,9 @@ more scoring of every candidate). ``<variant>_debiased`` = log p(t | i) - alpha 
 none (without the image it reveals in another order). A blind accuracy far from chance means the
 text alone decides the suite (ARO's order tasks; SugarCrepe was filtered against it).
 
+A run's suites are best scored together (:func:`score_suites`, :mod:`mdc.eval.suite_scoring`): each distinct
+(image, caption) pair once, its ELBO noise keyed by the image, so every suite gets the scores it gets alone.
+
 Results schema (the ``results`` part of a ``kind="compositionality"`` results file)::
 
     {
@@ -78,14 +81,16 @@ from mdc.data import aro_sugarcrepe as comp
 from mdc.eval.accuracy import (BLIND_WARNING, MACRO_SUITES, TIES_WIN, correct_and_ties, encode_outcomes,
                                interval, paired_difference, resample_stats, same_words, suite_accuracy)
 from mdc.eval.positive_controls import cell_controls, control_margin, control_status
-from mdc.eval.suite_scoring import (SuiteOptions, SuiteScores, method_variants, resolve_methods, save_item_scores,
-                                    score_suite, score_variants, suite_options, variants, with_blind)
+from mdc.eval.suite_scoring import (SuiteOptions, SuiteScores, image_keys, method_variants, resolve_methods,
+                                    save_item_scores, score_suite, score_suites, score_suites_variants, score_variants,
+                                    suite_options, variants, with_blind)
 from mdc.eval.suites import OWN_SUITES, SUGARCREPE, SUITES, Suite, describe, load_suites, synthetic_data
 
 __all__ = [  # the suites' and the scoring's names are part of this module's API: notebooks read them from here
     "COLUMNS", "OWN_COLUMNS", "OWN_SUITES", "SUGARCREPE", "SUITES", "TEMPLATE_COLUMNS", "controls_table", "Suite", "SuiteOptions", "SuiteScores", "describe", "image_table",
-    "load_suites", "markdown_table", "method_variants", "resolve_methods", "save_item_scores", "score_suite",
-    "score_variants", "suite_options", "summarise", "synthetic_data", "variants", "with_blind"]
+    "image_keys", "load_suites", "markdown_table", "method_variants", "resolve_methods", "save_item_scores",
+    "score_suite", "score_suites", "score_suites_variants", "score_variants", "suite_options", "summarise",
+    "synthetic_data", "variants", "with_blind"]
 
 TEMPLATE_COLUMNS = ("aro_relation", "aro_attribute", "aro_coco_order", "aro_flickr30k_order",
                     "sugarcrepe_add", "sugarcrepe_replace", "sugarcrepe_swap")

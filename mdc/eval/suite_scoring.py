@@ -1,9 +1,16 @@
 """Scoring a compositionality suite: every candidate caption of every item under each scorer's variants,
 with the image, without it (``<variant>_blind``) and debiased (``<variant>_debiased``), as
 :mod:`mdc.eval.compositionality` describes; the settings travel as one :class:`SuiteOptions`.
+
+The ELBO's noise is keyed by the item's image (a hash of its pixels, :func:`image_keys`) and the seed, not
+by the item: a pair (image, caption) scores the same in every suite that holds it, and an image's candidates
+share their masked copies (common random numbers). :func:`score_suites` scores several suites in one pass
+that scores each distinct pair once (the in-distribution suites, built from the same scenes, repeat about
+40% of their pairs) and hands every suite its scores, the ones it gets alone.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -81,13 +88,13 @@ class SuiteOptions:
     max_samples: int | None = None  # sequential ELBO: copies doubled up to this where an item is unsure
     stratified: bool = True  # the ELBO's mask counts spread by one offset
     seed: int = 0  # the ELBO's keyed noise and the reference images of the image-free scores
-    paired: bool = True  # an item's candidates share their noise (common random numbers)
+    paired: bool = True  # an image's candidates share their noise (common random numbers)
     elbo_trained_t: bool = True  # also the ELBO over the mask ratios the model was trained on
     blind: bool = True  # image-free and debiased scores beside each likelihood
     shuffled: bool = False  # the shuffled-image control beside each variant: another item's image (Table 2 runs: on)
     blind_images: int = 8  # reference images of a "marginal" image-free score
     debias_alpha: float = 1.0  # v_debiased = v - alpha v_blind
-    batch_size: int = 32  # items per scoring call
+    batch_size: int = 32  # rows per scoring call: an image's captions, at most K (an item's) a row
     max_rows: int = 256  # masked copies in one forward pass
     device: str = "cpu"
     workers: int = 0  # image-loading workers
@@ -149,14 +156,23 @@ def with_blind(model, scoring: dict[str, dict]) -> dict[str, dict]:
 def score_suite(model, transform, suite: Suite, methods: Sequence[str], options: SuiteOptions | None = None,
                 **kw) -> SuiteScores:
     """Score every candidate of every item with each method's variants (:func:`method_variants`),
-    with their image-free and debiased scores unless ``blind=False``. ``options`` (or its fields as
-    keywords, :class:`SuiteOptions`): ELBO noise is keyed by the item's id (:meth:`Suite.keys`) and shared
-    by its candidates when ``paired`` (common random numbers); ``max_rows`` bounds the masked copies in
-    one forward pass. ``max_samples``: ELBO copies are added, doubling, up to it where an item's decision
-    with the image is within 3 standard errors (:func:`mdc.scoring.elbo_sequential`; image-free scores
-    keep ``num_samples``); None: ``num_samples``."""
+    with their image-free and debiased scores unless ``blind=False``: :func:`score_suites` of one suite.
+    ``options`` (or its fields as keywords, :class:`SuiteOptions`): ELBO noise is keyed by the item's image
+    (:func:`image_keys`) and shared by its candidates when ``paired`` (common random numbers); ``max_rows``
+    bounds the masked copies in one forward pass. ``max_samples``: ELBO copies are added, doubling, up to
+    it where an item's decision with the image is within 3 standard errors
+    (:func:`mdc.scoring.elbo_sequential`; image-free scores keep ``num_samples``); None: ``num_samples``."""
     options = suite_options(options, **kw)
     return score_variants(model, transform, suite, method_variants(model, methods, options), options)
+
+
+def score_suites(model, transform, suites: dict[str, Suite], methods: Sequence[str],
+                 options: SuiteOptions | None = None, **kw) -> dict[str, SuiteScores]:
+    """:func:`score_suite` of every suite of ``suites`` ``{name: Suite}`` in one pass that scores each
+    distinct (image, caption) pair once (:func:`score_suites_variants`); a suite's scores are those it
+    gets alone."""
+    options = suite_options(options, **kw)
+    return score_suites_variants(model, transform, suites, method_variants(model, methods, options), options)
 
 
 def _calls(scoring: dict[str, dict]) -> list[tuple[dict, list[tuple[str, int]]]]:
@@ -178,63 +194,147 @@ def _calls(scoring: dict[str, dict]) -> list[tuple[dict, list[tuple[str, int]]]]
     return calls
 
 
+def image_keys(items, workers: int = 0) -> list[str]:
+    """Per item [N], its image's noise key: a hash of the pixels it is scored on (after its crop), so items
+    that show one picture share it, whatever suite they are in and wherever the file lies."""
+    where = [(it["image_path"], None if it.get("bbox") is None else tuple(it["bbox"])) for it in items]
+    first = {w: i for i, w in reversed(list(enumerate(where)))}  # each distinct (file, crop) read once
+    loader = torch.utils.data.DataLoader(_Images([items[i] for i in first.values()], _content_key),
+                                         batch_size=None, num_workers=workers)
+    keys = dict(zip(first, loader))
+    return [keys[w] for w in where]
+
+
+def _content_key(image) -> str:
+    return "image/" + hashlib.blake2b(repr((image.mode, image.size)).encode() + image.tobytes(),
+                                      digest_size=12).hexdigest()
+
+
+def _terms(suite: Suite, keys: list[str], image, paired: bool, o: SuiteOptions) -> list:
+    """What each score of ``suite`` reads under a call's ``image`` keyword: per item [N] per candidate [K]
+    its terms [T], each (shown image's key, noise key, caption); the noise key is the item's image's
+    (with the caption when not ``paired``). T = 1; "marginal": the K' reference images (:func:`reference_images`);
+    none where the suite has no other image to show."""
+    if image == "marginal":
+        pool, chosen = reference_images(suite, o.blind_images, o.seed)
+        shown = [[keys[pool[j]] for j in row] for row in chosen.tolist()]  # [N][K']
+    elif image == "shuffled":
+        shown = [[keys[j]] if j >= 0 else [] for j in shuffled_images(suite, o.seed).tolist()]
+    else:  # the item's own image ("null": the image is not read)
+        shown = [[k] for k in keys]
+    return [[[(s, keys[i] if paired else (keys[i], c), c) for s in shown[i]] for c in cands]
+            for i, cands in enumerate(suite.candidates)]
+
+
+def _rows(terms: list, sequential: bool, width: int) -> list[tuple]:
+    """The distinct rows to score, ``(group, captions)``: a group is (shown image, noise key), the captions
+    its distinct ones in runs of at most ``width``; sequential ELBO: a group is an item, (shown image, noise
+    key, its candidates), scored whole (its copies depend on its decision)."""
+    groups: dict[tuple, dict] = {}
+    for item in terms:
+        cands = tuple(t[2] for cell in item for t in cell[:1])
+        for cell in item:
+            for shown, key, caption in cell:
+                groups.setdefault((shown, key, cands) if sequential else (shown, key), {})[caption] = None
+    if sequential:
+        return [(g, g[2]) for g in groups]
+    return [(g, tuple(list(cs)[a:a + width])) for g, cs in groups.items() for a in range(0, len(cs), width)]
+
+
+def _score_rows(model, transform, rows: list[tuple], kw: dict, o: SuiteOptions, item_of: dict, paired: bool):
+    """``{(group, caption): scores [J]}`` of ``rows``: rows of one length in calls of ``batch_size``, each
+    row's image loaded and encoded once, its captions keyed by the group's noise key. Rows are called in
+    the order of their longest caption (less padding); keyed noise makes the order change no score."""
+    by_length: dict[int, list[int]] = {}
+    for r in sorted(range(len(rows)), key=lambda r: max(map(len, rows[r][1]))):
+        by_length.setdefault(len(rows[r][1]), []).append(r)
+    batches = [rs[a:a + o.batch_size] for rs in by_length.values() for a in range(0, len(rs), o.batch_size)]
+    images = _Images([item_of[g[0]] for g, _ in rows], transform)
+    out = {}
+    loader = torch.utils.data.DataLoader(images, batch_sampler=batches, num_workers=o.workers)
+    for batch, x in zip(batches, loader):  # x [B, 3, S, S]
+        chunk = [rows[r] for r in batch]
+        s = score_candidates(model, x.to(o.device), [list(c) for _, c in chunk], paired=paired,
+                             item_keys=[g[1] for g, _ in chunk], **kw)
+        s = s.double().cpu().numpy().reshape(len(chunk), len(chunk[0][1]), -1)  # [B, K, J]
+        for (g, captions), row in zip(chunk, s):
+            out.update({(g, c): v for c, v in zip(captions, row)})
+    return out
+
+
+def _gather(terms: list, values: dict, sequential: bool, K: int, J: int) -> np.ndarray:
+    """Scores [N, K, J] from the terms' values: one term its value, several their log-mean-exp (log (1/K')
+    sum_k p(t | i_k)), none NaN."""
+    N, T = len(terms), len(terms[0][0]) if terms and K else 0
+    if T == 0:
+        return np.full((N, K, J), math.nan)
+    cands = [tuple(cell[0][2] for cell in item) for item in terms]
+    a = np.array([[[values[((s, key, cands[i]) if sequential else (s, key), c)] for s, key, c in cell]
+                   for cell in item] for i, item in enumerate(terms)]).reshape(N, K, T, J)
+    return a[:, :, 0] if T == 1 else torch.from_numpy(a).logsumexp(2).numpy() - math.log(T)
+
+
+def _score_call(model, transform, kw: dict, suites: dict[str, Suite], keys: dict, o: SuiteOptions) -> dict:
+    """One scoring call's scores per suite, ``{name: [N, K, J]}``: the terms of every suite (:func:`_terms`),
+    each distinct row scored once (:func:`_rows`, :func:`_score_rows`), handed back to every suite."""
+    kw = dict(kw)
+    image = kw.pop("image", None)
+    if image == "null":
+        kw["encode"] = encode_null
+    elbo = kw.get("elbo")
+    sequential = elbo is not None and elbo.max_samples not in (None, elbo.num_samples)
+    J = len(elbo.windows) if elbo is not None else 1
+    terms = {n: _terms(s, keys[n], image, o.paired or sequential, o) for n, s in suites.items()}
+    width = max((len(s.candidates[0]) for s in suites.values() if s.candidates), default=1)
+    rows = _rows([item for t in terms.values() for item in t], sequential, width)  # over every suite
+    item_of = {k: it for n, s in suites.items() for k, it in zip(keys[n], s.items)}
+    values = _score_rows(model, transform, rows, kw, o, item_of, o.paired or not sequential)
+    return {n: _gather(t, values, sequential, len(suites[n].candidates[0]) if suites[n].candidates else 0, J)
+            for n, t in terms.items()}
+
+
 @torch.no_grad()
 def score_variants(model, transform, suite: Suite, scoring: dict[str, dict], options: SuiteOptions | None = None,
                    **kw) -> SuiteScores:
     """Score every candidate of every item under each variant of ``scoring``, ``{name: keywords of
-    mdc.score_candidates}`` (``method`` and its options, e.g. ``guidance``, and ``image``: "null" or
-    "marginal" for an image-free score, :func:`with_blind`): the candidates of ``batch_size`` items in
-    one call per distinct scorer (:func:`_calls`), each image encoded once per call. "marginal" is
-    logmeanexp_k score(t | i_k) over ``blind_images`` reference images (:func:`reference_images`,
-    ``seed``). Every exact or ELBO ``v`` scored with its ``v_blind`` also gets ``v_debiased`` =
-    v - ``debias_alpha`` v_blind. ``options``: :class:`SuiteOptions` (``paired``, ``batch_size``, ``device``,
-    ``workers``, ``blind_images``, ``seed``, ``debias_alpha`` apply here)."""
+    mdc.score_candidates}``: :func:`score_suites_variants` of one suite."""
+    return score_suites_variants(model, transform, {suite.name: suite}, scoring, options, **kw)[suite.name]
+
+
+@torch.no_grad()
+def score_suites_variants(model, transform, suites: dict[str, Suite], scoring: dict[str, dict],
+                          options: SuiteOptions | None = None, **kw) -> dict[str, SuiteScores]:
+    """Score every candidate of every item of ``suites`` under each variant of ``scoring``, ``{name: keywords
+    of mdc.score_candidates}`` (``method`` and its options, e.g. ``guidance``, and ``image``: "null" or
+    "marginal" for an image-free score, :func:`with_blind`; "shuffled"): one pass per distinct scorer
+    (:func:`_calls`) that scores each distinct (image, caption) pair once over all the suites and hands every
+    suite its scores. A pair's noise is keyed by its image (:func:`image_keys`) and ``seed``, so it scores
+    the same in every suite, alone or with others, in calls of any size (up to float rounding), and an
+    image's candidates share their copies when ``paired``; a sequential ELBO scores whole items. "marginal"
+    is logmeanexp_k score(t | i_k) over ``blind_images`` reference images of the suite
+    (:func:`reference_images`, ``seed``), keyed by the item's image as its raw score is. Every exact or ELBO
+    ``v`` scored with its ``v_blind`` also gets ``v_debiased`` = v - ``debias_alpha`` v_blind. ``options``:
+    :class:`SuiteOptions` (``paired``, ``batch_size``: rows of at most K captions per call, ``device``,
+    ``workers``, ``blind_images``, ``seed``, ``debias_alpha`` apply here). ``seconds``: the pass's time,
+    shared out by the suites' candidates."""
     o = suite_options(options, **kw)
-    start, model = time.time(), model.to(o.device)
-    keys, tok = suite.keys(), model.tokenizer
-    out = SuiteScores(suite, {v: [] for v in scoring}, methods={v: kw["method"] for v, kw in scoring.items()})
-    tokens = []
-    dataset = _Images(suite.items, transform)
-    pool, chosen = reference_images(suite, o.blind_images, o.seed)
-    other = shuffled_images(suite, o.seed)  # [N] the shuffled-image control's pairing
-    if any(kw.get("image") == "marginal" for kw in scoring.values()) and pool:
-        pool_images = torch.stack([dataset[i] for i in pool]).to(o.device)  # [P, 3, S, S]
-    calls = _calls(scoring)
-    first = 0
-    for images in torch.utils.data.DataLoader(dataset, batch_size=o.batch_size, num_workers=o.workers):
-        images, rows = images.to(o.device), slice(first, first + len(images))  # [B, 3, S, S]
-        cands, first = suite.candidates[rows], first + len(images)
-        ids = tok.tokenize([c for cs in cands for c in cs])[0]  # [B*K, L]
-        tokens.append(caption_mask(ids, tok.sot_id, tok.eot_id).sum(1).view(len(cands), -1).numpy())
-        for kw, names in calls:
-            kw = dict(kw)
-            image = kw.pop("image", None)
-            if image == "null":
-                kw["encode"] = encode_null
-            score = lambda x: score_candidates(model, x, cands, paired=o.paired, item_keys=keys[rows], **kw)  # noqa: E731
-            if image == "shuffled" and (other[rows] < 0).any():  # a suite of one image has no other image
-                s = torch.full((len(cands), len(cands[0])), math.nan, dtype=torch.float64)
-            elif image == "shuffled":
-                s = score(torch.stack([dataset[j] for j in other[rows].tolist()]).to(o.device)).double()
-            elif image != "marginal":
-                s = score(images).double()
-            elif chosen.shape[1] == 0:  # a suite of one image has no other image
-                s = torch.full((len(cands), len(cands[0])), math.nan, dtype=torch.float64)
-            else:  # log (1/K) sum_k p(t | i_k)
-                k = torch.as_tensor(chosen[rows], device=o.device)  # [B, K]
-                s = torch.stack([score(pool_images[k[:, j]]).double() for j in range(k.shape[1])])
-                s = s.logsumexp(0) - math.log(k.shape[1])
-            s = s.cpu().numpy()  # [B, K] or [B, K, J]
-            for v, j in names:
-                out.scores[v].append(s[..., j] if s.ndim == 3 else s)
-    K = len(suite.candidates[0]) if suite.candidates else 0
-    out.scores = {v: np.concatenate(s) if s else np.zeros((0, K)) for v, s in out.scores.items()}
-    for v in scoring:
-        if f"{v}_blind" in scoring and out.methods[v] in DEBIASED:  # log p(t | i) - alpha log p(t)
-            out.scores[f"{v}_debiased"] = out.scores[v] - o.debias_alpha * out.scores[f"{v}_blind"]
-            out.methods[f"{v}_debiased"] = out.methods[v]
-    out.tokens = np.concatenate(tokens) if tokens else np.zeros((0, K), dtype=np.int64)
-    out.seconds = time.time() - start
+    start, model, tok = time.time(), model.to(o.device), model.tokenizer
+    keys = {n: image_keys(s.items, o.workers) for n, s in suites.items()}
+    out = {n: SuiteScores(s, {v: None for v in scoring}, methods={v: kw["method"] for v, kw in scoring.items()})
+           for n, s in suites.items()}
+    for call, names in _calls(scoring):
+        for n, s in _score_call(model, transform, call, suites, keys, o).items():  # [N, K, J]
+            out[n].scores |= {v: s[..., max(j, 0)] for v, j in names}
+    counts = {n: sum(map(len, s.candidates)) for n, s in suites.items()}
+    for n, s in suites.items():
+        K = len(s.candidates[0]) if s.candidates else 0
+        ids = tok.tokenize([c for cs in s.candidates for c in cs])[0] if K else torch.zeros(0, 2, dtype=torch.long)
+        out[n].tokens = caption_mask(ids, tok.sot_id, tok.eot_id).sum(1).view(len(s.candidates), K).numpy()
+        for v in scoring:
+            if f"{v}_blind" in scoring and out[n].methods[v] in DEBIASED:  # log p(t | i) - alpha log p(t)
+                out[n].scores[f"{v}_debiased"] = out[n].scores[v] - o.debias_alpha * out[n].scores[f"{v}_blind"]
+                out[n].methods[f"{v}_debiased"] = out[n].methods[v]
+        out[n].seconds = (time.time() - start) * counts[n] / max(sum(counts.values()), 1)
     return out
 
 

@@ -149,3 +149,84 @@ def test_the_shuffled_image_control_scores_each_item_with_another_items_image(ev
     np.testing.assert_allclose(out.scores["exact_shuffled"], expected, rtol=1e-5, atol=1e-5)
     assert not np.allclose(out.scores["exact_shuffled"], out.scores["exact"])
     assert "exact_shuffled" not in _score(model, suite, ["exact"]).scores  # off unless asked for (Table 2 runs ask)
+
+
+def _by_pair(suite, scores) -> dict:
+    """{(image path, caption): score} of one suite's scores [N, K]."""
+    return {(it["image_path"], c): x for it, cands, row in zip(suite.items, suite.candidates, scores)
+            for c, x in zip(cands, row)}
+
+
+def test_a_pair_scores_the_same_in_every_suite_that_holds_it(evalsets):
+    """The ELBO's noise is keyed by the image, not by the item's place in a suite: a scene's true caption, a
+    candidate of several in-distribution suites, scores the same in each, with its image and without."""
+    suites = C.load_suites(evalsets, ["own_sugarcrepe/swap_att", "own_sugarcrepe/replace_att", "own_attribute"])
+    model = small_model(cond_drop_prob=0.1)
+    scored = [_score(model, s, ["elbo"]) for s in suites.values()]
+    for v in ("elbo", "elbo_blind"):
+        seen, shared = {}, 0
+        for s in scored:
+            for pair, x in _by_pair(s.suite, s.scores[v]).items():
+                if pair in seen:
+                    shared += 1
+                    assert x == pytest.approx(seen[pair], rel=1e-5, abs=1e-5), (v, pair)
+                seen[pair] = x
+        assert shared >= len(suites["own_attribute"].items)
+
+
+def test_a_pair_s_noise_is_its_image_s_key_and_the_seed(evalsets):
+    """Score of (image, caption) = the ELBO with the image's content key: an image's candidates share their copies."""
+    suite = C.load_suites(evalsets, ["own_sugarcrepe/replace_att"])["own_sugarcrepe/replace_att"]
+    model = small_model().eval()
+    out = _score(model, suite, ["elbo"], blind=False, seed=3)
+    keys = suite_scoring.image_keys(suite.items)
+    assert len(set(keys)) == len(set(suite.clusters)) and not any(suite.name in k for k in keys)
+    images = torch.stack([suite_scoring._Images(suite.items, image_transform(32, train=False))[i] for i in range(2)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = mdc.score_candidates(model, images, suite.candidates[:2], "elbo", num_samples=2, seed=3,
+                                        item_keys=keys[:2])
+    np.testing.assert_allclose(out.scores["elbo"][:2], expected.double().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _counting(monkeypatch) -> list:
+    """Record the captions of every scoring call of suite_scoring."""
+    calls, score = [], suite_scoring.score_candidates
+
+    def counted(model, images, candidates, **kw):
+        calls.extend(c for cs in candidates for c in cs)
+        return score(model, images, candidates, **kw)
+    monkeypatch.setattr(suite_scoring, "score_candidates", counted)
+    return calls
+
+
+def test_score_suites_scores_each_distinct_pair_once(evalsets, monkeypatch):
+    suites = C.load_suites(evalsets, "own")
+    pairs = [(it["image_path"], c) for s in suites.values() for it, cs in zip(s.items, s.candidates) for c in cs]
+    assert len(set(pairs)) < 0.7 * len(pairs)  # the in-distribution suites share their scenes' captions
+    calls = _counting(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = C.score_suites(small_model().eval(), image_transform(32, train=False), suites, ["elbo"], num_samples=2,
+                             blind=False, elbo_trained_t=False)
+    assert len(calls) == len(set(pairs)) and list(out) == list(suites)
+    for name, s in out.items():
+        assert s.suite is suites[name] and s.scores["elbo"].shape == (len(s.suite.items), 2)
+
+
+@pytest.mark.parametrize("kw", [dict(blind_images=2, shuffled=True), dict(max_samples=4, blind=False)])
+def test_a_suite_scores_the_same_alone_and_with_others_whatever_the_batch(evalsets, kw):
+    """Every variant (raw, marginal blind, debiased, shuffled, sequential ELBO) of a suite is the same scored
+    alone or with the suites that share its scenes, in calls of any size."""
+    name = "own_sugarcrepe/swap_obj"
+    suites = C.load_suites(evalsets, [name, "own_sugarcrepe/replace_att", "own_attribute"])
+    model, transform = small_model().eval(), image_transform(32, train=False)
+    options = C.suite_options(num_samples=2, elbo_trained_t=False, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        alone = C.score_suites(model, transform, {name: suites[name]}, ["elbo"], options, batch_size=3)
+        together = C.score_suites(model, transform, suites, ["elbo"], options, batch_size=5)
+    assert list(alone[name].scores) == list(together[name].scores)
+    for v, x in alone[name].scores.items():
+        np.testing.assert_allclose(x, together[name].scores[v], rtol=1e-5, atol=1e-5, err_msg=v)
+    np.testing.assert_array_equal(alone[name].tokens, together[name].tokens)
