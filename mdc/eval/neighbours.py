@@ -41,13 +41,12 @@ from mdc.tokenizer import caption_mask, valid_mask
 from mdc.transformer import recording_attention
 from mdc.world.graphs import sample_scene
 from mdc.world.render import COLOURS, render
-from mdc.world.streams import stream_rng
+from mdc.world.streams import STREAM_NEIGHBOURS, stream_rng
 from mdc.world.text import (DESCRIPTIVE_RELATION, JOINERS, SIZE_WORDS, TEXTURE_ADJ, descriptive_plan, join_list,
                             pick, render_descriptive, with_article)
 
 __all__ = ["KINDS", "RATIOS", "caption_spans", "format_neighbour_use", "make_items", "neighbour_use"]
 
-STREAM_NEIGHBOURS = 5000  # a free block of mdc.world.streams: scenes, + 1 captions, + 2 substitutions, + 3 + k masks
 RATIOS = (0.25, 0.75, 0.95)
 KINDS = ("colour", "size", "texture")  # attributes with a word in the object list
 FIELDS = ("size", "texture", "colour", "shape")  # an object's words in the list, in order

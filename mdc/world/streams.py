@@ -21,6 +21,9 @@ STREAM_SUGARCREPE = 3000  # SugarCrepe's scenes; STREAM_SUGARCREPE + 1 + k: sub-
 STREAM_CAPTIONS = 4000  # the captioning sets' scenes; STREAM_CAPTIONS + 1: their references
 STREAM_OWN = 3500  # in-distribution suites' scenes; + 1: each scene's caption; + 2 + k: sub-task k's edits
 
+# Instruments (mdc.eval), 5000-5999.
+STREAM_NEIGHBOURS = 5000  # neighbour use (mdc.eval.neighbours): scenes, + 1 captions, + 2 substitutions, + 3 + k masks
+
 # Tutorials (mdc.tutorial), 6000-6199: stream + 1 captions the scenes of stream; + 50 (and + 51)
 # are the scenes (and captions) of write_example_dataset.
 STREAM_TUTORIAL_TRAIN = 6000  # training scenes
