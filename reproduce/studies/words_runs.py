@@ -128,7 +128,8 @@ def _reader(t: Run, name: str, pre: Run, **params) -> Run:
     """``t`` (a reference evaluation of one pretraining run) reading ``pre`` instead, as ``name``."""
     p = {**t.params, **params, "output_dir": f"{{run:{name}}}"}
     p["checkpoint"] = f"{{run:{pre.name}}}"
-    return Run(name, t.notebook, p, deps=(pre.name, "data/evalsets"), labels=dict(pre.labels), timeout_s=t.timeout_s)
+    labels = {**pre.labels, **({"part": t.labels["part"]} if "part" in t.labels else {})}  # the runner's estimate
+    return Run(name, t.notebook, p, deps=(pre.name, "data/evalsets"), labels=labels, timeout_s=t.timeout_s)
 
 
 def descriptive_runs(ref: dict, arm: Arm, objective: str, seed: int, scale: str) -> list[Run]:
