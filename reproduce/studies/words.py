@@ -5,18 +5,18 @@
     python -m reproduce.studies.words --report                          # the tables and the figure, from records
     python -m reproduce.studies.words --plan-seeds                      # seeds.json from the reference (power)
 
-Arms, runs and estimates: :mod:`reproduce.studies.words_runs`; tables, figure, seeds and decision rules:
-:mod:`reproduce.studies.words_report`. A part executes through the runner (:func:`reproduce.running.runner.run_all`)
-into ``DIR/<scale>/`` with the ledger ``reproduce/studies/words/records/``: only the runs that
-:func:`reproduce.studies.words_runs.select` fits into the budget (estimated from the reference ledger, as
-``--dry-run`` prints them), two at a time. Then the driver's two steps, each a subprocess of one thread with a
-record in the same ledger: ``neighbours`` (:func:`neighbours_step`: neighbour use, ``mdc.eval.neighbours``, and
-for MDC the binding diagnostic) on each descriptive pretraining run's checkpoint, and ``caption_words``
-(:func:`caption_words_step`) on each captioning run's captions. The checkpoints stay while a step still reads
-them; seed 0 of every arm's descriptive MDC and ARC is kept in float16 in ``reproduce/studies/words/weights/<run
-name>/`` (``mdc.load`` reads it). A step whose checkpoint is gone (a fresh machine) has its pretraining run
-trained again first, which must make the checkpoint its record names. The study runs on one package digest: a
-part refuses to start when the ledger holds records of another.
+Arms, runs, estimates and the driver's two steps: :mod:`reproduce.studies.words_runs`; tables, figure, seeds and
+decision rules: :mod:`reproduce.studies.words_report`. A part executes through the runner
+(:func:`reproduce.running.runner.run_all`) into ``DIR/<scale>/`` with the ledger ``reproduce/studies/words/records/``:
+only the runs that :func:`reproduce.studies.words_runs.select` fits into the budget (estimated from the reference
+ledger, as ``--dry-run`` prints them), two at a time. Then the driver's steps, each a subprocess of one thread with
+a record in the same ledger: ``neighbours`` (neighbour use, ``mdc.eval.neighbours``, and for MDC the binding
+diagnostic) on each descriptive pretraining run's checkpoint, and ``caption_words`` (repeated words) on each
+captioning run's captions. The checkpoints stay while a step still reads them; seed 0 of every arm's descriptive
+MDC and ARC is kept in float16 in ``reproduce/studies/words/weights/<run name>/`` (``mdc.load`` reads it). A step
+whose checkpoint is gone (a fresh machine) has its pretraining run trained again first, which must make the
+checkpoint its record names. The study runs on one package digest: a part refuses to start when the ledger holds
+records of another.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from mdc.base.cli import ArgumentParser, report
 from mdc.base.errors import RunError
 from mdc.eval.results import checkpoint_id, read_results, write_results
 from reproduce import pretrained, registry
-from reproduce.graph import ROOT, code_digest, resolve, run_dir
+from reproduce.graph import ROOT, resolve, run_dir
 from reproduce.running import ledger, runner
 from reproduce.running.bookkeeping import Book
 from reproduce.studies import words_report
@@ -140,11 +140,11 @@ def part(args) -> int:
         settings = runner.RunSettings(jobs=args.jobs, records=args.records, keep_checkpoints=True,
                                       time_budget_s=max(1.0, deadline - time.monotonic()), profile=args.scale)
         outcome = runner.run_all(real, out, settings)
-    steps = [by_name[n] for n in start if by_name[n].notebook in STEPS]
-    _run_steps(steps, key, est, args, deadline)
+    steps = [r for r in runs if r.notebook in STEPS and r.name in need]  # this part's, and any other now ready
+    failed = _run_steps(steps, est, args, deadline)
     keep_seed0(runs, key, out, args.records, args.weights)
     _free(runs, key, out, args.records, args.weights)
-    failed = {n: o for n, o in outcome.items() if o["status"] not in ("ok", "skipped", "left")}
+    failed += [n for n, o in outcome.items() if o["status"] not in ("ok", "skipped", "left")]
     remaining = todo(runs, key, out, args.records)
     if remaining:
         print(f"words: {len(remaining)} runs left; continue with: python -m reproduce.studies.words "
@@ -189,29 +189,32 @@ def _ready(step, out: str, records: str) -> bool:
     return wanted is not None and _has_checkpoint(source) and checkpoint_id(source) == wanted
 
 
-def _run_steps(steps: list, key: dict, est: dict, args, deadline: float) -> None:
-    """The driver's steps whose input is here and whose estimate fits what is left, ``--jobs`` at a time, each
-    ``python -m reproduce.studies.words --step NAME`` with one thread."""
+def _run_steps(steps: list, est: dict, args, deadline: float) -> list[str]:
+    """The driver's steps whose input is here and whose estimate fits what is left (a caption-word count, seconds
+    long, whatever is left: its captions do not outlive the run folder), ``--jobs`` at a time, each
+    ``python -m reproduce.studies.words --step NAME`` with one thread; returns the ones that failed."""
     out = os.path.join(args.out, args.scale)
     ready = [s for s in steps if _ready(s, out, args.records)]
     chosen, used = [], 0.0
     for s in ready:
-        if used + est[s.name][0] <= args.jobs * max(0.0, deadline - time.monotonic()):
+        cost = 0.0 if s.notebook == "caption_words" else est[s.name][0]
+        if used + cost <= args.jobs * max(0.0, deadline - time.monotonic()):
             chosen.append(s)
-            used += est[s.name][0]
+            used += cost
     flags = ["--scale", args.scale, "--out", args.out, "--records", args.records]
     if args.seeds != plan.SEEDS:
         flags += ["--seeds", args.seeds]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     command = [sys.executable, "-m", "reproduce.studies.words", *flags, *(["--with-optional"] * args.with_optional)]
 
-    def one(step):
+    def one(step) -> str | None:
         done = subprocess.run([*command, "--step", step.name], cwd=ROOT, env=env, capture_output=True, text=True)
         print(f"words: step {step.name}: {'ok' if done.returncode == 0 else 'failed'}"
               + ("" if done.returncode == 0 else f"\n{done.stderr[-1500:]}"), flush=True)
+        return None if done.returncode == 0 else step.name
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        list(pool.map(one, chosen))
+        return [n for n in pool.map(one, chosen) if n]
 
 
 def step(args) -> int:
@@ -220,7 +223,7 @@ def step(args) -> int:
     run, out = by_name[args.step], os.path.join(args.out, args.scale)
     params = resolve(run.params, out)
     started, cpu = time.perf_counter(), time.process_time()
-    results = (neighbours_step if run.notebook == "neighbours" else caption_words_step)(params)
+    results = plan.STEP_FUNCTIONS[run.notebook](params)
     folder = run_dir(out, run)
     source = params.get("checkpoint")
     written = write_results(os.path.join(folder, "results.json"), run.notebook, results, parameters=run.params,
@@ -231,44 +234,12 @@ def step(args) -> int:
     outcome = {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu, "peak_mb": 0.0,
                "device": f"cpu: {platform.machine()}, {os.cpu_count()} cores"}
     ledger.write(args.records, run, key[run.name], read_results(os.path.join(folder, "results.json")), out,
-                 code_digest(plan.STEP_CODE), outcome)
+                 plan.step_digest(), outcome)
     return 0
 
 
-def neighbours_step(p: dict) -> dict:
-    """Neighbour use (``mdc.eval.neighbours.neighbour_use``) of the checkpoint, and for MDC the binding diagnostic
-    (:func:`mdc.eval.positive_controls.binding_accuracy`, own and another item's image) on the binding suites."""
-    import mdc
-    from mdc.eval.neighbours import neighbour_use  # written beside this study; imported where it is used
-    from mdc.eval.positive_controls import binding_accuracy
-    from mdc.eval.suites import load_suites, shuffled_images
-    from mdc.factory import checkpoint_folder
-
-    model = mdc.load(checkpoint_folder(p["checkpoint"])).eval()
-    out = {"neighbours": neighbour_use(model, n_items=p["n_items"], seed=p["seed"]), "binding": {}}
-    if p["binding"]:
-        suites = load_suites(p["data_dir"], p["binding"], own_items=p["own_items"],
-                             attribute_min_count=p["attribute_min_count"])
-        transform = mdc.image_transform(model)
-        out["binding"] = {name: binding_accuracy(model, transform, suite, shuffled_images(suite, p["seed"]))
-                          for name, suite in suites.items()}
-    return out
-
-
-def caption_words_step(p: dict) -> dict:
-    """Repetition (:func:`reproduce.studies.words_report.repetition`) of every caption set of a captioning run and
-    of its test references."""
-    with open(os.path.join(p["captioning"], "predictions.json")) as f:
-        sets = json.load(f)
-    with open(p["captions_json"]) as f:
-        images = json.load(f)["images"]
-    references = [s["raw"] for im in images if im.get("split") == "test" for s in im["sentences"]]
-    return {"sets": {name: words_report.repetition(caps.values()) for name, caps in sets.items()},
-            "references": words_report.repetition(references)}
-
-
 def reference_neighbours(weights: str, path: str) -> str:
-    """Neighbour use (:func:`neighbours_step`'s call, 1,000 objects, seed 0) of every kept seed of the reference
+    """Neighbour use (the ``neighbours`` step's call: 1,000 objects, seed 0) of every kept seed of the reference
     run's descriptive MDC and ARC (``reproduce/weights/mini``), written to ``path``: the instrument's seed spread
     before any arm is read, which the seed plan reads."""
     import mdc

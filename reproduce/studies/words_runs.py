@@ -15,6 +15,9 @@ Runs, per arm, objective and seed (``<arm>``: :data:`ARMS`; names as the ledger 
   MDC and ARC, ``pretrained`` or ``finetuned`` at :data:`FINETUNE_CAP` times the reference's cap) and
   ``caption_words/<arm>-alt-<stage>-s<seed>`` (a step: repeated content words of every caption set).
 
+The steps' code is here (:data:`STEP_FUNCTIONS`); a step's key hashes that code (:func:`step_digest`), its
+parameters and its dependencies' keys, as the runner's key hashes a notebook's code cells.
+
 The estimate of a run not yet recorded in the study's ledger is its reference run's record
 (``reproduce/records/mini``) as :func:`reproduce.running.ledger.estimate` gives it (an evaluation scaled by its
 cost model), a pretraining run's scaled by its images (steps x batch) and, with the caption length hidden, by the
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -34,15 +38,15 @@ from dataclasses import dataclass
 from mdc.factory import model_config
 from reproduce import registry
 from reproduce.cost import eval_cost
-from reproduce.graph import ROOT, Run, code_digest, keys
+from reproduce.graph import ROOT, Run, keys
 from reproduce.running import ledger
+from reproduce.studies.words_report import repetition
 
 STUDY = os.path.join(ROOT, "reproduce", "studies", "words")
 RECORDS = os.path.join(STUDY, "records")
 WEIGHTS = os.path.join(STUDY, "weights")
 SEEDS = os.path.join(STUDY, "seeds.json")
 REFERENCE = os.path.join(ROOT, "reproduce", "records", "mini")
-STEP_CODE = os.path.join(ROOT, "reproduce", "studies", "words.py")  # the steps' code: part of their keys
 BUDGET_RUN_HOURS = 30.0
 BINDING_SUITES = ("own_attribute", "own_sugarcrepe/swap_att", "own_sugarcrepe/swap_obj")
 OWN_ITEMS = 60  # images a file: reproduce.power's Table 2 rule asks 59 (own_swap, MDC - ARC), 22 (own_attribute)
@@ -199,16 +203,57 @@ def study_runs(scale: str = "mini", plan: dict | None = None, with_optional: boo
     return runs
 
 
+def step_digest() -> str:
+    """sha256 of the steps' code (:data:`STEP_FUNCTIONS` and what they count with): part of a step's key."""
+    code = "".join(inspect.getsource(f) for f in (*STEP_FUNCTIONS.values(), repetition))
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
 def plan_keys(runs: list[Run]) -> dict[str, str]:
     """Every run's key: the runner's (:func:`reproduce.graph.keys`) and, for a step, the same hash over its code
-    (:data:`STEP_CODE`), parameters and its dependencies' keys."""
+    (:func:`step_digest`), parameters and its dependencies' keys."""
     key = keys([r for r in runs if r.notebook not in STEPS])
-    digest = code_digest(STEP_CODE)
+    digest = step_digest()
     for r in runs:
         if r.notebook in STEPS:
             payload = json.dumps([r.notebook, digest, r.params, [key[d] for d in r.deps]], sort_keys=True)
             key[r.name] = hashlib.sha256(payload.encode()).hexdigest()[:16]
     return key
+
+
+def neighbours_step(p: dict) -> dict:
+    """Neighbour use (``mdc.eval.neighbours.neighbour_use``) of the checkpoint, and for MDC the binding diagnostic
+    (:func:`mdc.eval.positive_controls.binding_accuracy`, own and another item's image) on the binding suites."""
+    import mdc
+    from mdc.eval.neighbours import neighbour_use
+    from mdc.eval.positive_controls import binding_accuracy
+    from mdc.eval.suites import load_suites, shuffled_images
+    from mdc.factory import checkpoint_folder
+
+    model = mdc.load(checkpoint_folder(p["checkpoint"])).eval()
+    out = {"neighbours": neighbour_use(model, n_items=p["n_items"], seed=p["seed"]), "binding": {}}
+    if p["binding"]:
+        suites = load_suites(p["data_dir"], p["binding"], own_items=p["own_items"],
+                             attribute_min_count=p["attribute_min_count"])
+        transform = mdc.image_transform(model)
+        out["binding"] = {name: binding_accuracy(model, transform, suite, shuffled_images(suite, p["seed"]))
+                          for name, suite in suites.items()}
+    return out
+
+
+def caption_words_step(p: dict) -> dict:
+    """Repetition (:func:`reproduce.studies.words_report.repetition`) of every caption set of a captioning run and
+    of its test references."""
+    with open(os.path.join(p["captioning"], "predictions.json")) as f:
+        sets = json.load(f)
+    with open(p["captions_json"]) as f:
+        images = json.load(f)["images"]
+    references = [s["raw"] for im in images if im.get("split") == "test" for s in im["sentences"]]
+    return {"sets": {name: repetition(caps.values()) for name, caps in sets.items()},
+            "references": repetition(references)}
+
+
+STEP_FUNCTIONS = {"neighbours": neighbours_step, "caption_words": caption_words_step}
 
 
 def reference_name(run: Run) -> str:

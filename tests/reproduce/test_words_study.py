@@ -246,7 +246,7 @@ def test_caption_words_reads_a_captioning_run_and_its_references(tmp_path):
     images = [{"split": "test", "sentences": [{"raw": "a red circle"}]},
               {"split": "train", "sentences": [{"raw": "star star"}]}]
     (tmp_path / "captions.json").write_text(json.dumps({"images": images}))
-    out = words.caption_words_step({"captioning": str(tmp_path), "captions_json": str(tmp_path / "captions.json")})
+    out = plan.caption_words_step({"captioning": str(tmp_path), "captions_json": str(tmp_path / "captions.json")})
     assert out["sets"]["mdc-10"]["repeated_content"] == pytest.approx(1 / 3) and out["references"]["repeated"] == 0
 
 
