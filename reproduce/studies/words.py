@@ -209,8 +209,8 @@ def _run_steps(steps: list, est: dict, args, deadline: float) -> list[str]:
 
     def one(step) -> str | None:
         done = subprocess.run([*command, "--step", step.name], cwd=ROOT, env=env, capture_output=True, text=True)
-        print(f"words: step {step.name}: {'ok' if done.returncode == 0 else 'failed'}"
-              + ("" if done.returncode == 0 else f"\n{done.stderr[-1500:]}"), flush=True)
+        print(f"words: step {step.name}: {'ok' if done.returncode == 0 else 'failed'}\n{done.stdout}"
+              + ("" if done.returncode == 0 else done.stderr[-1500:]), flush=True)
         return None if done.returncode == 0 else step.name
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -224,6 +224,9 @@ def step(args) -> int:
     params = resolve(run.params, out)
     started, cpu = time.perf_counter(), time.process_time()
     results = plan.STEP_FUNCTIONS[run.notebook](params)
+    if run.notebook == "neighbours":  # the instrument's own table, for every arm and model, in the part's log
+        from mdc.eval.neighbours import format_neighbour_use
+        print(f"{run.name}\n{format_neighbour_use(results['neighbours'])}")
     folder = run_dir(out, run)
     source = params.get("checkpoint")
     written = write_results(os.path.join(folder, "results.json"), run.notebook, results, parameters=run.params,
