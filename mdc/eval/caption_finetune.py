@@ -13,7 +13,7 @@ too. ``eval_every = 0`` trains exactly ``steps`` steps and keeps the last weight
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -41,6 +41,7 @@ class FinetuneOptions:
     eval_every: int = 0  # validation loss every this many steps (the stopping rule); 0: exactly `steps` steps
     patience: int = 3  # stop after this many evaluations in a row without an improvement
     tolerance: float = 0.005  # an improvement: below the best validation loss by more than this fraction of it
+    t_interval: tuple[float, float] | None = None  # MDC: train and validate at t ~ U[w_l, w_u]; None: as pretrained
 
 
 @dataclass
@@ -113,6 +114,10 @@ def finetune(model, items: Sequence[Mapping], options: FinetuneOptions | None = 
     """
     o = with_options(FinetuneOptions, options, kw, "finetune")
     objective = check_captioner(model)
+    if o.t_interval is not None:
+        if objective != "mdc":
+            raise ValueError(f"t_interval sets MDC's masking ratio; a {objective!r} captioner has none")
+        model.config = replace(model.config, t_interval=tuple(o.t_interval))  # validated by ModelConfig
     check_items(items)
     if o.steps < 1 or o.batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1; got {o.steps}, {o.batch_size}")

@@ -75,6 +75,7 @@ class CaptionOptions:
     finetune_eval_every: int = FinetuneOptions.eval_every  # the stopping rule's validation period; 0: no rule
     finetune_patience: int = FinetuneOptions.patience  # evaluations without an improvement before it stops
     finetune_tolerance: float = FinetuneOptions.tolerance  # an improvement: by more than this fraction
+    finetune_t_interval: tuple[float, float] | None = None  # MDC fine-tunes at t ~ U[w_l, w_u]; None: as pretrained
     lengths: tuple[int, ...] = (10, 15, 20)  # MDC caption lengths
     beam_size: int = 6  # ARC beam width
     matched_length: bool = True  # also the sets at matched length (caption_generation's docstring)
@@ -123,13 +124,15 @@ def _finetune(model, objective: str, train_items, val_items, o: CaptionOptions) 
     model, log = finetune(model, train_items, val_items=val_items, steps=o.finetune_steps,
                           batch_size=o.finetune_batch_size, lr=o.finetune_lr, seed=o.seed, device=o.device,
                           eval_every=o.finetune_eval_every, patience=o.finetune_patience,
-                          tolerance=o.finetune_tolerance)
+                          tolerance=o.finetune_tolerance,
+                          t_interval=o.finetune_t_interval if objective == "mdc" else None)  # ARC has no t
     unknown = log["text"]["unknown"] / max(1, log["text"]["tokens"])
     if unknown > 0.05:
         logger.warning("%s fine-tuning: %.0f%% of reference tokens are outside the model's vocabulary ([UNK])",
                        objective, 100 * unknown)
     rule = {"eval_every": o.finetune_eval_every, "patience": o.finetune_patience, "tolerance": o.finetune_tolerance,
             "val_images": len(val_items)} if o.finetune_eval_every else {}
+    t = {"t_interval": list(model.config.t_interval)} if objective == "mdc" else {}
     return model, {"steps": o.finetune_steps, "steps_taken": len(log["loss"]), "batch_size": o.finetune_batch_size,
                    "lr": o.finetune_lr, "images": len(train_items), "unknown_rate": unknown, "loss": log["loss"],
-                   **rule, **{k: log[k] for k in ("val", "best_step", "stopped") if k in log}}
+                   **t, **rule, **{k: log[k] for k in ("val", "best_step", "stopped") if k in log}}

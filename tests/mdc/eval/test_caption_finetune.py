@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from conftest import caption_items, small_model
+from mdc.absorbing import Masking
 from mdc.eval import captioning as cap
 from mdc.eval.caption_finetune import StopRule, validation_loss
 
@@ -51,3 +52,17 @@ def test_the_rule_needs_validation_items(tmp_path):
     with pytest.raises(ValueError, match="patience"):
         cap.finetune(small_model("arc"), _items(tmp_path), val_items=_items(tmp_path), steps=3, eval_every=2,
                      patience=0)
+
+
+def test_mdc_fine_tunes_at_the_t_interval_asked_and_arc_refuses_one(tmp_path, monkeypatch):
+    drawn, sample = [], Masking.sample
+    monkeypatch.setattr(Masking, "sample", lambda self, *a, **k: drawn.append(sample(self, *a, **k)) or drawn[-1])
+    items = _items(tmp_path)
+    pretrained = small_model("mdc")
+    model, _ = cap.finetune(pretrained, items, steps=8, batch_size=4, lr=1e-3, t_interval=[0.0, 1.0])
+    t = torch.cat(drawn)  # [8 steps x 4]
+    assert model.config.t_interval == (0.0, 1.0) and t.min() < 0.5 and len(t) == 32  # pretrained: U[0.5, 1]
+    with pytest.raises(ValueError, match="t_interval must satisfy"):
+        cap.finetune(small_model("mdc"), items, steps=1, t_interval=(0.8, 0.2))
+    with pytest.raises(ValueError, match="t_interval sets MDC's masking.*'arc'"):
+        cap.finetune(small_model("arc"), items, steps=1, t_interval=(0.0, 1.0))
