@@ -35,7 +35,6 @@ __all__ = ["CLIP", "Captioner", "ModelConfig", "evaluating", "vision_tower"]
 
 OBJECTIVES = ("mdc", "arc", "clip")
 POSITIONS = ("learned", "rotary")  # the text transformer's positions: a learned embedding, or RoPE (mdc/transformer.py)
-LATER_FIELDS = ("positions", "length_visible")  # written to config.json only when not at their defaults
 
 
 @dataclass
@@ -105,9 +104,8 @@ class ModelConfig:
         return Masking(self.t_interval, self.t_sampling, self.mask_ratio, self.time_weighting)
 
     def to_json(self) -> str:
-        """The fields as JSON; :data:`LATER_FIELDS` only where set (a config.json without them stays as it was)."""
-        d = {k: v for k, v in asdict(self).items() if k not in LATER_FIELDS or v != getattr(ModelConfig, k)}
-        return json.dumps(d, indent=1)
+        """Every field as JSON (a config.json written before a field existed loads it at its default)."""
+        return json.dumps(asdict(self), indent=1)
 
 
 PRECISIONS = ("auto", "fp32", "bf16")

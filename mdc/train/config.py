@@ -320,6 +320,8 @@ def check_same_run(cfg: TrainConfig, model_config, world: int, ckpt: str) -> lis
             return [f"{ckpt} holds no train_config.json: its run configuration is unknown"]
         raise ValueError(f"cannot resume {ckpt}: it holds no train_config.json (written by an older version), "
                          f"so it cannot be checked to be the same run; {hint}")
+    defaults = {f.name: f.default for f in dataclasses.fields(model_config) if f.default is not dataclasses.MISSING}
+    saved["model"] = json.loads(json.dumps(defaults)) | saved["model"]  # a field it predates: its default
     now = {"train": run_config(cfg, world), "model": json.loads(model_config.to_json())}
     diffs = run_differences(saved, now)
     if diffs and not cfg.force_resume:

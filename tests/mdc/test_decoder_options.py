@@ -132,7 +132,9 @@ def test_positions_are_validated_and_old_configs_load_as_learned(tmp_path):
     model = small_model()
     model.save(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert "positions" not in saved and "length_visible" not in saved  # a default model writes what it always has
+    assert (saved["positions"], saved["length_visible"]) == ("learned", True)  # every field, defaults included
+    del saved["positions"], saved["length_visible"]  # a config.json written before the two fields existed
+    (tmp_path / "config.json").write_text(json.dumps(saved))
     loaded = mdc.load(tmp_path)
     assert (loaded.config.positions, loaded.config.length_visible) == ("learned", True)
     rotary = small_model(positions="rotary", length_visible=False)

@@ -68,6 +68,19 @@ def test_same_run_resumes_with_free_fields_changed(data, tmp_path):
     assert sorted(os.listdir(run / "checkpoints")) == ["latest.json", "step_000003"]  # keep_last=1
 
 
+def test_a_model_field_the_checkpoint_predates_counts_as_its_default(data, tmp_path):
+    run = tmp_path / "run"
+    train(**args(data, run))
+    (run / "checkpoints" / "latest.json").write_text(json.dumps({"step": 1, "path": "step_000001"}))
+    saved = run / "checkpoints" / "step_000001" / "config.json"
+    config = json.loads(saved.read_text())
+    del config["positions"], config["length_visible"]  # written before the two fields existed
+    saved.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="positions: checkpoint '<unset>', now 'rotary'"):
+        train(**args(data, run, resume=True, model_overrides=TRAIN_MODEL | {"positions": "rotary"}))
+    assert train(**args(data, run, resume=True))["steps"] == 2
+
+
 def test_force_resume_continues_and_warns(data, tmp_path, caplog):
     run = tmp_path / "run"
     train(**args(data, run))
