@@ -74,9 +74,7 @@ def _trainer(model, device: torch.device, compile: dict | None = None):
     autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16)
 
     def step(images, tokens):
-        if graphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        loss = accumulate(net, model, [(images, tokens)], autocast=autocast).clone()
+        loss = accumulate(net, model, [(images, tokens)], autocast=autocast, graphs=graphs)
         optim.optimizer_step(model, opt, sched)
         return loss
 

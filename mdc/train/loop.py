@@ -52,11 +52,13 @@ class LossModule(nn.Module):
 
 
 def accumulate(net: nn.Module, model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
-               ddp: nn.Module | None = None, autocast=contextlib.nullcontext) -> torch.Tensor:
+               ddp: nn.Module | None = None, autocast=contextlib.nullcontext, graphs: bool = False) -> torch.Tensor:
     """Forward and backward of one optimizer step over K micro-batches; returns the step's loss.
 
     ``net`` is the (DDP-wrapped, compiled) :class:`LossModule` of ``model``; with ``ddp``,
-    gradients are all-reduced only in the last micro-step (``no_sync`` before).
+    gradients are all-reduced only in the last micro-step (``no_sync`` before). ``graphs``: ``net`` replays
+    CUDA graphs (compiled with ``mode="reduce-overhead"``), so the step is marked as a new one first (the last
+    replay's outputs may be overwritten) and the loss returned is a copy, not a graph's output.
 
     Captioners: each micro-batch loss is backpropagated divided by K (gradient of the mean);
     the returned loss is the mean. CLIP (K > 1): the global batch is contrasted, as open_clip's
@@ -70,6 +72,14 @@ def accumulate(net: nn.Module, model: nn.Module, batches: list[tuple[torch.Tenso
     detached in the others. The returned loss is that full-batch loss. Recomputation assumes
     a deterministic forward (no dropout). ``batches`` are [(images [B,3,H,W], tokens [B,L])].
     """
+    K = len(batches)
+    if graphs:
+        torch.compiler.cudagraph_mark_step_begin()
+        return _accumulate(net, model, batches, ddp, autocast).clone()
+    return _accumulate(net, model, batches, ddp, autocast)
+
+
+def _accumulate(net, model, batches, ddp, autocast) -> torch.Tensor:
     K = len(batches)
 
     def sync(j: int):
@@ -291,9 +301,8 @@ def _step(run: _Run) -> float:
     """One optimizer step, with no host synchronisation: the loss stays on the device (``run.pending``), and
     whether every loss since the last read was finite (``run.finite``); returns the step's LR."""
     batches = [_to_device(*run.stream.next(), run.device) for _ in range(run.cfg.accum_steps)]
-    if run.cfg.compile and run.cfg.compile_mode == "reduce-overhead":
-        torch.compiler.cudagraph_mark_step_begin()  # a new step: the last replay's outputs may be overwritten
-    loss = accumulate(run.net, run.model, batches, run.ddp, run.autocast).clone()  # not a CUDA graph's output
+    graphs = run.cfg.compile and run.cfg.compile_mode == "reduce-overhead"
+    loss = accumulate(run.net, run.model, batches, run.ddp, run.autocast, graphs)
     run.pending, run.finite = loss, run.finite & torch.isfinite(loss)
     run.step += 1
     lr = run.optimizer.param_groups[0]["lr"]
