@@ -319,7 +319,8 @@ def score_suites_variants(model, transform, suites: dict[str, Suite], scoring: d
     shared out by the suites' candidates."""
     o = suite_options(options, **kw)
     start, model, tok = time.time(), model.to(o.device), model.tokenizer
-    keys = {n: image_keys(s.items, o.workers) for n, s in suites.items()}
+    flat = iter(image_keys([it for s in suites.values() for it in s.items], o.workers))  # an image hashed once
+    keys = {n: [next(flat) for _ in s.items] for n, s in suites.items()}
     out = {n: SuiteScores(s, {v: None for v in scoring}, methods={v: kw["method"] for v, kw in scoring.items()})
            for n, s in suites.items()}
     for call, names in _calls(scoring):

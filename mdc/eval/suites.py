@@ -81,7 +81,7 @@ class Suite:
             self.clusters = [str(item["id"]) for item in self.items]
 
     def keys(self) -> list[str]:
-        """Stable per-item ids, the ELBO noise keys."""
+        """Stable per-item ids (the ELBO's noise is keyed by the image: ``suite_scoring.image_keys``)."""
         return [f"{self.name}/{item['id']}" for item in self.items]
 
 

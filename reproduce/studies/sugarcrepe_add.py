@@ -27,7 +27,7 @@ CONDITIONS = ("own image", "another item's image")
 
 
 def shifted(suite):
-    """The suite with item i paired with the image of item i + 1 (captions and noise keys unchanged)."""
+    """The suite with item i paired with the image of item i + 1 (captions and ids unchanged)."""
     items = [{**item, "image_path": suite.items[(i + 1) % len(suite.items)]["image_path"]}
              for i, item in enumerate(suite.items)]
     return dataclasses.replace(suite, items=items)

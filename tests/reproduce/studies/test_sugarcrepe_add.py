@@ -23,7 +23,7 @@ def test_shifted_gives_every_item_another_items_image(tmp_path):
     moved = study.shifted(suite)
     paths = [it["image_path"] for it in suite.items]
     assert [it["image_path"] for it in moved.items] == paths[1:] + paths[:1] and len(set(paths)) == len(paths)
-    assert moved.candidates == suite.candidates and moved.keys() == suite.keys()  # same captions, same noise
+    assert moved.candidates == suite.candidates and moved.keys() == suite.keys()  # same captions, same items
 
 
 def test_the_study_scores_both_conditions_and_writes_its_tables(tmp_path):
