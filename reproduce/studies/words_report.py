@@ -17,6 +17,7 @@ beside it and, where a rule is fixed, the verdict. Decision rules (the threshold
 - repeats less: repeated content words (% of a caption's content words that repeat an earlier one) at the
   references' length (``mdc-ref``, ``arc-beam6-ref``), arm minus paper. The margin m_r is a tenth of the paper
   arm's excess over its references (the control). Repeats less: the interval lies below -m_r; more: above m_r.
+  The row ``t0-1`` is the paper arm's MDC fine-tuned at t ~ U[0, 1], set against the paper arm's fine-tune.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ REFERENCE_NEIGHBOURS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 MARGIN_FRACTION = 0.10
 WORDS_RATIO = {"mdc": "0.75", "arc": "teacher_forced"}
 MATCHED = {"mdc": "mdc-ref", "arc": "arc-beam6-ref"}
-ORDER = ("paper", "rotary", "hidden", "quarter", "x2", "x4")
+ORDER = ("paper", "t0-1", "rotary", "hidden", "quarter", "x2", "x4")
+T01 = ("finetuned-t0-1", "t0-1")  # the paper arm's MDC fine-tuned at t ~ U[0, 1]: its stage, and its row's arm
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
@@ -177,9 +179,12 @@ def series_of(runs: list[dict]) -> dict[str, dict]:
         put("words", (arm, o.upper()), s, words_measures(res, o))
     words = _by(runs, "caption_words")
     for (arm, stage, s), res in _by(runs, "captioning").items():
+        counts = words.get((arm, stage, s))
+        if stage == T01[0]:  # a row of its own, set against the paper arm's fine-tune as an arm is
+            arm, stage = T01[1], "finetuned"
         for name in res["metrics"]:
             label = "own length" if name == "mdc-None" else name
-            put("captions", (arm, f"{stage} {label}"), s, caption_measures(res, words.get((arm, stage, s)), name))
+            put("captions", (arm, f"{stage} {label}"), s, caption_measures(res, counts, name))
     return out
 
 

@@ -301,6 +301,12 @@ def _study_records(folder):
             _record(folder, f"caption_words/{arm}-alt-finetuned-s{seed}", "caption_words", {}, 1.0,
                     {"sets": {"mdc-ref": {"repeated_content": rep}, "arc-beam6-ref": {"repeated_content": 0.1}},
                      "references": {"repeated_content": 0.05}}, seed, lab)
+        lab = {"arm": "paper", "style": "alt", "stage": "finetuned-t0-1", "seed": seed}  # MDC alone, t ~ U[0, 1]
+        _record(folder, f"captioning/words-paper-alt-finetuned-t0-1-s{seed}", "captioning", {}, 1.0,
+                {"metrics": {"mdc-ref": m}, "finetune": {"mdc": {"stopped": "plateau"}}}, seed, lab)
+        _record(folder, f"caption_words/paper-alt-finetuned-t0-1-s{seed}", "caption_words", {}, 1.0,
+                {"sets": {"mdc-ref": {"repeated_content": 0.35 + 0.01 * seed}},
+                 "references": {"repeated_content": 0.05}}, seed, lab)
 
 
 def plan_ratio(objective):
@@ -322,8 +328,10 @@ def test_the_report_builds_one_table_per_instrument_with_the_rules_verdicts(tmp_
     captions = text.split("### Captions")[1]
     assert "repeats less" in captions.split("| rotary | finetuned mdc-ref |")[1].split("\n")[0]
     assert "-10.0 [" in captions.split("| rotary | finetuned mdc-ref |")[1].split("\n")[0]
+    t01 = captions.split("| t0-1 | finetuned mdc-ref |")[1].split("\n")[0]  # against the paper arm's fine-tune
+    assert "+5.0 [" in t01 and "repeats more" in t01
     assert "words-rotary-alt-finetuned-s0 mdc: stopped at its cap of 6000 steps" in text
-    assert "From 48 run records of package p0." in text
+    assert "From 54 run records of package p0." in text
 
 
 @pytest.mark.slow
