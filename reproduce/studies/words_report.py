@@ -40,7 +40,7 @@ MARGIN_FRACTION = 0.10
 WORDS_RATIO = {"mdc": "0.75", "arc": "teacher_forced"}
 MATCHED = {"mdc": "mdc-ref", "arc": "arc-beam6-ref"}
 ORDER = ("paper", "t0-1", "rotary", "hidden", "quarter", "x2", "x4")
-T01 = ("finetuned-t0-1", "t0-1")  # the paper arm's MDC fine-tuned at t ~ U[0, 1]: its stage, and its row's arm
+T01 = ("finetuned-t0-1", "t0-1", "finetuned")  # the paper arm's MDC fine-tuned at t ~ U[0, 1]: stage -> arm, stage
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
@@ -180,8 +180,7 @@ def series_of(runs: list[dict]) -> dict[str, dict]:
     words = _by(runs, "caption_words")
     for (arm, stage, s), res in _by(runs, "captioning").items():
         counts = words.get((arm, stage, s))
-        if stage == T01[0]:  # a row of its own, set against the paper arm's fine-tune as an arm is
-            arm, stage = T01[1], "finetuned"
+        arm, stage = T01[1:] if stage == T01[0] else (arm, stage)  # its own row, against the paper's fine-tune
         for name in res["metrics"]:
             label = "own length" if name == "mdc-None" else name
             put("captions", (arm, f"{stage} {label}"), s, caption_measures(res, counts, name))
