@@ -6,17 +6,18 @@
     python -m reproduce.studies.words --plan-seeds                      # seeds.json from the reference (power)
 
 Arms, runs, estimates and the driver's two steps: :mod:`reproduce.studies.words_runs`; tables, figure, seeds and
-decision rules: :mod:`reproduce.studies.words_report`. A part executes through the runner
-(:func:`reproduce.running.runner.run_all`) into ``DIR/<scale>/`` with the ledger ``reproduce/studies/words/records/``:
-only the runs that :func:`reproduce.studies.words_runs.select` fits into the budget (estimated from the reference
-ledger, as ``--dry-run`` prints them), two at a time. Then the driver's steps, each a subprocess of one thread with
-a record in the same ledger: ``neighbours`` (neighbour use, ``mdc.eval.neighbours``, and for MDC the binding
-diagnostic) on each descriptive pretraining run's checkpoint, and ``caption_words`` (repeated words) on each
-captioning run's captions. The checkpoints stay while a step still reads them; seed 0 of every arm's descriptive
-MDC and ARC is kept in float16 in ``reproduce/studies/words/weights/<run name>/`` (``mdc.load`` reads it). A step
-whose checkpoint is gone (a fresh machine) has its pretraining run trained again first, which must make the
-checkpoint its record names. The study runs on one package digest: a part refuses to start when the ledger holds
-records of another.
+decision rules: :mod:`reproduce.studies.words_report`. The estimates are the reference machine's;
+``--machine-factor`` scales them to this one (:func:`on_machine`), as each part measures it (:func:`machine_ratio`).
+A part executes through the runner (:func:`reproduce.running.runner.run_all`) into ``DIR/<scale>/`` with the ledger
+``reproduce/studies/words/records/``: only the runs that :func:`reproduce.studies.words_runs.select` fits into the
+budget (estimated from the reference ledger, as ``--dry-run`` prints them), two at a time. Then the driver's steps,
+each a subprocess of one thread with a record in the same ledger: ``neighbours`` (neighbour use,
+``mdc.eval.neighbours``, and for MDC the binding diagnostic) on each descriptive pretraining run's checkpoint, and
+``caption_words`` (repeated words) on each captioning run's captions. The checkpoints stay while a step still reads
+them; seed 0 of every arm's descriptive MDC and ARC is kept in float16 in
+``reproduce/studies/words/weights/<run name>/`` (``mdc.load`` reads it). A step whose checkpoint is gone (a fresh machine) has its pretraining run trained
+again first, which must make the checkpoint its record names. The study runs on one package digest: a part refuses
+to start when the ledger holds records of another.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -53,9 +55,31 @@ def _setup(args, estimates: bool = True) -> tuple[list, dict, dict, dict]:
     key, by_name = plan.plan_keys(runs), {r.name: r for r in runs}
     ref = {r.name: r for r in registry.build(args.scale, 1)}  # the evaluation sets' sizes, for the cost model
     reference = args.reference if args.scale == "mini" else None  # the reference ledger is mini's
-    est = {r.name: plan.estimate(r, by_name, args.records, reference, args.scale, ref) for r in runs} \
-        if estimates else {}
+    est = {r.name: on_machine(plan.estimate(r, by_name, args.records, reference, args.scale, ref), args.machine_factor)
+           for r in runs} if estimates else {}
     return runs, key, by_name, est
+
+
+ELSEWHERE = ("reference", "no record")  # the sources of an estimate that another machine made
+
+
+def on_machine(est: tuple[float, str], factor: float) -> tuple[float, str]:
+    """``est`` (seconds, source) on a machine ``factor`` times slower than the reference's: an estimate from the
+    reference ledger or a step's default is scaled, one from the study's own records is not (this machine made it)."""
+    seconds, source = est
+    if factor == 1.0 or not source.startswith(ELSEWHERE):
+        return est
+    return seconds * factor, f"{source}; x {factor:g} on this machine"
+
+
+def machine_ratio(outcome: dict[str, dict], est: dict[str, tuple[float, str]], factor: float = 1.0
+                  ) -> tuple[float, int] | None:
+    """(median of seconds taken over the reference machine's estimate, runs) of the runs in ``outcome`` that
+    succeeded with an estimate from the reference ledger (``est`` scaled by ``factor``): the ``--machine-factor``
+    of this machine; None without such a run."""
+    ratios = [o["seconds"] * factor / est[n][0] for n, o in outcome.items() if o.get("status") == "ok"
+              and o.get("seconds", 0) > 0 and n in est and est[n][1].startswith(ELSEWHERE[0])]
+    return (statistics.median(ratios), len(ratios)) if ratios else None
 
 
 def todo(runs: list, key: dict, out: str, records: str) -> set[str]:
@@ -82,7 +106,9 @@ def dry_run(args) -> str:
         state = "would run" if r.name in need else "recorded"
         lines.append(f"{state:9s} {r.name}  ({r.notebook}; ~{seconds[r.name] / 60:.1f} min: {est[r.name][1]})")
     by_arm = plan.run_hours(runs, seconds)
-    lines.append("\nrun-hours by arm on the reference 2-core machine (one thread a run, two at a time):")
+    where = "the reference 2-core machine" if args.machine_factor == 1.0 else \
+        f"this machine, x {args.machine_factor:g} the reference's where it has not measured"
+    lines.append(f"\nrun-hours by arm on {where} (one thread a run, two at a time):")
     for arm, styles in by_arm.items():
         lines.append(f"  {arm:8s} {sum(styles.values()):6.2f}  (" + ", ".join(
             f"{s} {h:.2f}" for s, h in styles.items()) + ")")
@@ -145,6 +171,9 @@ def part(args) -> int:
     keep_seed0(runs, key, out, args.records, args.weights)
     _free(runs, key, out, args.records, args.weights)
     failed += [n for n, o in outcome.items() if o["status"] not in ("ok", "skipped", "left")]
+    if measured := machine_ratio(outcome, est, args.machine_factor):
+        print(f"words: this part's runs took {measured[0]:.2f} times their reference estimates (median of "
+              f"{measured[1]}): the --machine-factor of this machine")
     remaining = todo(runs, key, out, args.records)
     if remaining:
         print(f"words: {len(remaining)} runs left; continue with: python -m reproduce.studies.words "
@@ -305,6 +334,8 @@ def main(argv=None) -> int:
     p.add_argument("--time-budget", type=float, metavar="MINUTES", help="execute a part of this many minutes")
     p.add_argument("--out", default=os.path.join("reproduce", "runs", "words"), help="run folders: OUT/<scale>/")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    p.add_argument("--machine-factor", type=float, default=1.0, metavar="F", help="this machine's run time over "
+                   "the reference machine's: scales the estimates from the reference ledger (a part prints it)")
     p.add_argument("--report", action="store_true", help="the tables and the figure from the records")
     p.add_argument("--plan-seeds", action="store_true", help="write the seed plan from the reference (power)")
     p.add_argument("--reference-neighbours", metavar="WEIGHTS", help="neighbour use of the reference's kept weights "
@@ -324,6 +355,8 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> int:
+    if args.machine_factor <= 0:
+        raise RunError(f"--machine-factor must be > 0, got {args.machine_factor}")
     if args.step:
         return step(args)
     if args.reference_neighbours:

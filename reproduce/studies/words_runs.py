@@ -312,7 +312,7 @@ def estimate(run: Run, by_name: dict, records: str | None, reference: str | None
     """(seconds, where from) of ``run``: the study's own record of its stem, else its reference record scaled
     (module docstring), else the step's measured default or the profile's."""
     stem = run.name.rsplit("-s", 1)[0]
-    if records and glob.glob(ledger.path(records, glob.escape(stem) + "-s*")):
+    if records and (ledger.read(records, run.name) or glob.glob(ledger.path(records, glob.escape(stem) + "-s*"))):
         return ledger.estimate(run, records, profile, by_name)
     if run.notebook in STEPS:
         key = "caption_words" if run.notebook == "caption_words" else run.labels.get("objective", "mdc")

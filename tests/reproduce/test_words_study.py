@@ -184,10 +184,34 @@ def test_the_dry_run_estimates_from_the_reference_ledger_scaled_by_steps(tmp_pat
     assert est("pretrain/words-x2-arc-descriptive-s1") == pytest.approx(3000)
 
 
+def test_a_machine_factor_scales_the_reference_estimates_not_the_studys_own_records():
+    assert words.on_machine((100.0, "reference pretrain/mdc-descriptive-s0 x 1.00"), 1.8) == pytest.approx(
+        (180.0, "reference pretrain/mdc-descriptive-s0 x 1.00; x 1.8 on this machine"))
+    assert words.on_machine((30.0, "no record: the step's measured default"), 2.0)[0] == 60.0
+    own = (5000.0, "the record of seed 0")  # made on this machine: already its speed
+    assert words.on_machine(own, 1.8) == own
+    assert words.on_machine((100.0, "reference x"), 1.0) == (100.0, "reference x")
+
+
+def test_a_part_measures_its_runs_against_their_reference_estimates():
+    est = {"pretrain/a-s0": (1000.0, "reference pretrain/a-s0"), "probe/a-s0": (100.0, "reference probe/a-s0"),
+           "pretrain/b-s1": (900.0, "the record of seed 0"), "probe/c-s0": (100.0, "reference probe/c-s0")}
+    outcome = {"pretrain/a-s0": {"status": "ok", "seconds": 1800.0}, "probe/a-s0": {"status": "ok", "seconds": 200.0},
+               "pretrain/b-s1": {"status": "ok", "seconds": 9000.0},  # own record: not a reference estimate
+               "probe/c-s0": {"status": "failed", "seconds": 1.0}}
+    assert words.machine_ratio(outcome, est) == pytest.approx((1.9, 2))  # the median of 1.8 and 2.0, of 2 runs
+    assert words.machine_ratio({}, est) is None
+    scaled = {n: words.on_machine(e, 2.0) for n, e in est.items()}  # measured against the reference's estimate
+    assert words.machine_ratio(outcome, scaled, 2.0) == pytest.approx((1.9, 2))
+    with pytest.raises(RunError, match="--machine-factor must be > 0"):
+        words.main(["--machine-factor", "0", "--dry-run", "--debug"])
+
+
 def test_the_dry_run_prints_every_run_and_sums_its_hours_by_arm(tmp_path, reference, monkeypatch):
     _fake_reference(tmp_path / "ref", reference)
     args = argparse.Namespace(scale="mini", seeds=str(tmp_path / "none.json"), with_optional=False,
-                              records=str(tmp_path / "study"), reference=str(tmp_path / "ref"), out=str(tmp_path))
+                              records=str(tmp_path / "study"), reference=str(tmp_path / "ref"), out=str(tmp_path),
+                              machine_factor=1.0)
     runs, key, by_name, est = words._setup(args)
     text = words.dry_run(args)
     assert sum(line.startswith(("would run", "recorded ")) for line in text.splitlines()) == len(runs)
