@@ -330,15 +330,17 @@ def _free(runs: list, key: dict, out: str, records: str, weights: str) -> None:
 def main(argv=None) -> int:
     p = ArgumentParser(prog="python -m reproduce.studies.words", description=__doc__.split("\n\n")[0],
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--dry-run", action="store_true", help="every run, its estimate and state, the run-hours")
-    p.add_argument("--time-budget", type=float, metavar="MINUTES", help="execute a part of this many minutes")
+    mode = p.add_mutually_exclusive_group()  # one thing a call does: a dry run never starts a part
+    mode.add_argument("--dry-run", action="store_true",
+                      help="every run, its estimate and state, the run-hours (the default)")
+    mode.add_argument("--time-budget", type=float, metavar="MINUTES", help="execute a part of this many minutes")
     p.add_argument("--out", default=os.path.join("reproduce", "runs", "words"), help="run folders: OUT/<scale>/")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time")
     p.add_argument("--machine-factor", type=float, default=1.0, metavar="F", help="this machine's run time over "
                    "the reference machine's: scales the estimates from the reference ledger (a part prints it)")
-    p.add_argument("--report", action="store_true", help="the tables and the figure from the records")
-    p.add_argument("--plan-seeds", action="store_true", help="write the seed plan from the reference (power)")
-    p.add_argument("--reference-neighbours", metavar="WEIGHTS", help="neighbour use of the reference's kept weights "
+    mode.add_argument("--report", action="store_true", help="the tables and the figure from the records")
+    mode.add_argument("--plan-seeds", action="store_true", help="write the seed plan from the reference (power)")
+    mode.add_argument("--reference-neighbours", metavar="WEIGHTS", help="neighbour use of the reference's kept weights "
                    "(reproduce/weights/mini), which --plan-seeds reads")
     p.add_argument("--scale", default="mini", choices=("mini", "smoke"), help="the registry profile")
     p.add_argument("--records", default=plan.RECORDS, help="the study's ledger")
@@ -346,7 +348,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default=plan.SEEDS, help="the seed plan (JSON)")
     p.add_argument("--weights", default=plan.WEIGHTS, help="seed 0's float16 weights")
     p.add_argument("--with-optional", action="store_true", help="the optional arm (x4) too")
-    p.add_argument("--step", help=argparse.SUPPRESS)
+    mode.add_argument("--step", help=argparse.SUPPRESS)
     p.add_argument("--debug", action="store_true")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)

@@ -207,6 +207,15 @@ def test_a_part_measures_its_runs_against_their_reference_estimates():
         words.main(["--machine-factor", "0", "--dry-run", "--debug"])
 
 
+def test_the_modes_exclude_each_other_so_a_dry_run_never_starts_a_part(monkeypatch, capsys):
+    monkeypatch.setattr(words, "part", lambda args: pytest.fail("--dry-run with --time-budget started a part"))
+    for modes in (["--dry-run", "--time-budget", "60"], ["--report", "--time-budget", "60"],
+                  ["--plan-seeds", "--dry-run"]):
+        with pytest.raises(SystemExit) as exit:
+            words.main(modes)
+        assert exit.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
 def test_the_dry_run_prints_every_run_and_sums_its_hours_by_arm(tmp_path, reference, monkeypatch):
     _fake_reference(tmp_path / "ref", reference)
     args = argparse.Namespace(scale="mini", seeds=str(tmp_path / "none.json"), with_optional=False,
