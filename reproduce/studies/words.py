@@ -16,7 +16,8 @@ each a subprocess of one thread with a record in the same ledger: ``neighbours``
 ``caption_words`` (repeated words) on each captioning run's captions. The checkpoints stay while a step still reads
 them; seed 0 of every arm's descriptive MDC and ARC is kept in float16 in
 ``reproduce/studies/words/weights/<run name>/`` (``mdc.load`` reads it). A step whose checkpoint is gone (a fresh machine) has its pretraining run trained
-again first, which must make the checkpoint its record names. The study runs on one package digest: a part refuses
+again first; where this machine's floats make another checkpoint, the run and its recorded readers are recorded
+again (:func:`_retrain`). The study runs on one package digest: a part refuses
 to start when the ledger holds records of another.
 """
 from __future__ import annotations
@@ -158,8 +159,11 @@ def part(args) -> int:
     start, left = plan.select(runs, seconds, need, 60 * args.time_budget, args.jobs)
     print(f"words: {len(start)} runs fit this part, {len(left)} left for later")
     again = [n for n in start if by_name[n].notebook == "pretrain" and ledger.done(args.records, n, key[n])]
-    for name in again:  # trained again for a step: its record names the checkpoint it must make
-        _retrain(by_name[name], by_name, out, args.records, deadline)
+    if [g for n in again for g in _retrain(by_name[n], runs, out, args.records, deadline)]:
+        need = todo(runs, key, out, args.records)  # a retrain drifted: its chain is to be recorded again
+        start, left = plan.select(runs, seconds, need, max(0.0, deadline - time.monotonic()), args.jobs)
+        again = [n for n in start if by_name[n].notebook == "pretrain" and ledger.done(args.records, n, key[n])]
+        print(f"words: planned again: {len(start)} runs fit this part, {len(left)} left for later")
     real = _with_deps([by_name[n] for n in start if by_name[n].notebook not in STEPS and n not in again], by_name)
     outcome = {}
     if real:
@@ -197,16 +201,26 @@ def _with_deps(runs: list, by_name: dict) -> list:
     return [by_name[n] for n in names]
 
 
-def _retrain(run, by_name: dict, out: str, records: str, deadline: float) -> None:
-    """Train a recorded pretraining run again (its folder gone) outside the ledger; it must make its checkpoint."""
+def _retrain(run, runs: list, out: str, records: str, deadline: float) -> list[str]:
+    """Train a recorded pretraining run again (its folder gone) outside the ledger. Float results differ across
+    CPUs, so on another machine it can make another checkpoint than its record names: then its record and those
+    of every recorded run that read it (:func:`reproduce.studies.words_runs.readers`) are removed, to be recorded
+    again from this machine's checkpoint; returns their names."""
     settings = runner.RunSettings(records=None, keep_checkpoints=True,
                                   time_budget_s=max(1.0, deadline - time.monotonic()))
-    runner.run_all(_with_deps([run], by_name), out, settings)
+    runner.run_all(_with_deps([run], {r.name: r for r in runs}), out, settings)
     wanted = (ledger.read(records, run.name) or {}).get("results", {}).get("checkpoint_id")
     made = checkpoint_id(run_dir(out, run)) if os.path.isdir(run_dir(out, run)) else None
-    if made != wanted:
-        raise RunError(f"{run.name} trained again made checkpoint {made}, not the recorded {wanted}: its recorded "
-                       f"readers read another model")
+    if made == wanted:
+        return []
+    if made is None:
+        raise RunError(f"{run.name} trained again made no checkpoint (the recorded one is {wanted})")
+    gone = [n for n in [run.name, *plan.readers(runs, run.name)] if ledger.read(records, n)]
+    for name in gone:
+        os.remove(ledger.path(records, name))
+    print(f"words: {run.name} trained again made checkpoint {made}, not the recorded {wanted} (this machine's "
+          f"floats): records removed, to be made again from it: {', '.join(gone)}")
+    return gone
 
 
 def _ready(step, out: str, records: str) -> bool:

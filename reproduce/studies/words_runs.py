@@ -365,6 +365,15 @@ def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s:
     return [r.name for r in runs if r.name in chosen], [r.name for r in runs if r.name in todo - chosen]
 
 
+def readers(runs: list[Run], name: str) -> list[str]:
+    """Every run that reads ``name``, directly or through another, in plan order."""
+    found, grew = {name}, True
+    while grew:
+        more = {r.name for r in runs if r.name not in found and found.intersection(r.deps)}
+        found, grew = found | more, bool(more)
+    return [r.name for r in runs if r.name in found - {name}]
+
+
 def run_hours(runs: list[Run], seconds: dict[str, float]) -> dict[str, dict[str, float]]:
     """{arm: {style or "data": run-hours}} of ``runs``."""
     out: dict[str, dict[str, float]] = {}

@@ -258,6 +258,29 @@ def test_the_budget_starts_only_what_fits_with_its_readers():
                                                                          "probe/b-s0"]
 
 
+def test_a_retrain_that_drifts_supersedes_the_pretrain_and_its_recorded_readers(tmp_path, monkeypatch, capsys):
+    """Float results differ across CPUs: a recorded pretraining run trained again on another machine can make
+    another checkpoint. Its recorded readers read the old one, so the run and they are recorded again."""
+    runs, _ = _chain_graph()
+    by_name = {r.name: r for r in runs}
+    for r in runs:
+        _record(tmp_path, r.name, r.notebook, {}, 1.0)
+        record = ledger.read(str(tmp_path), r.name)
+        record["results"]["checkpoint_id"] = "old"  # where a pretraining record names its checkpoint
+        with open(ledger.path(str(tmp_path), r.name), "w") as f:
+            json.dump(record, f)
+    monkeypatch.setattr(words.runner, "run_all", lambda *a, **k: {})
+    made = tmp_path / "out" / "pretrain" / "a-s0"
+    made.mkdir(parents=True)
+    monkeypatch.setattr(words, "checkpoint_id", lambda folder: "old" if os.path.samefile(folder, made) else "x")
+    assert words._retrain(by_name["pretrain/a-s0"], runs, str(tmp_path / "out"), str(tmp_path), 0.0) == []
+    monkeypatch.setattr(words, "checkpoint_id", lambda folder: "new")  # this machine's floats
+    gone = words._retrain(by_name["pretrain/a-s0"], runs, str(tmp_path / "out"), str(tmp_path), 0.0)
+    assert gone == ["pretrain/a-s0", "probe/a-s0", "neighbours/a-s0"]
+    assert [n for n in by_name if ledger.read(str(tmp_path), n)] == ["data/d", "pretrain/b-s0", "probe/b-s0"]
+    assert "made checkpoint new, not the recorded old" in capsys.readouterr().out
+
+
 def test_a_part_refuses_a_ledger_of_another_package(tmp_path):
     _record(tmp_path, "data/descriptive", "data", {}, 1.0, package="another")
     with pytest.raises(RunError, match="one package digest"):
