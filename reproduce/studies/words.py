@@ -7,7 +7,7 @@
 
 Arms, runs, estimates and the driver's two steps: :mod:`reproduce.studies.words_runs`; tables, figure, seeds and
 decision rules: :mod:`reproduce.studies.words_report`. The estimates are the reference machine's;
-``--machine-factor`` scales them to this one (:func:`on_machine`), as each part measures it (:func:`machine_ratio`).
+``--machine-factor`` scales them to this one (:func:`reproduce.studies.words_machine.on_machine`), as each part measures it.
 A part executes through the runner (:func:`reproduce.running.runner.run_all`) into ``DIR/<scale>/`` with the ledger
 ``reproduce/studies/words/records/``: only the runs that :func:`reproduce.studies.words_runs.select` fits into the
 budget (estimated from the reference ledger, as ``--dry-run`` prints them), two at a time. Then the driver's steps,
@@ -17,7 +17,7 @@ each a subprocess of one thread with a record in the same ledger: ``neighbours``
 them; seed 0 of every arm's descriptive MDC and ARC is kept in float16 in
 ``reproduce/studies/words/weights/<run name>/`` (``mdc.load`` reads it). A step whose checkpoint is gone (a fresh machine) has its pretraining run trained
 again first; where this machine's floats make another checkpoint, the run and its recorded readers are recorded
-again (:func:`_retrain`). The study runs on one package digest: a part refuses
+again (:func:`reproduce.studies.words_machine.drifted`). The study runs on one package digest: a part refuses
 to start when the ledger holds records of another.
 """
 from __future__ import annotations
@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from reproduce import pretrained, registry
 from reproduce.graph import ROOT, resolve, run_dir
 from reproduce.running import ledger, runner
 from reproduce.running.bookkeeping import Book
+from reproduce.studies import words_machine as machine
 from reproduce.studies import words_report
 from reproduce.studies import words_runs as plan
 from reproduce.studies.words_runs import STEPS
@@ -56,31 +56,9 @@ def _setup(args, estimates: bool = True) -> tuple[list, dict, dict, dict]:
     key, by_name = plan.plan_keys(runs), {r.name: r for r in runs}
     ref = {r.name: r for r in registry.build(args.scale, 1)}  # the evaluation sets' sizes, for the cost model
     reference = args.reference if args.scale == "mini" else None  # the reference ledger is mini's
-    est = {r.name: on_machine(plan.estimate(r, by_name, args.records, reference, args.scale, ref), args.machine_factor)
+    est = {r.name: machine.on_machine(plan.estimate(r, by_name, args.records, reference, args.scale, ref), args.machine_factor)
            for r in runs} if estimates else {}
     return runs, key, by_name, est
-
-
-ELSEWHERE = ("reference", "no record")  # the sources of an estimate that another machine made
-
-
-def on_machine(est: tuple[float, str], factor: float) -> tuple[float, str]:
-    """``est`` (seconds, source) on a machine ``factor`` times slower than the reference's: an estimate from the
-    reference ledger or a step's default is scaled, one from the study's own records is not (this machine made it)."""
-    seconds, source = est
-    if factor == 1.0 or not source.startswith(ELSEWHERE):
-        return est
-    return seconds * factor, f"{source}; x {factor:g} on this machine"
-
-
-def machine_ratio(outcome: dict[str, dict], est: dict[str, tuple[float, str]], factor: float = 1.0
-                  ) -> tuple[float, int] | None:
-    """(median of seconds taken over the reference machine's estimate, runs) of the runs in ``outcome`` that
-    succeeded with an estimate from the reference ledger (``est`` scaled by ``factor``): the ``--machine-factor``
-    of this machine; None without such a run."""
-    ratios = [o["seconds"] * factor / est[n][0] for n, o in outcome.items() if o.get("status") == "ok"
-              and o.get("seconds", 0) > 0 and n in est and est[n][1].startswith(ELSEWHERE[0])]
-    return (statistics.median(ratios), len(ratios)) if ratios else None
 
 
 def todo(runs: list, key: dict, out: str, records: str) -> set[str]:
@@ -154,16 +132,20 @@ def part(args) -> int:
     deadline = time.monotonic() + 60 * args.time_budget
     runs, key, by_name, est = _setup(args)
     out = os.path.join(args.out, args.scale)
-    need = todo(runs, key, out, args.records)
     seconds = {n: s for n, (s, _) in est.items()}
-    start, left = plan.select(runs, seconds, need, 60 * args.time_budget, args.jobs)
-    print(f"words: {len(start)} runs fit this part, {len(left)} left for later")
-    again = [n for n in start if by_name[n].notebook == "pretrain" and ledger.done(args.records, n, key[n])]
-    if [g for n in again for g in _retrain(by_name[n], runs, out, args.records, deadline)]:
-        need = todo(runs, key, out, args.records)  # a retrain drifted: its chain is to be recorded again
+
+    def choose() -> tuple[set, list, list]:  # what to do, what fits, the recorded pretraining runs it retrains
+        machine.drifted(runs, key, out, args.records)
+        need = todo(runs, key, out, args.records)
         start, left = plan.select(runs, seconds, need, max(0.0, deadline - time.monotonic()), args.jobs)
-        again = [n for n in start if by_name[n].notebook == "pretrain" and ledger.done(args.records, n, key[n])]
-        print(f"words: planned again: {len(start)} runs fit this part, {len(left)} left for later")
+        print(f"words: {len(start)} runs fit this part, {len(left)} left for later")
+        return need, start, [n for n in start if by_name[n].notebook == "pretrain" and n not in need]
+
+    need, start, again = choose()
+    for name in again:
+        _retrain(by_name[name], runs, out, deadline)
+    if again:  # a retrain that made another checkpoint has its readers to do again
+        need, start, again = choose()
     real = _with_deps([by_name[n] for n in start if by_name[n].notebook not in STEPS and n not in again], by_name)
     outcome = {}
     if real:
@@ -175,7 +157,7 @@ def part(args) -> int:
     keep_seed0(runs, key, out, args.records, args.weights)
     _free(runs, key, out, args.records, args.weights)
     failed += [n for n, o in outcome.items() if o["status"] not in ("ok", "skipped", "left")]
-    if measured := machine_ratio(outcome, est, args.machine_factor):
+    if measured := machine.machine_ratio(outcome, est, args.machine_factor):
         print(f"words: this part's runs took {measured[0]:.2f} times their reference estimates (median of "
               f"{measured[1]}): the --machine-factor of this machine")
     remaining = todo(runs, key, out, args.records)
@@ -201,26 +183,13 @@ def _with_deps(runs: list, by_name: dict) -> list:
     return [by_name[n] for n in names]
 
 
-def _retrain(run, runs: list, out: str, records: str, deadline: float) -> list[str]:
-    """Train a recorded pretraining run again (its folder gone) outside the ledger. Float results differ across
-    CPUs, so on another machine it can make another checkpoint than its record names: then its record and those
-    of every recorded run that read it (:func:`reproduce.studies.words_runs.readers`) are removed, to be recorded
-    again from this machine's checkpoint; returns their names."""
+def _retrain(run, runs: list, out: str, deadline: float) -> None:
+    """Train a recorded pretraining run again (its folder gone) outside the ledger, for a reader."""
     settings = runner.RunSettings(records=None, keep_checkpoints=True,
                                   time_budget_s=max(1.0, deadline - time.monotonic()))
     runner.run_all(_with_deps([run], {r.name: r for r in runs}), out, settings)
-    wanted = (ledger.read(records, run.name) or {}).get("results", {}).get("checkpoint_id")
-    made = checkpoint_id(run_dir(out, run)) if os.path.isdir(run_dir(out, run)) else None
-    if made == wanted:
-        return []
-    if made is None:
-        raise RunError(f"{run.name} trained again made no checkpoint (the recorded one is {wanted})")
-    gone = [n for n in [run.name, *plan.readers(runs, run.name)] if ledger.read(records, n)]
-    for name in gone:
-        os.remove(ledger.path(records, name))
-    print(f"words: {run.name} trained again made checkpoint {made}, not the recorded {wanted} (this machine's "
-          f"floats): records removed, to be made again from it: {', '.join(gone)}")
-    return gone
+    if not os.path.isfile(os.path.join(run_dir(out, run), "results.json")):
+        raise RunError(f"{run.name} was trained again for its readers but made no checkpoint")
 
 
 def _ready(step, out: str, records: str) -> bool:

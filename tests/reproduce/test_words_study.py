@@ -17,6 +17,7 @@ from reproduce import registry
 from reproduce.graph import Run, keys
 from reproduce.running import ledger
 from reproduce.studies import words, words_report
+from reproduce.studies import words_machine as machine
 from reproduce.studies import words_runs as plan
 
 DEFAULT = {"default": 3, "seeds": {}}
@@ -185,12 +186,12 @@ def test_the_dry_run_estimates_from_the_reference_ledger_scaled_by_steps(tmp_pat
 
 
 def test_a_machine_factor_scales_the_reference_estimates_not_the_studys_own_records():
-    assert words.on_machine((100.0, "reference pretrain/mdc-descriptive-s0 x 1.00"), 1.8) == pytest.approx(
+    assert machine.on_machine((100.0, "reference pretrain/mdc-descriptive-s0 x 1.00"), 1.8) == pytest.approx(
         (180.0, "reference pretrain/mdc-descriptive-s0 x 1.00; x 1.8 on this machine"))
-    assert words.on_machine((30.0, "no record: the step's measured default"), 2.0)[0] == 60.0
+    assert machine.on_machine((30.0, "no record: the step's measured default"), 2.0)[0] == 60.0
     own = (5000.0, "the record of seed 0")  # made on this machine: already its speed
-    assert words.on_machine(own, 1.8) == own
-    assert words.on_machine((100.0, "reference x"), 1.0) == (100.0, "reference x")
+    assert machine.on_machine(own, 1.8) == own
+    assert machine.on_machine((100.0, "reference x"), 1.0) == (100.0, "reference x")
 
 
 def test_a_part_measures_its_runs_against_their_reference_estimates():
@@ -199,10 +200,10 @@ def test_a_part_measures_its_runs_against_their_reference_estimates():
     outcome = {"pretrain/a-s0": {"status": "ok", "seconds": 1800.0}, "probe/a-s0": {"status": "ok", "seconds": 200.0},
                "pretrain/b-s1": {"status": "ok", "seconds": 9000.0},  # own record: not a reference estimate
                "probe/c-s0": {"status": "failed", "seconds": 1.0}}
-    assert words.machine_ratio(outcome, est) == pytest.approx((1.9, 2))  # the median of 1.8 and 2.0, of 2 runs
-    assert words.machine_ratio({}, est) is None
-    scaled = {n: words.on_machine(e, 2.0) for n, e in est.items()}  # measured against the reference's estimate
-    assert words.machine_ratio(outcome, scaled, 2.0) == pytest.approx((1.9, 2))
+    assert machine.machine_ratio(outcome, est) == pytest.approx((1.9, 2))  # the median of 1.8 and 2.0, of 2 runs
+    assert machine.machine_ratio({}, est) is None
+    scaled = {n: machine.on_machine(e, 2.0) for n, e in est.items()}  # measured against the reference's estimate
+    assert machine.machine_ratio(outcome, scaled, 2.0) == pytest.approx((1.9, 2))
     with pytest.raises(RunError, match="--machine-factor must be > 0"):
         words.main(["--machine-factor", "0", "--dry-run", "--debug"])
 
@@ -258,27 +259,27 @@ def test_the_budget_starts_only_what_fits_with_its_readers():
                                                                          "probe/b-s0"]
 
 
-def test_a_retrain_that_drifts_supersedes_the_pretrain_and_its_recorded_readers(tmp_path, monkeypatch, capsys):
+def test_a_retrain_that_drifts_supersedes_the_pretrain_and_its_recorded_readers(tmp_path, capsys):
     """Float results differ across CPUs: a recorded pretraining run trained again on another machine can make
     another checkpoint. Its recorded readers read the old one, so the run and they are recorded again."""
     runs, _ = _chain_graph()
-    by_name = {r.name: r for r in runs}
+    key = {r.name: "k" for r in runs}
     for r in runs:
         _record(tmp_path, r.name, r.notebook, {}, 1.0)
         record = ledger.read(str(tmp_path), r.name)
         record["results"]["checkpoint_id"] = "old"  # where a pretraining record names its checkpoint
         with open(ledger.path(str(tmp_path), r.name), "w") as f:
             json.dump(record, f)
-    monkeypatch.setattr(words.runner, "run_all", lambda *a, **k: {})
-    made = tmp_path / "out" / "pretrain" / "a-s0"
-    made.mkdir(parents=True)
-    monkeypatch.setattr(words, "checkpoint_id", lambda folder: "old" if os.path.samefile(folder, made) else "x")
-    assert words._retrain(by_name["pretrain/a-s0"], runs, str(tmp_path / "out"), str(tmp_path), 0.0) == []
-    monkeypatch.setattr(words, "checkpoint_id", lambda folder: "new")  # this machine's floats
-    gone = words._retrain(by_name["pretrain/a-s0"], runs, str(tmp_path / "out"), str(tmp_path), 0.0)
-    assert gone == ["pretrain/a-s0", "probe/a-s0", "neighbours/a-s0"]
-    assert [n for n in by_name if ledger.read(str(tmp_path), n)] == ["data/d", "pretrain/b-s0", "probe/b-s0"]
-    assert "made checkpoint new, not the recorded old" in capsys.readouterr().out
+    out = tmp_path / "out"
+    for name in ("pretrain/a-s0", "pretrain/b-s0"):  # both trained again: b as recorded, a into another model
+        (out / name).mkdir(parents=True)
+        (out / name / "done.json").write_text(json.dumps({"key": "k"}))
+        made = "new" if name == "pretrain/a-s0" else "old"
+        (out / name / "results.json").write_text(json.dumps({"schema": "mdc.results/1", "checkpoint_id": made}))
+    assert machine.drifted(runs, key, str(out), str(tmp_path)) == ["pretrain/a-s0", "probe/a-s0", "neighbours/a-s0"]
+    assert [r.name for r in runs if ledger.read(str(tmp_path), r.name)] == ["data/d", "pretrain/b-s0", "probe/b-s0"]
+    assert "into checkpoint new, not the recorded old" in capsys.readouterr().out
+    assert machine.drifted(runs, key, str(out), str(tmp_path)) == []  # a's record is gone: nothing to compare
 
 
 def test_a_part_refuses_a_ledger_of_another_package(tmp_path):
