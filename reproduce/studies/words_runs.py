@@ -338,17 +338,20 @@ def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s:
     """(runs to start, runs left) within ``budget_s`` of wall time at ``jobs`` runs at a time: the plan's runs
     that no run to do reads (its evaluations), in plan order, each with the runs to do it reads, while the
     chosen run-seconds over ``jobs`` and each chain (a run and what it waits for) fit the budget. A pretraining
-    run starts only with a reader, so no checkpoint is trained for nothing."""
+    run starts only with every reader it has to do, so no checkpoint is trained for nothing or trained again."""
     by_name = {r.name: r for r in runs}
     readers = {d for r in runs if r.name in todo for d in r.deps}
     chosen: set[str] = set()
     used = 0.0
 
-    def closure(name: str) -> set[str]:
-        out = {name}
-        for d in by_name[name].deps:
-            if d in todo and d not in chosen:
-                out |= closure(d)
+    def closure(name: str) -> set[str]:  # name, the runs to do it reads, and a checkpoint's readers to do
+        out, grow = set(), [name]
+        while grow:
+            x = grow.pop()
+            if x in todo and x not in out and x not in chosen:
+                out.add(x)
+                grow += by_name[x].deps  # a later part may run on another machine, where a checkpoint differs:
+                grow += [r.name for r in runs if x in r.deps and by_name[x].notebook == "pretrain"]
         return out
 
     def chain(name: str) -> float:
@@ -359,7 +362,7 @@ def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s:
             continue
         add = closure(r.name)
         cost = sum(seconds[x] for x in add)
-        if (used + cost) / jobs <= budget_s and chain(r.name) <= budget_s:
+        if (used + cost) / jobs <= budget_s and max(chain(x) for x in add) <= budget_s:
             chosen |= add
             used += cost
     return [r.name for r in runs if r.name in chosen], [r.name for r in runs if r.name in todo - chosen]

@@ -282,6 +282,22 @@ def test_a_retrain_that_drifts_supersedes_the_pretrain_and_its_recorded_readers(
     assert machine.drifted(runs, key, str(out), str(tmp_path)) == []  # a's record is gone: nothing to compare
 
 
+def test_a_pretraining_run_starts_only_with_every_reader_it_has_to_do():
+    """Each part may run on another machine, where a checkpoint trained again is another model: a part that
+    trains a checkpoint reads it with all its readers, never the cheap one now and the long one later."""
+    runs = [Run("data/d", "data", {}), Run("pretrain/m-s0", "pretrain", {}, ("data/d",)),
+            Run("pretrain/a-s0", "pretrain", {}, ("data/d",)),
+            Run("captioning/pretrained-s0", "captioning", {}, ("pretrain/m-s0", "pretrain/a-s0")),
+            Run("captioning/finetuned-s0", "captioning", {}, ("pretrain/m-s0", "pretrain/a-s0")),
+            Run("pretrain/b-s0", "pretrain", {}, ("data/d",)), Run("probe/b-s0", "linear_probe", {}, ("pretrain/b-s0",))]
+    seconds = {"data/d": 10.0, "pretrain/m-s0": 100.0, "pretrain/a-s0": 100.0, "captioning/pretrained-s0": 10.0,
+               "captioning/finetuned-s0": 200.0, "pretrain/b-s0": 100.0, "probe/b-s0": 20.0}
+    todo = {r.name for r in runs}
+    assert plan.select(runs, seconds, todo, budget_s=150, jobs=2)[0] == ["data/d", "pretrain/b-s0", "probe/b-s0"]
+    start = plan.select(runs, seconds, todo, budget_s=320, jobs=2)[0]  # m's and a's readers: 520 run-s, chain 310
+    assert {"pretrain/m-s0", "captioning/pretrained-s0", "captioning/finetuned-s0"} <= set(start)
+
+
 def test_a_part_refuses_a_ledger_of_another_package(tmp_path):
     _record(tmp_path, "data/descriptive", "data", {}, 1.0, package="another")
     with pytest.raises(RunError, match="one package digest"):
