@@ -143,14 +143,14 @@ def part(args) -> int:
 
     need, start, again = choose()
     for name in again:
-        _retrain(by_name[name], runs, out, deadline)
+        _retrain(by_name[name], runs, out)
     if again:  # a retrain that made another checkpoint has its readers to do again
         need, start, again = choose()
     real = _with_deps([by_name[n] for n in start if by_name[n].notebook not in STEPS and n not in again], by_name)
     outcome = {}
     if real:
         settings = runner.RunSettings(jobs=args.jobs, records=args.records, keep_checkpoints=True,
-                                      time_budget_s=max(1.0, deadline - time.monotonic()), profile=args.scale)
+                                      profile=args.scale)  # no budget of its own: the selection is the budget
         outcome = runner.run_all(real, out, settings)
     steps = [r for r in runs if r.notebook in STEPS and r.name in need]  # this part's, and any other now ready
     failed = _run_steps(steps, est, args, deadline)
@@ -183,11 +183,9 @@ def _with_deps(runs: list, by_name: dict) -> list:
     return [by_name[n] for n in names]
 
 
-def _retrain(run, runs: list, out: str, deadline: float) -> None:
-    """Train a recorded pretraining run again (its folder gone) outside the ledger, for a reader."""
-    settings = runner.RunSettings(records=None, keep_checkpoints=True,
-                                  time_budget_s=max(1.0, deadline - time.monotonic()))
-    runner.run_all(_with_deps([run], {r.name: r for r in runs}), out, settings)
+def _retrain(run, runs: list, out: str) -> None:
+    """Train a recorded pretraining run again (its folder gone) outside the ledger, for a reader the part chose."""
+    runner.run_all(_with_deps([run], {r.name: r for r in runs}), out, runner.RunSettings(records=None))
     if not os.path.isfile(os.path.join(run_dir(out, run), "results.json")):
         raise RunError(f"{run.name} was trained again for its readers but made no checkpoint")
 

@@ -298,6 +298,24 @@ def test_a_pretraining_run_starts_only_with_every_reader_it_has_to_do():
     assert {"pretrain/m-s0", "captioning/pretrained-s0", "captioning/finetuned-s0"} <= set(start)
 
 
+def test_a_part_hands_the_runner_what_it_chose_without_a_second_budget(tmp_path, monkeypatch):
+    """The runner's own estimates (the profile's defaults) are not the study's: under a time budget of its own it
+    left a chosen pretraining run unstarted. The part's selection is the budget; the runner executes it."""
+    runs, seconds = _chain_graph()
+    monkeypatch.setattr(words, "_setup", lambda args: (runs, {r.name: "k" for r in runs}, {r.name: r for r in runs},
+                                                       {n: (s, "reference") for n, s in seconds.items()}))
+    for quiet in ("keep_seed0", "_free"):
+        monkeypatch.setattr(words, quiet, lambda *a: None)
+    monkeypatch.setattr(words, "_run_steps", lambda *a: [])
+    handed = {}
+    monkeypatch.setattr(words.runner, "run_all", lambda real, out, settings: handed.update(
+        runs=[r.name for r in real], budget=settings.time_budget_s) or {})
+    args = argparse.Namespace(records=str(tmp_path / "records"), time_budget=140 / 60, out=str(tmp_path), scale="mini",
+                              jobs=1, machine_factor=1.0, argv=[], weights=str(tmp_path / "weights"))
+    assert words.part(args) == 0
+    assert handed == {"runs": ["data/d", "pretrain/a-s0", "probe/a-s0"], "budget": None}
+
+
 def test_a_part_refuses_a_ledger_of_another_package(tmp_path):
     _record(tmp_path, "data/descriptive", "data", {}, 1.0, package="another")
     with pytest.raises(RunError, match="one package digest"):
