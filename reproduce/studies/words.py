@@ -7,7 +7,7 @@
 
 Arms, runs, estimates and the driver's two steps: :mod:`reproduce.studies.words_runs`; tables, figure, seeds and
 decision rules: :mod:`reproduce.studies.words_report`. The estimates are the reference machine's;
-``--machine-factor`` scales them to this one (:func:`reproduce.studies.words_machine.on_machine`), as each part measures it.
+``--machine-factor`` scales them to this one, as each part measures it (:mod:`reproduce.studies.words_machine`).
 A part executes through the runner (:func:`reproduce.running.runner.run_all`) into ``DIR/<scale>/`` with the ledger
 ``reproduce/studies/words/records/``: only the runs that :func:`reproduce.studies.words_runs.select` fits into the
 budget (estimated from the reference ledger, as ``--dry-run`` prints them), two at a time. Then the driver's steps,
@@ -56,8 +56,8 @@ def _setup(args, estimates: bool = True) -> tuple[list, dict, dict, dict]:
     key, by_name = plan.plan_keys(runs), {r.name: r for r in runs}
     ref = {r.name: r for r in registry.build(args.scale, 1)}  # the evaluation sets' sizes, for the cost model
     reference = args.reference if args.scale == "mini" else None  # the reference ledger is mini's
-    est = {r.name: machine.on_machine(plan.estimate(r, by_name, args.records, reference, args.scale, ref), args.machine_factor)
-           for r in runs} if estimates else {}
+    est = {r.name: machine.on_machine(plan.estimate(r, by_name, args.records, reference, args.scale, ref),
+                                      args.machine_factor) for r in runs} if estimates else {}
     return runs, key, by_name, est
 
 
@@ -321,8 +321,8 @@ def main(argv=None) -> int:
                    "the reference machine's: scales the estimates from the reference ledger (a part prints it)")
     mode.add_argument("--report", action="store_true", help="the tables and the figure from the records")
     mode.add_argument("--plan-seeds", action="store_true", help="write the seed plan from the reference (power)")
-    mode.add_argument("--reference-neighbours", metavar="WEIGHTS", help="neighbour use of the reference's kept weights "
-                   "(reproduce/weights/mini), which --plan-seeds reads")
+    mode.add_argument("--reference-neighbours", metavar="WEIGHTS", help="neighbour use of the reference's kept "
+                      "weights (reproduce/weights/mini), which --plan-seeds reads")
     p.add_argument("--scale", default="mini", choices=("mini", "smoke"), help="the registry profile")
     p.add_argument("--records", default=plan.RECORDS, help="the study's ledger")
     p.add_argument("--reference", default=plan.REFERENCE, help="the reference run's ledger (estimates, seeds)")

@@ -350,7 +350,7 @@ def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s:
             x = grow.pop()
             if x in todo and x not in out and x not in chosen:
                 out.add(x)
-                grow += by_name[x].deps  # a later part may run on another machine, where a checkpoint differs:
+                grow += by_name[x].deps  # and a checkpoint's readers: the next part may run on another machine
                 grow += [r.name for r in runs if x in r.deps and by_name[x].notebook == "pretrain"]
         return out
 

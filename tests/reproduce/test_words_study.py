@@ -289,7 +289,8 @@ def test_a_pretraining_run_starts_only_with_every_reader_it_has_to_do():
             Run("pretrain/a-s0", "pretrain", {}, ("data/d",)),
             Run("captioning/pretrained-s0", "captioning", {}, ("pretrain/m-s0", "pretrain/a-s0")),
             Run("captioning/finetuned-s0", "captioning", {}, ("pretrain/m-s0", "pretrain/a-s0")),
-            Run("pretrain/b-s0", "pretrain", {}, ("data/d",)), Run("probe/b-s0", "linear_probe", {}, ("pretrain/b-s0",))]
+            Run("pretrain/b-s0", "pretrain", {}, ("data/d",)),
+            Run("probe/b-s0", "linear_probe", {}, ("pretrain/b-s0",))]
     seconds = {"data/d": 10.0, "pretrain/m-s0": 100.0, "pretrain/a-s0": 100.0, "captioning/pretrained-s0": 10.0,
                "captioning/finetuned-s0": 200.0, "pretrain/b-s0": 100.0, "probe/b-s0": 20.0}
     todo = {r.name for r in runs}
