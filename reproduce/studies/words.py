@@ -15,10 +15,10 @@ each a subprocess of one thread with a record in the same ledger: ``neighbours``
 ``mdc.eval.neighbours``, and for MDC the binding diagnostic) on each descriptive pretraining run's checkpoint, and
 ``caption_words`` (repeated words) on each captioning run's captions. The checkpoints stay while a step still reads
 them; seed 0 of every arm's descriptive MDC and ARC is kept in float16 in
-``reproduce/studies/words/weights/<run name>/`` (``mdc.load`` reads it). A step whose checkpoint is gone (a fresh machine) has its pretraining run trained
-again first; where this machine's floats make another checkpoint, the run and its recorded readers are recorded
-again (:func:`reproduce.studies.words_machine.drifted`). The study runs on one package digest: a part refuses
-to start when the ledger holds records of another.
+``reproduce/studies/words/weights/<run name>/`` (``mdc.load`` reads it). A step whose checkpoint is gone (a fresh
+machine) has its pretraining run trained again first; where this machine's floats make another checkpoint, the run
+and its recorded readers are recorded again (:func:`reproduce.studies.words_machine.drifted`). The study runs on
+one package digest: a part refuses to start when the ledger holds records of another.
 """
 from __future__ import annotations
 
