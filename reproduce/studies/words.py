@@ -153,7 +153,7 @@ def part(args) -> int:
                                       profile=args.scale)  # no budget of its own: the selection is the budget
         outcome = runner.run_all(real, out, settings)
     steps = [r for r in runs if r.notebook in STEPS and r.name in need]  # this part's, and any other now ready
-    failed = _run_steps(steps, est, args, deadline)
+    failed = _run_steps(steps, est, args, deadline, set(start))
     keep_seed0(runs, key, out, args.records, args.weights)
     _free(runs, key, out, args.records, args.weights)
     failed += [n for n, o in outcome.items() if o["status"] not in ("ok", "skipped", "left")]
@@ -199,17 +199,18 @@ def _ready(step, out: str, records: str) -> bool:
     return wanted is not None and _has_checkpoint(source) and checkpoint_id(source) == wanted
 
 
-def _run_steps(steps: list, est: dict, args, deadline: float) -> list[str]:
-    """The driver's steps whose input is here and whose estimate fits what is left (a caption-word count, seconds
-    long, whatever is left: its captions do not outlive the run folder), ``--jobs`` at a time, each
-    ``python -m reproduce.studies.words --step NAME`` with one thread; returns the ones that failed."""
+def _run_steps(steps: list, est: dict, args, deadline: float, chosen: set[str]) -> list[str]:
+    """The driver's steps whose input is here: those the part ``chosen`` and a caption-word count (seconds long)
+    whatever is left, as their inputs do not outlive the run folders; others while their estimates fit what is left.
+    ``--jobs`` at a time, each ``python -m reproduce.studies.words --step NAME`` with one thread; returns the ones
+    that failed."""
     out = os.path.join(args.out, args.scale)
     ready = [s for s in steps if _ready(s, out, args.records)]
-    chosen, used = [], 0.0
+    run, used = [], 0.0
     for s in ready:
-        cost = 0.0 if s.notebook == "caption_words" else est[s.name][0]
+        cost = 0.0 if s.notebook == "caption_words" or s.name in chosen else est[s.name][0]
         if used + cost <= args.jobs * max(0.0, deadline - time.monotonic()):
-            chosen.append(s)
+            run.append(s)
             used += cost
     flags = ["--scale", args.scale, "--out", args.out, "--records", args.records]
     if args.seeds != plan.SEEDS:
@@ -224,7 +225,7 @@ def _run_steps(steps: list, est: dict, args, deadline: float) -> list[str]:
         return None if done.returncode == 0 else step.name
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        return [n for n in pool.map(one, chosen) if n]
+        return [n for n in pool.map(one, run) if n]
 
 
 def step(args) -> int:

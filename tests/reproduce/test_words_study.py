@@ -317,6 +317,23 @@ def test_a_part_hands_the_runner_what_it_chose_without_a_second_budget(tmp_path,
     assert handed == {"runs": ["data/d", "pretrain/a-s0", "probe/a-s0"], "budget": None}
 
 
+def test_the_steps_the_part_chose_run_past_its_deadline(monkeypatch):
+    """A neighbour step left for later needs its checkpoint trained again on the next (another) machine, which
+    makes another model and voids the pretraining run's other records: the part's own steps always run."""
+    runs, _ = _chain_graph()
+    by_name = {r.name: r for r in runs}
+    monkeypatch.setattr(words, "_ready", lambda *a: True)
+    ran = []
+    monkeypatch.setattr(words.subprocess, "run", lambda command, **k: ran.append(command[-1]) or
+                        argparse.Namespace(returncode=0, stdout="", stderr=""))
+    args = argparse.Namespace(out="runs", scale="mini", records="records", seeds=plan.SEEDS, jobs=1,
+                              with_optional=False)
+    est = {"neighbours/a-s0": (300.0, "reference"), "neighbours/b-s0": (300.0, "reference")}
+    steps = [by_name["neighbours/a-s0"], Run("neighbours/b-s0", "neighbours", {}, ("pretrain/b-s0",))]
+    assert words._run_steps(steps, est, args, deadline=0.0, chosen={"neighbours/a-s0"}) == []
+    assert ran == ["neighbours/a-s0"]  # b's step, ready from an earlier part, waits for a part with time
+
+
 def test_a_part_refuses_a_ledger_of_another_package(tmp_path):
     _record(tmp_path, "data/descriptive", "data", {}, 1.0, package="another")
     with pytest.raises(RunError, match="one package digest"):
