@@ -340,7 +340,7 @@ def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s:
     chosen run-seconds over ``jobs`` and each chain (a run and what it waits for) fit the budget. A pretraining
     run starts only with every reader it has to do, so no checkpoint is trained for nothing or trained again."""
     by_name = {r.name: r for r in runs}
-    readers = {d for r in runs if r.name in todo for d in r.deps}
+    inputs = {d for r in runs if r.name in todo for d in r.deps}  # read by a run to do: chosen with its reader
     chosen: set[str] = set()
     used = 0.0
 
@@ -358,7 +358,7 @@ def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s:
         return seconds[name] + max((chain(d) for d in by_name[name].deps if d in todo), default=0.0)
 
     for r in runs:
-        if r.name not in todo or r.name in chosen or r.name in readers:
+        if r.name not in todo or r.name in chosen or r.name in inputs:
             continue
         add = closure(r.name)
         cost = sum(seconds[x] for x in add)
