@@ -28,6 +28,14 @@ def is_done(out: str, run: Run, key: str) -> bool:
         return False
 
 
+def done_seconds(out: str, run: Run) -> float:
+    """The wall seconds ``run``'s folder says it took (its ``done.json``); 0 where it does not say."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        with open(os.path.join(run_dir(out, run), "done.json")) as f:
+            return float(json.load(f)["seconds"])
+    return 0.0
+
+
 def recorded_key(folder: str) -> str | None:
     """The key of the run that last executed in ``folder`` (None: no run recorded there): its ``run.json``'s,
     written before its notebook starts."""

@@ -26,7 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from reproduce.running import attempt
 from reproduce.running.bookkeeping import READS_RECORDS_ONLY, Book
-from reproduce.running.folders import set_aside
+from reproduce.running.folders import done_seconds, set_aside
 from reproduce.graph import Run
 
 
@@ -104,7 +104,8 @@ class Scheduler:
             elif r.name not in self.book.needed and self._served(r):
                 self.outcome[r.name] = quiet("skipped")
                 if r.name not in self.book.recorded:
-                    self.book.record(r, {"seconds": 0.0})  # done before the ledger: its record, from its folder
+                    # done before the ledger: its record and the seconds it took, from its folder
+                    self.book.record(r, {"seconds": done_seconds(self.book.out, r)})
                 self._log(len(self.outcome), "done", f"{r.name} (completed earlier, same parameters)")
             else:
                 continue

@@ -142,6 +142,13 @@ def test_runs_done_before_the_ledger_get_their_records_from_their_folders(toy):
     assert sorted(ledger.read_all(records)) == ["eval/b", "eval/c", "pre/a"]
 
 
+def test_a_run_done_before_the_ledger_is_recorded_with_the_seconds_it_took(toy):
+    out, records = toy
+    runner.run_all(_runs(sleep=0.3), out, log=lambda *a: None)  # no ledger yet: the folders hold what each took
+    runner.run_all(_runs(sleep=0.3), out, RunSettings(records=records), log=lambda *a: None)
+    assert ledger.read(records, "eval/b")["seconds"] >= 0.3  # not 0: the next estimate reads it
+
+
 def test_a_time_budget_starts_no_run_past_it_and_the_next_call_finishes(toy):
     out, records = toy
     first = runner.run_all(_runs(sleep=1.5), out, RunSettings(records=records, time_budget_s=0.5), log=lambda *a: None)
