@@ -4,7 +4,8 @@ checkpoints no unrecorded run reads any more.
 
 A run whose record carries its current key counts as done even where no run folder exists; it executes
 again only when a run that will execute needs its output (a checkpoint, data), and then must make the
-checkpoint its record names (:meth:`Book.differs`). Once every run that reads
+checkpoint its record names (:meth:`Book.differs`); a folder done with its key that holds other weights
+than its record names (:func:`another_checkpoint`) is not read. Once every run that reads
 a pretraining run's checkpoints has a record, its checkpoints are removed (unless kept) and its folder no
 longer counts as done: the record stands for it. With ``kept_weights``, a run of
 :data:`reproduce.pretrained.KEEP` leaves its weights there in float16 before its record is written
@@ -25,6 +26,15 @@ from reproduce.graph import Run, code_digest, run_dir
 READS_RECORDS_ONLY = ("figures",)  # notebooks that need their dependencies' records, not their folders
 
 
+def another_checkpoint(out: str, records: str | None, r: Run) -> tuple[str, str] | None:
+    """(recorded, made): the checkpoint ids of ``r``'s record and of its folder's results where they differ (the
+    same parameters trained again on another machine, or by another code path, made other weights); None where
+    they are the same or either names none."""
+    old = ((ledger.read(records, r.name) or {}).get("results") or {}).get("checkpoint_id") if records else None
+    new = read_results(os.path.join(run_dir(out, r), "results.json")).get("checkpoint_id") if old else None
+    return (old, new) if old and new and old != new else None
+
+
 class Book:
     """What is done and where: run folders, the ledger, the records to write and the checkpoints to free."""
 
@@ -34,6 +44,11 @@ class Book:
         self.digest = {nb: code_digest(graph.code_file(nb)) for nb in {r.notebook for r in runs}}
         self.in_folder = {r.name for r in runs if is_done(out, r, key[r.name])}
         self.recorded = {r.name for r in runs if ledger.done(records, r.name, key[r.name])}
+        for r in runs:
+            ids = r.name in self.in_folder & self.recorded and another_checkpoint(out, records, r)
+            if ids:
+                self.in_folder.discard(r.name)
+                log(f"{r.name}: its folder holds checkpoint {ids[1]}, not the recorded {ids[0]}: no run reads it")
         self.needed = self._needed()
 
     def _needed(self) -> set[str]:
@@ -55,13 +70,10 @@ class Book:
         """Why ``r``, a recorded run executed again for a reader (same key), may not replace its record: its
         folder's weights are not the checkpoint the record names, so its recorded readers read another model.
         None where it made the same (or either names none)."""
-        if r.name not in self.recorded:
-            return None
-        old = ((ledger.read(self.records, r.name) or {}).get("results") or {}).get("checkpoint_id")
-        new = read_results(os.path.join(run_dir(self.out, r), "results.json")).get("checkpoint_id")
-        if old and new and old != new:
-            return (f"{r.name} executed again with its recorded parameters but made checkpoint {new}, not the "
-                    f"recorded {old}: the runs that read its record read another model; the record is kept")
+        ids = r.name in self.recorded and another_checkpoint(self.out, self.records, r)
+        if ids:
+            return (f"{r.name} executed again with its recorded parameters but made checkpoint {ids[1]}, not the "
+                    f"recorded {ids[0]}: the runs that read its record read another model; the record is kept")
         return None
 
     def refuse(self, r: Run, why: str) -> None:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 import statistics
 
-from mdc.eval.results import read_results
-from reproduce.graph import run_dir
 from reproduce.running import ledger
+from reproduce.running.bookkeeping import another_checkpoint
 from reproduce.running.folders import is_done
 from reproduce.studies import words_runs as plan
 
@@ -41,15 +40,13 @@ def drifted(runs: list, key: dict, out: str, records: str) -> list[str]:
     to be made again from it, so that one run's readers read one model; returns the names removed."""
     gone = []
     for r in (r for r in runs if r.notebook == "pretrain" and ledger.done(records, r.name, key[r.name])):
-        if not is_done(out, r, key[r.name]):
+        ids = is_done(out, r, key[r.name]) and another_checkpoint(out, records, r)
+        if not ids:
             continue
-        wanted = ledger.read(records, r.name)["results"].get("checkpoint_id")
-        made = read_results(os.path.join(run_dir(out, r), "results.json")).get("checkpoint_id")
-        if made != wanted:
-            removed = [n for n in [r.name, *plan.readers(runs, r.name)] if ledger.read(records, n)]
-            for name in removed:
-                os.remove(ledger.path(records, name))
-            print(f"words: {r.name} was trained again into checkpoint {made}, not the recorded {wanted}: records "
-                  f"removed, to be made again from it: {', '.join(removed)}")
-            gone += removed
+        removed = [n for n in [r.name, *plan.readers(runs, r.name)] if ledger.read(records, n)]
+        for name in removed:
+            os.remove(ledger.path(records, name))
+        print(f"words: {r.name} was trained again into checkpoint {ids[1]}, not the recorded {ids[0]}: records "
+              f"removed, to be made again from it: {', '.join(removed)}")
+        gone += removed
     return gone

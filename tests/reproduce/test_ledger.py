@@ -113,6 +113,21 @@ def test_a_recorded_run_that_executes_again_must_make_the_checkpoint_its_record_
     assert again["pre/a"]["status"] == "failed" and again["eval/b"]["status"] == "blocked"  # its folder is not done
 
 
+def test_a_done_folder_holding_another_checkpoint_than_its_record_is_not_read(recorded, monkeypatch):
+    """A folder done with the run's key may hold weights its record does not name (the record came from another
+    machine, or the runner stopped before comparing): a new reader must not read them beside recorded readers of
+    the recorded model. The run executes again and must make the recorded checkpoint."""
+    out, records = recorded
+    monkeypatch.setenv("TOY_CHECKPOINT_ID", "c2")
+    runner.run_all(_runs(), out, log=lambda *a: None)  # folders of this machine's model, no ledger
+    monkeypatch.delenv("TOY_CHECKPOINT_ID")  # this time the run makes the recorded model again
+    lines = []
+    outcome = runner.run_all(_runs(b=5), out, RunSettings(records=records), log=lines.append)
+    assert outcome["pre/a"]["status"] == "ok" and outcome["eval/b"]["status"] == "ok"  # a reader of c1, not c2
+    assert any(line.startswith("pre/a: its folder holds checkpoint c2, not the recorded c1") for line in lines)
+    assert ledger.read(records, "eval/b")["results"]["results"]["value"] == 5
+
+
 def test_the_dry_run_counts_a_recorded_run_that_executes_again(recorded):
     """What run_all would execute, the dry run says it would run and counts in the hours left: a recorded
     pretraining run whose output is gone, read by a run whose key changed."""
