@@ -336,13 +336,15 @@ def estimate(run: Run, by_name: dict, records: str | None, reference: str | None
 def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s: float,
            jobs: int = 2) -> tuple[list[str], list[str]]:
     """(runs to start, runs left) within ``budget_s`` of wall time at ``jobs`` runs at a time: the plan's runs
-    that no run to do reads (its evaluations), in plan order, each with the runs to do it reads, while the
-    chosen run-seconds over ``jobs`` and each chain (a run and what it waits for) fit the budget. A pretraining
-    run starts only with every reader it has to do, so no checkpoint is trained for nothing or trained again."""
+    that no run to do reads (its evaluations), in plan order, each with the runs to do it reads, while the chosen
+    ones end within the budget in whatever order the runner starts them: W / jobs + (1 - 1 / jobs) L, with W
+    their run-seconds and L their longest chain (a run and what it waits for), bounds every schedule that keeps
+    ``jobs`` busy while a run is ready (Graham's list-scheduling bound). A pretraining run starts only with every
+    reader it has to do, so no checkpoint is trained for nothing or trained again."""
     by_name = {r.name: r for r in runs}
     inputs = {d for r in runs if r.name in todo for d in r.deps}  # read by a run to do: chosen with its reader
     chosen: set[str] = set()
-    used = 0.0
+    used = longest = 0.0
 
     def closure(name: str) -> set[str]:  # name, the runs to do it reads, and a checkpoint's readers to do
         out, grow = set(), [name]
@@ -361,10 +363,10 @@ def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s:
         if r.name not in todo or r.name in chosen or r.name in inputs:
             continue
         add = closure(r.name)
-        cost = sum(seconds[x] for x in add)
-        if (used + cost) / jobs <= budget_s and max(chain(x) for x in add) <= budget_s:
+        cost, reach = sum(seconds[x] for x in add), max(longest, *(chain(x) for x in add))
+        if (used + cost) / jobs + (1 - 1 / jobs) * reach <= budget_s:
             chosen |= add
-            used += cost
+            used, longest = used + cost, reach
     return [r.name for r in runs if r.name in chosen], [r.name for r in runs if r.name in todo - chosen]
 
 

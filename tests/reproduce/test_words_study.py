@@ -3,6 +3,7 @@ runs left as they were, the dry run's arithmetic on a fake ledger, the time-budg
 and kept weights, and the report from records."""
 import argparse
 import copy
+import itertools
 import json
 import math
 import os
@@ -252,11 +253,40 @@ def test_the_budget_starts_only_what_fits_with_its_readers():
     start, left = plan.select(runs, seconds, todo, budget_s=140, jobs=1)
     assert start == ["data/d", "pretrain/a-s0", "probe/a-s0", "neighbours/a-s0"]  # a's chain: 130 s, 135 in all
     assert left == ["pretrain/b-s0", "probe/b-s0"]  # 255 s of runs at one at a time
-    assert plan.select(runs, seconds, todo, budget_s=140, jobs=2)[1] == []  # 127.5 s of wall time at two
+    assert plan.select(runs, seconds, todo, budget_s=200, jobs=2)[1] == []  # 255 run-s at two, chain 130: 192.5 s
+    assert plan.select(runs, seconds, todo, budget_s=140, jobs=2)[1] == ["pretrain/b-s0", "probe/b-s0"]
     assert plan.select(runs, seconds, todo, budget_s=100, jobs=2)[0] == []  # no chain fits: nothing starts
     done = todo - {"data/d", "pretrain/a-s0", "probe/a-s0"}  # recorded runs cost nothing
     assert plan.select(runs, seconds, done, budget_s=130, jobs=1)[0] == ["neighbours/a-s0", "pretrain/b-s0",
                                                                          "probe/b-s0"]
+
+
+def _makespan(runs: list, seconds: dict, order: list) -> float:
+    """When a runner two at a time ends ``runs``, starting ready ones in ``order`` whenever a slot is free."""
+    deps = {r.name: set(r.deps) & {x.name for x in runs} for r in runs}
+    now, done, running = 0.0, set(), {}
+    while len(done) < len(runs):
+        for n in order:
+            if len(running) < 2 and n not in done and n not in running and deps[n] <= done:
+                running[n] = now + seconds[n]
+        now = min(running.values())
+        done |= {n for n, end in running.items() if end == now}
+        running = {n: end for n, end in running.items() if end > now}
+    return now
+
+
+def test_what_a_part_chooses_ends_within_its_budget_in_any_order_the_runner_starts_it():
+    """The runner orders its ready runs by its own rule (runs that make deeper ones ready first), which started a
+    long captioning chain last and ran a part 30 minutes past its budget although its run-seconds at two at a time
+    and its longest chain each fit. Whatever it chooses ends in time under every order of starting."""
+    runs = [Run("pretrain/p-s0", "pretrain", {}), Run("captioning/p-s0", "captioning", {}, ("pretrain/p-s0",)),
+            Run("probe/x-s0", "linear_probe", {}), Run("probe/y-s0", "linear_probe", {})]
+    seconds = {"pretrain/p-s0": 50.0, "captioning/p-s0": 50.0, "probe/x-s0": 50.0, "probe/y-s0": 50.0}
+    todo = {r.name for r in runs}
+    for budget in (100, 125, 150, 175):
+        start = [r for r in runs if r.name in plan.select(runs, seconds, todo, budget_s=budget, jobs=2)[0]]
+        worst = max(_makespan(start, seconds, list(o)) for o in itertools.permutations(r.name for r in start))
+        assert start and worst <= budget, (budget, [r.name for r in start], worst)
 
 
 def test_a_retrain_that_drifts_supersedes_the_pretrain_and_its_recorded_readers(tmp_path, capsys):
@@ -295,7 +325,7 @@ def test_a_pretraining_run_starts_only_with_every_reader_it_has_to_do():
                "captioning/finetuned-s0": 200.0, "pretrain/b-s0": 100.0, "probe/b-s0": 20.0}
     todo = {r.name for r in runs}
     assert plan.select(runs, seconds, todo, budget_s=150, jobs=2)[0] == ["data/d", "pretrain/b-s0", "probe/b-s0"]
-    start = plan.select(runs, seconds, todo, budget_s=320, jobs=2)[0]  # m's and a's readers: 520 run-s, chain 310
+    start = plan.select(runs, seconds, todo, budget_s=370, jobs=2)[0]  # m's and a's readers: 420 run-s, chain 310
     assert {"pretrain/m-s0", "captioning/pretrained-s0", "captioning/finetuned-s0"} <= set(start)
 
 
