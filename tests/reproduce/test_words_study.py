@@ -277,7 +277,7 @@ def _makespan(runs: list, seconds: dict, order: list) -> float:
 
 def test_what_a_part_chooses_ends_within_its_budget_in_any_order_the_runner_starts_it():
     """The runner orders its ready runs by its own rule (runs that make deeper ones ready first), which started a
-    long captioning chain last and ran a part 30 minutes past its budget although its run-seconds at two at a time
+    long captioning chain last and ran part 8 15 minutes past its budget although its run-seconds at two at a time
     and its longest chain each fit. Whatever it chooses ends in time under every order of starting."""
     runs = [Run("pretrain/p-s0", "pretrain", {}), Run("captioning/p-s0", "captioning", {}, ("pretrain/p-s0",)),
             Run("probe/x-s0", "linear_probe", {}), Run("probe/y-s0", "linear_probe", {})]
