@@ -195,20 +195,23 @@ def _print_rows(sec: Section, first: int) -> None:
 
 
 def _training(sec: Section, ctx: Context, device: torch.device, name: str) -> None:
-    """MDC, ARC and CLIP in turn, eager then compiled; each objective's rows are printed as soon as they are
-    measured, so that a run stopped by a time limit still leaves them in its log. ``MDC_GPU_OBJECTIVES``
-    (e.g. ``arc,clip``) picks objectives, ``MDC_GPU_COMPILE=0`` leaves out the compiled steps and
-    ``MDC_GPU_PROFILE=1`` prints a profile of each objective's eager step and ``MDC_GPU_BATCH`` sets the batch
-    (default the paper's 128: a larger one shows whether the step waits on the host)."""
+    """MDC, ARC and CLIP in turn, eager then compiled; the eager rows are printed as soon as they are measured and
+    the compiled ones once all are, so that a run stopped by a time limit while compiling still leaves the eager
+    figures in its log. ``MDC_GPU_OBJECTIVES`` (e.g. ``arc,clip``) picks objectives, ``MDC_GPU_COMPILE=0`` leaves
+    out the compiled steps, ``MDC_GPU_PROFILE=1`` prints a profile of each objective's eager step and
+    ``MDC_GPU_BATCH`` sets the batch (default the paper's 128: a larger one shows whether the step waits on the
+    host)."""
     objectives = os.environ.get("MDC_GPU_OBJECTIVES", ",".join(OBJECTIVES)).split(",")
     for objective in objectives:
         first = len(sec.rows)
         eager, images, tokens = _eager(sec, ctx, device, name, objective)
+        _print_rows(sec, first)  # before compiling (minutes): a step stopped by its limit keeps the eager figures
         if os.environ.get("MDC_GPU_PROFILE") == "1":
             _profile(eager, images, tokens, device, objective)
         if os.environ.get("MDC_GPU_COMPILE", "1") != "0":
+            first = len(sec.rows)
             _compiled(sec, ctx, device, objective, eager, images, tokens)
-        _print_rows(sec, first)
+            _print_rows(sec, first)
         if device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -14,7 +14,8 @@
 # Two steps run only when MDC_GPU_STEPS names them (the static-step check, at most 8 minutes:
 #   MDC_GPU_STEPS="env:10 static:330 loader:120" bash benchmarks/gpu_first_contact.sh runs/gpu-static-step):
 #   static     python -m benchmarks gpu, training only, MDC: eager, compiled whole and CUDA graphs, with
-#              host ms, kernels and GPU-busy ms a step, MFU, and a profile of the eager step  -> static.log, static.json
+#              host ms, kernels and GPU-busy ms a step, MFU, and a profile of the eager step (MDC_GPU_PROFILE=0:
+#              none; MDC_GPU_OBJECTIVES and MDC_GPU_BATCH as for the bench)                    -> static.log, static.json
 #   loader     python -m benchmarks data: the loader's images/s per worker on this machine's cores -> loader.log
 # The runs' figures, beside the CPU records of reproduce/records/mini/, go to runs.json, and
 # summary.txt lists each step's status and seconds. Scratch data (shards, checkpoints) goes to
@@ -106,7 +107,7 @@ bench() {
 }
 
 static_step() {  # the static-step check: MDC eager, compiled whole and as CUDA graphs, with a profile of eager's step
-    MDC_GPU_PARTS=training MDC_GPU_OBJECTIVES=${MDC_GPU_OBJECTIVES:-mdc} MDC_GPU_PROFILE=1 \
+    MDC_GPU_PARTS=training MDC_GPU_OBJECTIVES=${MDC_GPU_OBJECTIVES:-mdc} MDC_GPU_PROFILE=${MDC_GPU_PROFILE:-1} \
         "$PYTHON" -m benchmarks gpu --out "$WORK/static"
     local rc=$?
     cp "$WORK/static/benchmarks.json" "$OUT/static.json" 2>/dev/null

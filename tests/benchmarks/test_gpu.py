@@ -64,3 +64,18 @@ def test_the_compiled_variants_report_speed_host_time_and_their_names(monkeypatc
     assert rows[f"MDC {whole} speed-up"] > 0 and rows[f"MDC training, {whole}"] > 0
     assert rows[f"MDC eager: host ms to issue a step"] > 0 and rows[f"MDC {whole}: host ms to issue a step"] > 0
     assert not any("kernels" in name or "CUDA graphs" in name for name in rows)
+
+
+def test_the_eager_rows_are_printed_before_compiling_begins(monkeypatch, capsys):
+    """A step stopped by its time limit while compiling (the second H200 call: MDC at batch 256, CLIP) still leaves
+    the eager step's figures in its log: they are printed before the compiled variants start."""
+    monkeypatch.setenv("MDC_GPU_OBJECTIVES", "mdc")
+
+    def stopped(*args):
+        raise TimeoutError("stopped by the step's limit while compiling")
+
+    monkeypatch.setattr(gpu, "_compiled", stopped)
+    with pytest.raises(TimeoutError):
+        gpu._training(Section("gpu", "test"), Context(quick=True), torch.device("cpu"), "cpu")
+    out = capsys.readouterr().out
+    assert "gpu: MDC training, batch 2 (depth 1: quick):" in out and "gpu: MDC model FLOPs utilisation" in out

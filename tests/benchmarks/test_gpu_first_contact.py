@@ -31,3 +31,19 @@ def test_without_torch_the_script_refuses_in_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.splitlines() == ["no CUDA device: false cannot import torch; "
                                         "benchmarks/gpu_first_contact.sh needs a CUDA machine"]
+
+
+@pytest.mark.parametrize("profile", [None, "0"])
+def test_the_static_step_profiles_unless_told_not_to(tmp_path, profile):
+    """The static step asks the bench for MDC's training with a profile, but a user's MDC_GPU_PROFILE=0 (a try that
+    needs no profile) is kept: an interpreter stand-in that says CUDA is there records what the bench is given."""
+    seen = tmp_path / "seen"
+    python = tmp_path / "python"
+    python.write_text('#!/usr/bin/env bash\ncase "$*" in\n  *cuda.is_available*) echo ;;\n'
+                      '  *"-m benchmarks gpu"*) echo "$MDC_GPU_PARTS $MDC_GPU_OBJECTIVES $MDC_GPU_PROFILE" >> "$SEEN" ;;\n'
+                      'esac\n')
+    python.chmod(0o755)
+    extra = {"MDC_GPU_STEPS": "static:30", "SEEN": str(seen)} | ({"MDC_GPU_PROFILE": profile} if profile else {})
+    done = _run(tmp_path / "out", str(python), **extra)
+    assert done.returncode == 0, done.stderr
+    assert seen.read_text().split() == ["training", "mdc", profile or "1"]
