@@ -111,8 +111,8 @@ def _eager(sec: Section, ctx: Context, device: torch.device, name: str, objectiv
             f"{flops / 1e12:.2f} TFLOP per step counted, {1000 * t:.0f} ms/step")
     sec.add(f"{label} achieved", round(flops / t / 1e12, 2), "TFLOP/s")
     sec.add(f"{label} model FLOPs utilisation", round(flops / t / peak, 3) if peak else None, "of peak",
-            f"{name}: peak {peak / 1e12:.0f} TFLOP/s dense bf16; reproduce/cost/paper_cost.py assumes 0.35" if peak
-            else f"no peak known for {name!r}")
+            f"{name}: peak {peak / 1e12:.0f} TFLOP/s dense bf16; the dry run's is reproduce/cost/paper_cost.py:MFU"
+            if peak else f"no peak known for {name!r}")
     if device.type == "cuda":
         sec.add(f"{label} peak memory, training", round(torch.cuda.max_memory_allocated(device) / GiB, 2), "GiB",
                 "weights, gradients, AdamW state and activations; compare the dry run's estimate")

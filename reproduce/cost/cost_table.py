@@ -19,7 +19,7 @@ def _si(x: float | None, unit: str = "") -> str:
 
 def render(costs: list[Cost], mfu: float, out: str = "") -> str:
     """The plan as text: per artifact its runs (figures, command, data) and total; then the paper's total."""
-    lines = [f"Cost of the plan at MFU {mfu:.0%} of an H100's {H100_BF16 / 1e12:.0f} TFLOP/s (dense bf16); "
+    lines = [f"Cost of the plan at MFU {100 * mfu:g}% of an H100's {H100_BF16 / 1e12:.0f} TFLOP/s (dense bf16); "
              f"FLOPs: matrix products and attention, counted on the meta device (reproduce/cost/model_cost.py).",
              f"Activation memory: per GPU at the micro-batch, under bf16 autocast; model state = fp32 weights, "
              f"gradients, AdamW moments and bf16 weight copies (18 B/parameter)."]
@@ -41,7 +41,7 @@ def render(costs: list[Cost], mfu: float, out: str = "") -> str:
             lines.append(f"      $ {c.command}")
     unset = sorted({v for c in costs for v, ok in c.data.items() if not ok})
     gpus = max((c.gpus for c in costs), default=8) or 8
-    lines += ["", f"== total: {len(costs)} runs, {total['total']:,.0f} GPU-hours at MFU {mfu:.0%} "
+    lines += ["", f"== total: {len(costs)} runs, {total['total']:,.0f} GPU-hours at MFU {100 * mfu:g}% "
                   f"(= {total['total'] / gpus / 24:,.1f} days on one node of {gpus} H100s); per artifact: "
                   + ", ".join(f"{a} {total[a]:,.0f}" for a in artifacts)]
     if unset:
