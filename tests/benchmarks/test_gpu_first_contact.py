@@ -11,7 +11,9 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_first_contact.sh")
 
 
 def _run(out, python, **extra):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHON": python, "OMP_NUM_THREADS": "1"} | extra
+    """The script with only `extra` of its own settings: a developer's MDC_GPU_* or PYTHONPATH would change it."""
+    ambient = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("MDC_GPU_")}
+    env = ambient | {"PYTHON": python, "OMP_NUM_THREADS": "1"} | extra
     return subprocess.run(["bash", SCRIPT, str(out)], capture_output=True, text=True, env=env, timeout=120)
 
 
