@@ -6,14 +6,16 @@ import sys
 import pytest
 import torch
 
+from conftest import SUBPROCESS_ENV
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_first_contact.sh")
 
 
 def _run(out, python, **extra):
     """The script with only `extra` of its own settings: a developer's MDC_GPU_* or PYTHONPATH would change it."""
-    ambient = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("MDC_GPU_")}
-    env = ambient | {"PYTHON": python, "OMP_NUM_THREADS": "1"} | extra
+    ambient = {k: v for k, v in SUBPROCESS_ENV.items() if k != "PYTHONPATH" and not k.startswith("MDC_GPU_")}
+    env = ambient | {"PYTHON": python} | extra
     return subprocess.run(["bash", SCRIPT, str(out)], capture_output=True, text=True, env=env, timeout=120)
 
 
