@@ -68,20 +68,23 @@ def _source(record: dict) -> str:
 
 
 def keep(run_folder: str, out: str, record: dict) -> str | None:
-    """Write the newest checkpoint of the pretraining run in ``run_folder`` into ``out/<run name>/``:
-    ``config.json``, ``model.safetensors`` in float16 and ``kept.json`` (the run, its key, the float32
-    ``checkpoint_id`` the record holds and the float16 file's own); returns that folder, or None for a run not
-    kept (:func:`is_kept`). ``record``: the run's ledger record, or its ``run``, ``key`` and ``results``. Each
-    file is written under a temporary name and renamed, ``kept.json`` last: a folder without it is not kept. A
-    ValueError if the checkpoint is not the one the record names."""
+    """Write the newest checkpoint of the pretraining run in ``run_folder`` into ``out/<run name>/``
+    (:func:`keep_at`) for a run kept (:func:`is_kept`); returns that folder, or None for a run not kept.
+    ``record``: the run's ledger record, or its ``run``, ``key`` and ``results``."""
+    return keep_at(run_folder, os.path.join(out, record["run"]), record) if is_kept(record["run"]) else None
+
+
+def keep_at(run_folder: str, target: str, record: dict) -> str:
+    """Write the newest checkpoint of the pretraining run in ``run_folder`` into ``target``: ``config.json``,
+    ``model.safetensors`` in float16 and ``kept.json`` (the run, its key, the float32 ``checkpoint_id`` the
+    record holds and the float16 file's own); returns ``target``. Each file is written under a temporary name
+    and renamed, ``kept.json`` last: a folder without it is not kept. A ValueError if the checkpoint is not the
+    one the record names."""
     run, wanted = record["run"], record["results"]["checkpoint_id"]
-    if not is_kept(run):
-        return None
     source = checkpoint_folder(run_folder)
     if (found := checkpoint_id(source)) != wanted:
         raise ValueError(f"{source}/model.safetensors is not the checkpoint {wanted} that the record of {run} "
                          f"names (its sha256 is {found})")
-    target = os.path.join(out, run)
     os.makedirs(target, exist_ok=True)
     with open(os.path.join(source, "config.json")) as f:
         atomic_write_text(os.path.join(target, "config.json"), f.read())

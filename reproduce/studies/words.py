@@ -282,7 +282,7 @@ def keep_seed0(runs: list, key: dict, out: str, records: str, weights: str) -> l
         if record is None or record["key"] != key[r.name] or kept(target, record):
             continue
         if os.path.isdir(run_dir(out, r)) and _has_checkpoint(run_dir(out, r)):
-            written.append(words_report.keep_half(run_dir(out, r), target, record))
+            written.append(pretrained.keep_at(run_dir(out, r), target, record))
     return written
 
 

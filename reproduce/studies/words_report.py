@@ -31,7 +31,7 @@ import numpy as np
 
 from mdc.eval.metrics import FUNCTION_WORDS
 from mdc.eval.positive_controls import control_margin
-from reproduce import power, pretrained
+from reproduce import power
 from reproduce.claims.stats import TASKS, difference, t_quantile
 from reproduce.running import ledger
 
@@ -149,16 +149,37 @@ def _correct(res: dict) -> dict:
             for t in TASKS}
 
 
-def probe_delta(runs: list[dict], arm: str, objective: str) -> tuple[float, float, float]:
-    """mean4 of ``arm`` minus the paper arm's, paired by seed, with the claims' 95% interval."""
+def probe_difference(runs: list[dict], plus: list[tuple], minus: list[tuple]) -> tuple[float, float, float]:
+    """The summed mean4 of the probes ``plus`` minus those of ``minus`` (each an (arm, objective)), paired by seed
+    and item, in points, with the claims' 95% interval (items and seeds; NaN where no seed has them all)."""
     probes = _by(runs, "linear_probe")
-    pairs = [(_correct(probes[(arm, objective, s)]), _correct(probes[("paper", objective, s)]))
-             for (a, o, s) in sorted(probes) if a == arm and o == objective and ("paper", o, s) in probes]
+    seeds = sorted({s for (_, _, s) in probes if all((*k, s) in probes for k in (*plus, *minus))})
+    side = lambda keys, s: {t: sum(_correct(probes[(*k, s)])[t].astype(int) for k in keys) for t in TASKS}  # noqa: E731
     try:
-        d = difference(pairs)
-    except ValueError:  # no seed on both sides, or seeds probed on other items
+        d = difference([(side(plus, s), side(minus, s)) for s in seeds])
+    except ValueError:  # no seed on every side, or seeds probed on other items
         return math.nan, math.nan, math.nan
     return d["mean"], d["low"], d["high"]
+
+
+def probe_delta(runs: list[dict], arm: str, objective: str) -> tuple[float, float, float]:
+    """mean4 of ``arm`` minus the paper arm's, paired by seed, with the claims' 95% interval."""
+    return probe_difference(runs, [(arm, objective)], [("paper", objective)])
+
+
+def probe_gap(runs: list[dict]) -> str:
+    """A table: per arm, MDC's mean4 minus ARC's (the arm's ARC, else the paper arm's), and that gap minus the
+    paper arm's, paired by seed, with the claims' 95% intervals."""
+    arms = {(a, o) for (a, o, _) in _by(runs, "linear_probe")}
+    show = lambda d: "-" if math.isnan(d[0]) else f"{d[0]:+.1f} [{d[1]:+.1f}, {d[2]:+.1f}]"  # noqa: E731
+    lines = ["### Probe gap (mean4: MDC - ARC, points; an arm without ARC against the paper arm's ARC)", "",
+             "| arm | MDC - ARC [95%] | gap - the paper arm's gap [95%] |", "|---|---|---|"]
+    for arm in sorted({a for a, o in arms if o == "mdc"}, key=lambda a: ORDER.index(a) if a in ORDER else 99):
+        arc = (arm, "arc") if (arm, "arc") in arms else ("paper", "arc")
+        gap = probe_difference(runs, [(arm, "mdc")], [arc])
+        moved = probe_difference(runs, [(arm, "mdc"), ("paper", "arc")], [arc, ("paper", "mdc")])
+        lines.append(f"| {arm} | {show(gap)} | {'(reference arm)' if arm == 'paper' else show(moved)} |")
+    return "\n".join(lines)
 
 
 def series_of(runs: list[dict]) -> dict[str, dict]:
@@ -292,6 +313,7 @@ def build(records: str, folder: str) -> str:
         "decision rules of reproduce/studies/words/PLAN.md.",
         render("Probe (pooled mean4, its tasks, the grid relation; control: the random-init floor)", series["probe"],
                "mean4", deltas=lambda a, m: probe_delta(runs, a, m.lower())),
+        probe_gap(runs),
         render("Binding (own_swap, own_attribute: own / another item's / no image; MDC's diagnostic in the next table)",
                series["binding"], "own_swap own", judge=rule["binding"]),
         render(f"Neighbour use (S in points; m_w = {rule['margin_words']:.1f}, a tenth of the paper ARC's S)",
@@ -373,28 +395,3 @@ def write_seed_plan(reference: str, path: str, neighbours_file: str = REFERENCE_
         json.dump(plan, f, indent=1, default=float)
         f.write("\n")
     return "\n".join(table) + f"\n\nseeds: {seeds} (written to {os.path.relpath(path)})"
-
-
-def keep_half(run_folder: str, target: str, record: dict) -> str:
-    """The newest checkpoint of ``run_folder`` in float16 in ``target`` (config.json, model.safetensors,
-    kept.json naming the float32 checkpoint): :func:`reproduce.pretrained.keep`'s files, for the study's runs."""
-    from safetensors.torch import load_file, save_file
-
-    from mdc.base.checkpoint import atomic_write_text
-    from mdc.eval.results import checkpoint_id
-    from mdc.factory import checkpoint_folder
-
-    source = checkpoint_folder(run_folder)
-    if checkpoint_id(source) != record["results"]["checkpoint_id"]:
-        raise ValueError(f"{source} is not the checkpoint {record['results']['checkpoint_id']} of {record['run']}")
-    os.makedirs(target, exist_ok=True)
-    with open(os.path.join(source, "config.json")) as f:
-        atomic_write_text(os.path.join(target, "config.json"), f.read())
-    tmp = os.path.join(target, "model.safetensors.tmp")
-    save_file(pretrained.half(load_file(os.path.join(source, "model.safetensors"))), tmp,
-              metadata={"source": f"float16 of checkpoint {record['results']['checkpoint_id']} of {record['run']}"})
-    os.replace(tmp, os.path.join(target, "model.safetensors"))
-    note = {"run": record["run"], "key": record["key"], "checkpoint_id": record["results"]["checkpoint_id"],
-            "float16_id": checkpoint_id(target)}
-    atomic_write_text(os.path.join(target, pretrained.KEPT_NOTE), json.dumps(note, indent=1, sort_keys=True) + "\n")
-    return target

@@ -14,7 +14,7 @@ import torch
 import mdc
 from mdc.base.errors import RunError
 from mdc.eval.results import checkpoint_id
-from reproduce import registry
+from reproduce import pretrained, registry
 from reproduce.graph import Run, keys
 from reproduce.running import ledger
 from reproduce.studies import words, words_report
@@ -396,14 +396,14 @@ def test_seed_zero_is_kept_in_float16_and_loads(tmp_path):
     model.save(tmp_path / "ckpt")
     record = {"run": "pretrain/words-paper-mdc-descriptive-s0", "key": "k",
               "results": {"checkpoint_id": checkpoint_id(tmp_path / "ckpt")}}
-    target = words_report.keep_half(str(tmp_path / "ckpt"), str(tmp_path / "kept"), record)
+    target = pretrained.keep_at(str(tmp_path / "ckpt"), str(tmp_path / "kept"), record)
     loaded = mdc.load(target)
     assert words.kept(target, record) and loaded.config.objective == "mdc"
     state = loaded.state_dict()
     assert all(torch.equal(state[k], v.half().float()) for k, v in model.state_dict().items() if v.is_floating_point())
     with pytest.raises(ValueError, match="is not the checkpoint"):
-        words_report.keep_half(str(tmp_path / "ckpt"), str(tmp_path / "k2"),
-                               {**record, "results": {"checkpoint_id": "x"}})
+        pretrained.keep_at(str(tmp_path / "ckpt"), str(tmp_path / "k2"),
+                           {**record, "results": {"checkpoint_id": "x"}})
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -448,6 +448,24 @@ def _study_records(folder):
                  "references": {"repeated_content": 0.05}}, seed, lab)
 
 
+def _probe(arm, objective, seed, right, items=200):
+    """A probe run as the report reads it: ``right`` of ``items`` correct on every task."""
+    correct = "1" * right + "0" * (items - right)
+    return {"notebook": "linear_probe", "labels": {"arm": arm, "objective": objective, "seed": seed},
+            "record": {"results": {"datasets": {f"wds/{t}": {"correct": correct} for t in words_report.TASKS}}}}
+
+
+def test_the_probe_gap_is_mdc_minus_arc_of_its_arm_and_its_change_from_the_paper_arms_gap():
+    right = {("paper", "mdc"): 90, ("paper", "arc"): 100, ("rotary", "mdc"): 100, ("rotary", "arc"): 104,
+             ("hidden", "mdc"): 94}  # the hidden arm has no ARC: its gap is against the paper arm's
+    runs = [_probe(a, o, s, r + s) for (a, o), r in right.items() for s in range(3)]
+    rows = {line.split(" | ")[0].strip("| "): line for line in words_report.probe_gap(runs).splitlines()}
+    assert rows["paper"].startswith("| paper | -5.0 [") and "(reference arm)" in rows["paper"]
+    assert rows["rotary"].startswith("| rotary | -2.0 [") and "| +3.0 [" in rows["rotary"]
+    assert rows["hidden"].startswith("| hidden | -3.0 [") and "| +2.0 [" in rows["hidden"]
+    assert words_report.probe_delta(runs, "hidden", "mdc")[0] == pytest.approx(2.0)
+
+
 def plan_ratio(objective):
     return words_report.WORDS_RATIO[objective]
 
@@ -455,7 +473,7 @@ def plan_ratio(objective):
 def test_the_report_builds_one_table_per_instrument_with_the_rules_verdicts(tmp_path):
     _study_records(tmp_path / "records")
     text = words_report.build(str(tmp_path / "records"), str(tmp_path))
-    assert text.count("### ") == 4 and os.path.isfile(tmp_path / "words.png")
+    assert text.count("### ") == 5 and os.path.isfile(tmp_path / "words.png")
     assert (tmp_path / "tables.md").read_text() == text + "\n"
     words_table = text.split("### Neighbour use")[1].split("###")[0]
     assert "m_w = 5.1" in words_table  # a tenth of the paper ARC's S (50 to 52 points)
