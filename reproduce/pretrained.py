@@ -14,6 +14,7 @@ checkpoint_id), the digest ``mdc.factory`` checks on load.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -105,6 +106,21 @@ def kept_checkpoint(folder: str) -> str | None:
     except (OSError, ValueError):
         return None
     return note.get("checkpoint_id") if note.get("float16_id") == checkpoint_id(folder) else None
+
+
+def listing(weights: str, found: dict[str, dict]) -> list[str]:
+    """One line per kept folder under ``weights``: where it is, its run, and whether its float16 file rounds the
+    checkpoint the run's record in ``found`` (:func:`reproduce.running.ledger.read_all`) names."""
+    lines = []
+    for note in sorted(glob.glob(os.path.join(weights, "**", KEPT_NOTE), recursive=True)):
+        folder = os.path.dirname(note)
+        with open(note) as f:
+            run = json.load(f)["run"]
+        wanted = found.get(run, {}).get("results", {}).get("checkpoint_id")
+        state = (f"float16 of checkpoint {wanted}" if wanted and kept_checkpoint(folder) == wanted else
+                 "NOT the checkpoint its record names" if wanted else "no record")
+        lines.append(f"- `{os.path.relpath(folder, ledger.ROOT)}`: {run}, {state}")
+    return lines
 
 
 def _write_json(value: dict, path: str) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 
 from mdc.eval.metrics import FUNCTION_WORDS
 from mdc.eval.positive_controls import control_margin
-from reproduce import power
+from reproduce import power, pretrained
 from reproduce.claims.stats import TASKS, difference, t_quantile
 from reproduce.running import ledger
 
@@ -301,8 +301,8 @@ def figure(series: dict, runs: list[dict], path: str) -> str:
 
 
 def build(records: str, folder: str) -> str:
-    """``folder``/tables.md (one table per instrument, the verdicts, the fine-tuning check, the records' package)
-    and ``folder``/words.png from the ledger ``records``; returns the tables' text."""
+    """``folder``/tables.md (one table per instrument, the verdicts, the fine-tuning check, ``folder``/weights'
+    kept models, the records' package) and ``folder``/words.png from the ledger ``records``; returns the text."""
     found = ledger.read_all(records)
     runs = ledger.for_build(found)
     series = series_of(runs)
@@ -321,6 +321,8 @@ def build(records: str, folder: str) -> str:
         render("Captions (alt world; CIDEr-D x 100 with another image's references as the control; repetition in %)",
                series["captions"], "repeated content", judge=rule["captions"]),
         "Fine-tuning runs that hit their cap: " + ("; ".join(finetune_check(runs)) or "none"),
+        "Seed 0 of every arm's descriptive MDC and ARC, in float16 (`mdc.load(<folder>)`):\n"
+        + ("\n".join(pretrained.listing(os.path.join(folder, "weights"), found)) or "none kept"),
         ledger.provenance(found) if found else "No records yet."])
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "tables.md"), "w") as f:

@@ -401,6 +401,11 @@ def test_seed_zero_is_kept_in_float16_and_loads(tmp_path):
     assert words.kept(target, record) and loaded.config.objective == "mdc"
     state = loaded.state_dict()
     assert all(torch.equal(state[k], v.half().float()) for k, v in model.state_dict().items() if v.is_floating_point())
+    listed = pretrained.listing(str(tmp_path / "kept"), {record["run"]: record})
+    wanted = checkpoint_id(tmp_path / "ckpt")
+    assert len(listed) == 1 and listed[0].endswith(f"{record['run']}, float16 of checkpoint {wanted}")
+    other = {record["run"]: {**record, "results": {"checkpoint_id": "x"}}}
+    assert pretrained.listing(str(tmp_path / "kept"), other)[0].endswith("NOT the checkpoint its record names")
     with pytest.raises(ValueError, match="is not the checkpoint"):
         pretrained.keep_at(str(tmp_path / "ckpt"), str(tmp_path / "k2"),
                            {**record, "results": {"checkpoint_id": "x"}})
@@ -488,7 +493,7 @@ def test_the_report_builds_one_table_per_instrument_with_the_rules_verdicts(tmp_
     t01 = captions.split("| t0-1 | finetuned mdc-ref |")[1].split("\n")[0]  # against the paper arm's fine-tune
     assert "+5.0 [" in t01 and "repeats more" in t01
     assert "words-rotary-alt-finetuned-s0 mdc: stopped at its cap of 6000 steps" in text
-    assert "From 54 run records of package p0." in text
+    assert "From 54 run records of package p0." in text and "in float16 (`mdc.load(<folder>)`):\nnone kept" in text
 
 
 @pytest.mark.slow
