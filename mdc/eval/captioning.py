@@ -28,8 +28,9 @@ Results (``results`` of the ``captioning`` results file, :mod:`mdc.eval.results`
       "unavailable": {"spice" | "meteor" | ... | "judge" | "mdc" | "arc": why it is missing},
       "checkpoints": {"mdc" | "arc": {"path", "checkpoint_id", "finetuned": folder | null, "model": config}},
       "finetune": {"mdc" | "arc": {"steps" (the cap), "steps_taken", "batch_size", "lr", "images", "unknown_rate",
-                   "loss": [per step], and with the stopping rule "eval_every", "patience", "tolerance",
-                   "val_images", "val": [[step, validation loss]], "best_step", "stopped": "plateau" | "cap"}},
+                   "t_interval" (MDC: the masking ratios it trained at), "loss": [per step], and with the
+                   stopping rule "eval_every", "patience", "tolerance", "val_images", "val": [[step, validation
+                   loss]], "best_step", "stopped": "plateau" | "cap"}},
       "files": {"predictions", "table", "figure", "judge_answers"?},  # beside the results file
       "examples": [{"image_id", "image_path", "references", "captions": {model: caption},
                     "thumbnail": base64 PNG, at most 128 px}]  # the figure (Fig. 6), redrawn from this alone

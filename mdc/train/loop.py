@@ -72,7 +72,6 @@ def accumulate(net: nn.Module, model: nn.Module, batches: list[tuple[torch.Tenso
     detached in the others. The returned loss is that full-batch loss. Recomputation assumes
     a deterministic forward (no dropout). ``batches`` are [(images [B,3,H,W], tokens [B,L])].
     """
-    K = len(batches)
     if graphs:
         torch.compiler.cudagraph_mark_step_begin()
         return _accumulate(net, model, batches, ddp, autocast).clone()
