@@ -63,9 +63,9 @@ def paired(arm: dict, paper: dict) -> tuple[float, float, float]:
     return interval([arm[s] - paper[s] for s in seeds])
 
 
-def delta(arm: dict, paper: dict) -> str:
-    mean, lo, hi = paired(arm, paper)
-    return "-" if math.isnan(mean) else f"{mean:+.1f} [{lo:+.1f}, {hi:+.1f}]" if not math.isnan(lo) else f"{mean:+.1f}"
+def span(mean: float, lo: float, hi: float) -> str:
+    """A difference as "+m [+lo, +hi]"; "+m" without an interval; "-" without a mean."""
+    return "-" if math.isnan(mean) else f"{mean:+.1f}" if math.isnan(lo) else f"{mean:+.1f} [{lo:+.1f}, {hi:+.1f}]"
 
 
 def verdict(values: dict, margin: float, bound: float = None, words=("yes", "no")) -> str:
@@ -154,7 +154,11 @@ def probe_difference(runs: list[dict], plus: list[tuple], minus: list[tuple]) ->
     and item, in points, with the claims' 95% interval (items and seeds; NaN where no seed has them all)."""
     probes = _by(runs, "linear_probe")
     seeds = sorted({s for (_, _, s) in probes if all((*k, s) in probes for k in (*plus, *minus))})
-    side = lambda keys, s: {t: sum(_correct(probes[(*k, s)])[t].astype(int) for k in keys) for t in TASKS}  # noqa: E731
+
+    def side(keys, s):  # per task [N]: how many of ``keys``' probes get each item right
+        decoded = [_correct(probes[(*k, s)]) for k in keys]
+        return {t: sum(c[t].astype(int) for c in decoded) for t in TASKS}
+
     try:
         d = difference([(side(plus, s), side(minus, s)) for s in seeds])
     except ValueError:  # no seed on every side, or seeds probed on other items
@@ -171,14 +175,13 @@ def probe_gap(runs: list[dict]) -> str:
     """A table: per arm, MDC's mean4 minus ARC's (the arm's ARC, else the paper arm's), and that gap minus the
     paper arm's, paired by seed, with the claims' 95% intervals."""
     arms = {(a, o) for (a, o, _) in _by(runs, "linear_probe")}
-    show = lambda d: "-" if math.isnan(d[0]) else f"{d[0]:+.1f} [{d[1]:+.1f}, {d[2]:+.1f}]"  # noqa: E731
     lines = ["### Probe gap (mean4: MDC - ARC, points; an arm without ARC against the paper arm's ARC)", "",
              "| arm | MDC - ARC [95%] | gap - the paper arm's gap [95%] |", "|---|---|---|"]
     for arm in sorted({a for a, o in arms if o == "mdc"}, key=lambda a: ORDER.index(a) if a in ORDER else 99):
         arc = (arm, "arc") if (arm, "arc") in arms else ("paper", "arc")
         gap = probe_difference(runs, [(arm, "mdc")], [arc])
         moved = probe_difference(runs, [(arm, "mdc"), ("paper", "arc")], [arc, ("paper", "mdc")])
-        lines.append(f"| {arm} | {show(gap)} | {'(reference arm)' if arm == 'paper' else show(moved)} |")
+        lines.append(f"| {arm} | {span(*gap)} | {'(reference arm)' if arm == 'paper' else span(*moved)} |")
     return "\n".join(lines)
 
 
@@ -219,11 +222,8 @@ def render(title: str, series: dict, headline: str, judge=None, deltas=None) -> 
         data, base = series[(arm, model)], series.get(("paper", model), {})
         if arm == "paper":
             d = "(reference arm)"
-        elif deltas:
-            mean, lo, hi = deltas(arm, model)
-            d = "-" if math.isnan(mean) else f"{mean:+.1f} [{lo:+.1f}, {hi:+.1f}]"
         else:
-            d = delta(data.get(headline, {}), base.get(headline, {}))
+            d = span(*(deltas(arm, model) if deltas else paired(data.get(headline, {}), base.get(headline, {}))))
         cells = [arm, model, *(cell(data.get(m, {})) for m in measures), d] + ([judge(arm, model)] if judge else [])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
