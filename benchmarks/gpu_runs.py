@@ -5,6 +5,10 @@
 - ``torchrun``: ``python -m mdc.train`` under ``torch.distributed.run --standalone --nproc_per_node 1``
   (NCCL on CUDA) on synthetic shards written by ``python -m mdc.world.scenes``; the run is killed once
   a checkpoint past the middle of its steps exists, then continued with ``--resume`` to its last step.
+- ``graphs``: the same, its steps compiled whole and replayed as CUDA graphs (``--compile --compile-mode
+  reduce-overhead``): the training loop's graphs on a stream of bucketed caption lengths, through a kill and a
+  resume, its images/s and last loss beside the eager ``torchrun`` step's when that ran in the same ``--work``
+  (one process: a one-GPU machine cannot run DDP on CUDA, so graphs inside DDP need two GPUs).
 - ``mini-train``: the reference run's ``pretrain/mdc-descriptive-s0`` of the ``mini`` profile (its
   data, ``python -m mdc.world.scenes``, then ``python -m mdc.train --model mini --preset
   reproduce/presets/mini.json``, seed 0), each timed beside its record's seconds in
@@ -122,31 +126,62 @@ def scenes(out: str, num: int, style: str, seed: int = 0, image_size: int = 64, 
             "--workers", str(max(1, min(16, os.cpu_count() or 1)))]
 
 
-def torchrun_command(work: str) -> list[str]:
-    """``python -m mdc.train`` under torchrun, one process: mini on the shards in ``work/torchrun-data``."""
+GRAPHS = ("--compile", "--compile-mode", "reduce-overhead")  # the step compiled whole, replayed as CUDA graphs
+
+
+def torchrun_command(work: str, run_dir: str = "torchrun-run", extra: tuple[str, ...] = ()) -> list[str]:
+    """``python -m mdc.train`` under torchrun, one process: mini on the shards in ``work/torchrun-data``, into
+    ``work/run_dir``, with ``extra`` flags."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
             "-m", "mdc.train", "--model", "mini", "--objective", "mdc", "--train-data",
-            os.path.join(work, "torchrun-data"), "--output-dir", os.path.join(work, "torchrun-run"),
+            os.path.join(work, "torchrun-data"), "--output-dir", os.path.join(work, run_dir),
             "--steps", str(TORCHRUN_STEPS), "--batch-size", "64", "--lr", "1e-3",
             "--warmup-steps", str(TORCHRUN_STEPS // 10), "--save-every", str(TORCHRUN_SAVE), "--workers", "2",
-            "--no-progress", "--resume"]
+            "--no-progress", "--resume", *extra]
+
+
+def _kill_and_resume(work: str, budget: float, run_dir: str, extra: tuple[str, ...] = ()) -> dict:
+    """Shards (unless an earlier step wrote them), a torchrun run killed after its checkpoint past the middle,
+    and its resume to the end."""
+    deadline = time.perf_counter() + budget
+    shards = os.path.join(work, "torchrun-data")
+    written = os.path.isdir(shards) and any(f.endswith(".tar") for f in os.listdir(shards))
+    data = {"reused": shards} if written else run(scenes(shards, TORCHRUN_STEPS * 64, "alt"), budget)
+    folder, half = os.path.join(work, run_dir), TORCHRUN_STEPS // 2
+    command = torchrun_command(work, run_dir, extra)
+    first = run(command, deadline - time.perf_counter(), until=lambda: latest_step(folder) > half)
+    first["checkpoint_step"] = latest_step(folder)
+    second = run(command, deadline - time.perf_counter())
+    rows = metrics(folder)
+    second["checkpoint_step"] = latest_step(folder)
+    ok = (first["ended"] == "killed" and second["rc"] == 0 and second["checkpoint_step"] == TORCHRUN_STEPS
+          and bool(rows) and rows[-1].get("step") == TORCHRUN_STEPS)
+    return {"ok": ok, "data": data, "first_leg": first, "resumed": second,
+            "final_loss": rows[-1].get("loss") if rows else None, "steps": TORCHRUN_STEPS,
+            "images_per_s": steady_speed(rows)}
+
+
+def steady_speed(rows: list[dict]) -> float | None:
+    """A run's median images/s over its logged steps past the first tenth (compiling and warming up)."""
+    speeds = sorted(r["images_per_s"] for r in rows[len(rows) // 10:] if r.get("images_per_s"))
+    return round(speeds[len(speeds) // 2], 1) if speeds else None
 
 
 def step_torchrun(work: str, budget: float) -> dict:
     """Shards, a torchrun run killed after its checkpoint past the middle, and its resume to the end."""
-    deadline = time.perf_counter() + budget
-    data = run(scenes(os.path.join(work, "torchrun-data"), TORCHRUN_STEPS * 64, "alt"), budget)
-    run_dir = os.path.join(work, "torchrun-run")
-    half = TORCHRUN_STEPS // 2
-    first = run(torchrun_command(work), deadline - time.perf_counter(), until=lambda: latest_step(run_dir) > half)
-    first["checkpoint_step"] = latest_step(run_dir)
-    second = run(torchrun_command(work), deadline - time.perf_counter())
-    rows = metrics(run_dir)
-    second["checkpoint_step"] = latest_step(run_dir)
-    ok = (first["ended"] == "killed" and second["rc"] == 0 and second["checkpoint_step"] == TORCHRUN_STEPS
-          and bool(rows) and rows[-1].get("step") == TORCHRUN_STEPS)
-    return {"ok": ok, "data": data, "first_leg": first, "resumed": second,
-            "final_loss": rows[-1].get("loss") if rows else None, "steps": TORCHRUN_STEPS}
+    return _kill_and_resume(work, budget, "torchrun-run")
+
+
+def step_graphs(work: str, budget: float) -> dict:
+    """The torchrun step with CUDA graphs, beside the eager run of the same ``work`` folder if there is one."""
+    out = _kill_and_resume(work, budget, "graphs-run", GRAPHS)
+    eager = metrics(os.path.join(work, "torchrun-run"))
+    if eager and eager[-1].get("step") == TORCHRUN_STEPS:
+        speed = steady_speed(eager)
+        out["eager"] = {"images_per_s": speed, "final_loss": eager[-1].get("loss"),
+                        "graphs_over_eager": round(out["images_per_s"] / speed, 2)
+                        if speed and out["images_per_s"] else None}
+    return out
 
 
 def mini_train_command(work: str) -> list[str]:
@@ -224,7 +259,7 @@ def step_mini_eval(work: str, budget: float) -> dict:
     return {**out, "ok": True}
 
 
-STEPS = {"torchrun": step_torchrun, "mini-train": step_mini_train, "mini-eval": step_mini_eval}
+STEPS = {"torchrun": step_torchrun, "graphs": step_graphs, "mini-train": step_mini_train, "mini-eval": step_mini_eval}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,3 +51,23 @@ def test_the_static_step_profiles_unless_told_not_to(tmp_path, profile):
     done = _run(tmp_path / "out", str(python), **extra)
     assert done.returncode == 0, done.stderr
     assert seen.read_text().split() == ["training", "mdc", profile or "1"]
+
+
+def test_the_graphs_step_runs_after_torchrun_in_one_scratch_folder(tmp_path):
+    """Each named step runs in order, both on the one scratch folder (the graphs step reuses the eager step's
+    shards and is put beside its run): an interpreter stand-in that says CUDA is there records its arguments."""
+    seen = tmp_path / "seen"
+    python = tmp_path / "python"
+    python.write_text('#!/usr/bin/env bash\ncase "$*" in\n  *cuda.is_available*) echo ;;\n'
+                      '  *benchmarks.gpu_runs*) echo "$*" >> "$SEEN" ;;\nesac\n')
+    python.chmod(0o755)
+    work = tmp_path / "work"
+    done = _run(tmp_path / "out", str(python), MDC_GPU_STEPS="torchrun:30 graphs:40", MDC_GPU_WORK=str(work),
+                SEEN=str(seen))
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "out"
+    assert seen.read_text().splitlines() == [
+        f"-m benchmarks.gpu_runs {step} --work {work} --json {out}/runs.json --budget {limit - 10}"
+        for step, limit in (("torchrun", 30), ("graphs", 40))]
+    assert [line.split()[:2] for line in (out / "summary.txt").read_text().splitlines()[1:3]] == [
+        ["torchrun", "ok"], ["graphs", "ok"]]

@@ -72,6 +72,60 @@ def test_the_torchrun_command_runs_one_process_that_resumes(tmp_path):
     assert c.resume and c.steps == gpu_runs.TORCHRUN_STEPS and c.steps % c.save_every == 0
 
 
+def test_the_graphs_run_is_the_torchrun_run_replayed_as_cuda_graphs(tmp_path):
+    eager = _config(gpu_runs.torchrun_command(str(tmp_path)), tmp_path)
+    graphs = _config(gpu_runs.torchrun_command(str(tmp_path), "graphs-run", gpu_runs.GRAPHS), tmp_path)
+    assert graphs.compile and graphs.compile_mode == "reduce-overhead" and not eager.compile
+    assert graphs.output_dir == str(tmp_path / "graphs-run") and graphs.train_data == eager.train_data
+    differ = {f for f in vars(eager) if getattr(eager, f) != getattr(graphs, f)}
+    assert differ == {"compile", "compile_mode", "output_dir"}
+
+
+def test_a_runs_speed_is_its_median_past_the_warm_up():
+    rows = [{"step": i, "images_per_s": 10.0 if i < 3 else 1000.0 + i} for i in range(30)]
+    assert gpu_runs.steady_speed(rows) == 1016.0  # the first tenth (compiling) left out
+    assert gpu_runs.steady_speed([]) is None and gpu_runs.steady_speed([{"step": 1}]) is None
+
+
+def _fake_legs(calls: list):
+    """A stand-in for gpu_runs.run: the shards command writes one; a leg with a stop condition is killed at step 200 (its checkpoint), the next
+    runs to the end; each writes its run folder's metrics (graphs at 3x eager's images/s) and checkpoint pointer."""
+    def run(cmd, budget, until=None):
+        calls.append(cmd)
+        if "mdc.train" not in cmd:  # the shards
+            out = cmd[cmd.index("--out") + 1]
+            os.makedirs(out, exist_ok=True)
+            open(os.path.join(out, "000000.tar"), "w").close()
+            return {"rc": 0, "seconds": 1.0, "ended": "exited"}
+        folder = cmd[cmd.index("--output-dir") + 1]
+        os.makedirs(os.path.join(folder, "checkpoints"), exist_ok=True)
+        last = 200 if until else gpu_runs.TORCHRUN_STEPS
+        speed = 3000.0 if "--compile" in cmd else 1000.0
+        with open(os.path.join(folder, "metrics.jsonl"), "a") as f:
+            for step in range(gpu_runs.latest_step(folder) + 1, last + 1):
+                f.write(json.dumps({"step": step, "loss": 5 - step / 100, "images_per_s": speed}) + "\n")
+        with open(os.path.join(folder, "checkpoints", "latest.json"), "w") as f:
+            json.dump({"step": last}, f)
+        return {"rc": -9 if until else 0, "seconds": 1.0, "ended": "killed" if until else "exited"}
+    return run
+
+
+def test_the_graphs_step_reuses_the_eager_steps_shards_and_stands_beside_its_run(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(gpu_runs, "run", _fake_legs(calls))
+    alone = gpu_runs.step_graphs(str(tmp_path / "alone"), 60)
+    assert alone["ok"] and "eager" not in alone and alone["images_per_s"] == 3000.0
+    assert "mdc.world.scenes" in calls[0]  # no shards yet: written
+    calls.clear()
+    work = tmp_path / "both"
+    assert gpu_runs.step_torchrun(str(work), 60)["ok"]
+    graphs = gpu_runs.step_graphs(str(work), 60)
+    assert [c[c.index("-m") + 1] for c in calls].count("mdc.world.scenes") == 1  # the graphs step reused them
+    assert graphs["ok"] and graphs["data"] == {"reused": str(work / "torchrun-data")}
+    assert graphs["eager"] == {"images_per_s": 1000.0, "final_loss": 2.0, "graphs_over_eager": 3.0}
+    assert graphs["final_loss"] == 2.0 and graphs["first_leg"]["checkpoint_step"] == 200
+
+
 def test_a_failing_step_is_reported_as_its_result(tmp_path, monkeypatch, capsys):
     def broken(work, budget):
         raise RuntimeError("no shards")
