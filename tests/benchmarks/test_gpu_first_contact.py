@@ -12,6 +12,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_first_contact.sh")
 
 
+def _stand_in(tmp_path, records: str, record: str) -> str:
+    """An interpreter stand-in that says CUDA is there and, when its arguments match ``records`` (a bash case
+    pattern), appends ``record`` (evaluated by bash) to the file $SEEN."""
+    python = tmp_path / "python"
+    python.write_text(f'#!/usr/bin/env bash\ncase "$*" in\n  *cuda.is_available*) echo ;;\n'
+                      f'  {records}) echo {record} >> "$SEEN" ;;\nesac\n')
+    python.chmod(0o755)
+    return str(python)
+
+
 def _run(out, python, **extra):
     """The script with only `extra` of its own settings: a developer's MDC_GPU_* or PYTHONPATH would change it."""
     ambient = {k: v for k, v in SUBPROCESS_ENV.items() if k != "PYTHONPATH" and not k.startswith("MDC_GPU_")}
@@ -40,29 +50,21 @@ def test_without_torch_the_script_refuses_in_one_line(tmp_path):
 @pytest.mark.parametrize("profile", [None, "0"])
 def test_the_static_step_profiles_unless_told_not_to(tmp_path, profile):
     """The static step asks the bench for MDC's training with a profile, but a user's MDC_GPU_PROFILE=0 (a try that
-    needs no profile) is kept: an interpreter stand-in that says CUDA is there records what the bench is given."""
+    needs no profile) is kept: the interpreter stand-in records what the bench is given."""
     seen = tmp_path / "seen"
-    python = tmp_path / "python"
-    python.write_text('#!/usr/bin/env bash\ncase "$*" in\n  *cuda.is_available*) echo ;;\n'
-                      '  *"-m benchmarks gpu"*) echo "$MDC_GPU_PARTS $MDC_GPU_OBJECTIVES $MDC_GPU_PROFILE" >> "$SEEN" ;;\n'
-                      'esac\n')
-    python.chmod(0o755)
+    python = _stand_in(tmp_path, '*"-m benchmarks gpu"*', '"$MDC_GPU_PARTS $MDC_GPU_OBJECTIVES $MDC_GPU_PROFILE"')
     extra = {"MDC_GPU_STEPS": "static:30", "SEEN": str(seen)} | ({"MDC_GPU_PROFILE": profile} if profile else {})
-    done = _run(tmp_path / "out", str(python), **extra)
+    done = _run(tmp_path / "out", python, **extra)
     assert done.returncode == 0, done.stderr
     assert seen.read_text().split() == ["training", "mdc", profile or "1"]
 
 
 def test_the_graphs_step_runs_after_torchrun_in_one_scratch_folder(tmp_path):
     """Each named step runs in order, both on the one scratch folder (the graphs step reuses the eager step's
-    shards and is put beside its run): an interpreter stand-in that says CUDA is there records its arguments."""
-    seen = tmp_path / "seen"
-    python = tmp_path / "python"
-    python.write_text('#!/usr/bin/env bash\ncase "$*" in\n  *cuda.is_available*) echo ;;\n'
-                      '  *benchmarks.gpu_runs*) echo "$*" >> "$SEEN" ;;\nesac\n')
-    python.chmod(0o755)
-    work = tmp_path / "work"
-    done = _run(tmp_path / "out", str(python), MDC_GPU_STEPS="torchrun:30 graphs:40", MDC_GPU_WORK=str(work),
+    shards and is put beside its run): the interpreter stand-in records its arguments."""
+    seen, work = tmp_path / "seen", tmp_path / "work"
+    python = _stand_in(tmp_path, "*benchmarks.gpu_runs*", '"$*"')
+    done = _run(tmp_path / "out", python, MDC_GPU_STEPS="torchrun:30 graphs:40", MDC_GPU_WORK=str(work),
                 SEEN=str(seen))
     assert done.returncode == 0, done.stderr
     out = tmp_path / "out"

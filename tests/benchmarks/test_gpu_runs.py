@@ -88,8 +88,9 @@ def test_a_runs_speed_is_its_median_past_the_warm_up():
 
 
 def _fake_legs(calls: list):
-    """A stand-in for gpu_runs.run: the shards command writes one; a leg with a stop condition is killed at step 200 (its checkpoint), the next
-    runs to the end; each writes its run folder's metrics (graphs at 3x eager's images/s) and checkpoint pointer."""
+    """A stand-in for gpu_runs.run: the shards command writes one shard; a leg with a stop condition is killed at
+    step 200 (its checkpoint), the next runs to the end; each writes its run folder's metrics (graphs at 3x eager's
+    images/s) and checkpoint pointer."""
     def run(cmd, budget, until=None):
         calls.append(cmd)
         if "mdc.train" not in cmd:  # the shards
