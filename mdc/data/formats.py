@@ -102,11 +102,15 @@ class ImageLookup:
 
 def load_image(item: Mapping) -> Image.Image:
     """Open ``item["image_path"]`` as RGB, cropped to ``item["bbox"]`` = (x, y, w, h) if present."""
-    image = Image.open(item["image_path"]).convert("RGB")
-    if item.get("bbox") is not None:
-        x, y, w, h = item["bbox"]
-        image = image.crop((x, y, x + w, y + h))
-    return image
+    return crop_box(Image.open(item["image_path"]).convert("RGB"), item.get("bbox"))
+
+
+def crop_box(image: Image.Image, bbox: Sequence[int] | None) -> Image.Image:
+    """``image`` cropped to ``bbox`` = (x, y, w, h), as :func:`load_image` crops an item; None: the whole image."""
+    if bbox is None:
+        return image
+    x, y, w, h = bbox
+    return image.crop((x, y, x + w, y + h))
 
 
 # --------------------------------------------------------------------------- captioning

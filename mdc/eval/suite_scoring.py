@@ -4,12 +4,14 @@ with the image, without it (``<variant>_blind``) and debiased (``<variant>_debia
 
 The ELBO's noise is keyed by the item's image (a hash of its pixels, :func:`image_keys`) and the seed, not
 by the item: a pair (image, caption) scores the same in every suite that holds it, and an image's candidates
-share their masked copies (common random numbers). :func:`score_suites` scores several suites in one pass
+share their masked copies (common random numbers). A scoring run reads each image file once, for the keys and
+the pixels it scores together (:class:`_ImageCache`). :func:`score_suites` scores several suites in one pass
 that scores each distinct pair once (the in-distribution suites, built from the same scenes, repeat about
 40% of their pairs) and hands every suite its scores, the ones it gets alone.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import time
@@ -21,7 +23,8 @@ import torch
 
 from mdc.absorbing import ElboOptions
 from mdc.api import score_candidates
-from mdc.data.formats import load_image
+from mdc.data.formats import crop_box, load_image
+from mdc.data.transforms import ImageTransform, normalize
 from mdc.distribution import encode_null
 from mdc.eval.suites import Suite, reference_images, shuffled_images
 from mdc.base.options import with_options
@@ -68,17 +71,6 @@ class SuiteScores:
         if method == "cosine":
             return self.scores[variant]
         return self.scores[variant] / (self.tokens + (method == "exact"))
-
-
-class _Images(torch.utils.data.Dataset):
-    def __init__(self, items, transform):
-        self.items, self.transform = items, transform
-
-    def __len__(self):
-        return len(self.items)
-
-    def __getitem__(self, i):
-        return self.transform(load_image(self.items[i]))  # [3, S, S]; VG items cropped to their bbox
 
 
 @dataclass(frozen=True)
@@ -197,17 +189,68 @@ def _calls(scoring: dict[str, dict]) -> list[tuple[dict, list[tuple[str, int]]]]
 def image_keys(items, workers: int = 0) -> list[str]:
     """Per item [N], its image's noise key: a hash of the pixels it is scored on (after its crop), so items
     that show one picture share it, whatever suite they are in and wherever the file lies."""
-    where = [(it["image_path"], None if it.get("bbox") is None else tuple(it["bbox"])) for it in items]
-    first = {w: i for i, w in reversed(list(enumerate(where)))}  # each distinct (file, crop) read once
-    loader = torch.utils.data.DataLoader(_Images([items[i] for i in first.values()], _content_key),
-                                         batch_size=None, num_workers=workers)
-    keys = dict(zip(first, loader))
-    return [keys[w] for w in where]
+    return _ImageCache(items, None, workers).keys
 
 
 def _content_key(image) -> str:
     return "image/" + hashlib.blake2b(repr((image.mode, image.size)).encode() + image.tobytes(),
                                       digest_size=12).hexdigest()
+
+
+class _Files(torch.utils.data.Dataset):
+    """Distinct image files ``[(path, [bbox or None])]``, each read once: per crop of the file its noise key
+    (:func:`_content_key` of the crop) and ``transform`` of it (None when there is no transform)."""
+
+    def __init__(self, files: list[tuple[str, list]], transform=None):
+        self.files, self.transform = files, transform
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i) -> list[tuple]:
+        path, boxes = self.files[i]
+        image = load_image({"image_path": path})
+        crops = [crop_box(image, box) for box in boxes]  # VG items: their bbox; None: the whole image
+        return [(_content_key(c), None if self.transform is None else self.transform(c)) for c in crops]
+
+
+def _held(transform):
+    """(what the cache applies to an image, what makes a stack of its results [B, ...] the transform's
+    batch): an evaluation :class:`ImageTransform`'s floats are held as its uint8 pixels, normalised per
+    batch (4x less memory, the same floats bit for bit, :func:`mdc.data.transforms.normalize`); any other
+    transform's output as it is."""
+    if isinstance(transform, ImageTransform) and not transform.train and not transform.uint8:
+        pixels = copy.copy(transform)
+        pixels.uint8 = True
+        return pixels, normalize
+    return transform, lambda x: x
+
+
+class _ImageCache:
+    """One scoring run's images, each distinct file read once (its crops cut from the one read; ``workers``
+    loading processes): ``keys``, per item [N] its image's noise key, and per key the image as ``transform``
+    gives it (:meth:`batch`); ``transform`` None: the keys alone. Items that show one picture share its key
+    and its pixels. The run holds every distinct image: 3 S^2 bytes each from an evaluation ImageTransform."""
+
+    def __init__(self, items, transform=None, workers: int = 0):
+        where = [(it["image_path"], None if it.get("bbox") is None else tuple(it["bbox"])) for it in items]
+        files: dict[str, dict] = {}
+        for path, box in where:
+            files.setdefault(path, {})[box] = None  # a file's distinct crops, in the order of first use
+        held, self._restore = _held(transform)
+        loader = torch.utils.data.DataLoader(_Files([(p, list(b)) for p, b in files.items()], held),
+                                             batch_size=None, num_workers=workers)
+        found, self._pixels = {}, {}
+        for (path, boxes), crops in zip(files.items(), loader):
+            for box, (key, x) in zip(boxes, crops):
+                found[path, box] = key
+                if x is not None:  # a copy: a worker's tensor would hold a shared-memory file open
+                    self._pixels.setdefault(key, x.clone())  # [3, S, S]
+        self.keys = [found[w] for w in where]
+
+    def batch(self, keys: Sequence[str]) -> torch.Tensor:
+        """The images of ``keys`` [B] as the transform gives them, [B, 3, S, S]."""
+        return self._restore(torch.stack([self._pixels[k] for k in keys]))
 
 
 def _terms(suite: Suite, keys: list[str], image, paired: bool, o: SuiteOptions) -> list:
@@ -241,19 +284,18 @@ def _rows(terms: list, sequential: bool, width: int) -> list[tuple]:
     return [(g, tuple(list(cs)[a:a + width])) for g, cs in groups.items() for a in range(0, len(cs), width)]
 
 
-def _score_rows(model, transform, rows: list[tuple], kw: dict, o: SuiteOptions, item_of: dict, paired: bool):
+def _score_rows(model, images: _ImageCache, rows: list[tuple], kw: dict, o: SuiteOptions, paired: bool):
     """``{(group, caption): scores [J]}`` of ``rows``: rows of one length in calls of ``batch_size``, each
-    row's image loaded and encoded once, its captions keyed by the group's noise key. Rows are called in
-    the order of their longest caption (less padding); keyed noise makes the order change no score."""
+    row's image (the run's ``images``) encoded once, its captions keyed by the group's noise key. Rows are
+    called in the order of their longest caption (less padding); keyed noise makes the order change no score."""
     by_length: dict[int, list[int]] = {}
     for r in sorted(range(len(rows)), key=lambda r: max(map(len, rows[r][1]))):
         by_length.setdefault(len(rows[r][1]), []).append(r)
     batches = [rs[a:a + o.batch_size] for rs in by_length.values() for a in range(0, len(rs), o.batch_size)]
-    images = _Images([item_of[g[0]] for g, _ in rows], transform)
     out = {}
-    loader = torch.utils.data.DataLoader(images, batch_sampler=batches, num_workers=o.workers)
-    for batch, x in zip(batches, loader):  # x [B, 3, S, S]
+    for batch in batches:
         chunk = [rows[r] for r in batch]
+        x = images.batch([g[0] for g, _ in chunk])  # [B, 3, S, S]: each row's shown image
         s = score_candidates(model, x.to(o.device), [list(c) for _, c in chunk], paired=paired,
                              item_keys=[g[1] for g, _ in chunk], **kw)
         s = s.double().cpu().numpy().reshape(len(chunk), len(chunk[0][1]), -1)  # [B, K, J]
@@ -274,9 +316,11 @@ def _gather(terms: list, values: dict, sequential: bool, K: int, J: int) -> np.n
     return a[:, :, 0] if T == 1 else torch.from_numpy(a).logsumexp(2).numpy() - math.log(T)
 
 
-def _score_call(model, transform, kw: dict, suites: dict[str, Suite], keys: dict, o: SuiteOptions) -> dict:
+def _score_call(model, images: _ImageCache, kw: dict, suites: dict[str, Suite], keys: dict,
+                o: SuiteOptions) -> dict:
     """One scoring call's scores per suite, ``{name: [N, K, J]}``: the terms of every suite (:func:`_terms`),
-    each distinct row scored once (:func:`_rows`, :func:`_score_rows`), handed back to every suite."""
+    each distinct row scored once (:func:`_rows`, :func:`_score_rows`), handed back to every suite; ``keys``
+    per suite its items' image keys, ``images`` the run's images."""
     kw = dict(kw)
     image = kw.pop("image", None)
     if image == "null":
@@ -287,8 +331,7 @@ def _score_call(model, transform, kw: dict, suites: dict[str, Suite], keys: dict
     terms = {n: _terms(s, keys[n], image, o.paired or sequential, o) for n, s in suites.items()}
     width = max((len(s.candidates[0]) for s in suites.values() if s.candidates), default=1)
     rows = _rows([item for t in terms.values() for item in t], sequential, width)  # over every suite
-    item_of = {k: it for n, s in suites.items() for k, it in zip(keys[n], s.items)}
-    values = _score_rows(model, transform, rows, kw, o, item_of, o.paired or not sequential)
+    values = _score_rows(model, images, rows, kw, o, o.paired or not sequential)
     return {n: _gather(t, values, sequential, len(suites[n].candidates[0]) if suites[n].candidates else 0, J)
             for n, t in terms.items()}
 
@@ -319,12 +362,13 @@ def score_suites_variants(model, transform, suites: dict[str, Suite], scoring: d
     shared out by the suites' candidates."""
     o = suite_options(options, **kw)
     start, model, tok = time.time(), model.to(o.device), model.tokenizer
-    flat = iter(image_keys([it for s in suites.values() for it in s.items], o.workers))  # an image hashed once
+    images = _ImageCache([it for s in suites.values() for it in s.items], transform, o.workers)  # a file read once
+    flat = iter(images.keys)
     keys = {n: [next(flat) for _ in s.items] for n, s in suites.items()}
     out = {n: SuiteScores(s, {v: None for v in scoring}, methods={v: kw["method"] for v, kw in scoring.items()})
            for n, s in suites.items()}
     for call, names in _calls(scoring):
-        for n, s in _score_call(model, transform, call, suites, keys, o).items():  # [N, K, J]
+        for n, s in _score_call(model, images, call, suites, keys, o).items():  # [N, K, J]
             out[n].scores |= {v: s[..., max(j, 0)] for v, j in names}
     counts = {n: sum(map(len, s.candidates)) for n, s in suites.items()}
     for n, s in suites.items():

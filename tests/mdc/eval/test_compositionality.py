@@ -181,8 +181,9 @@ def test_items_are_cropped_to_their_box(tmp_path):
     image[:, 20:] = 255  # right half white
     Image.fromarray(image).save(tmp_path / "a.png")
     items = [{"image_path": str(tmp_path / "a.png"), "bbox": (20, 0, 20, 20)}, {"image_path": str(tmp_path / "a.png")}]
-    crops = suite_scoring._Images(items, lambda im: torch.from_numpy(np.array(im)))
-    assert crops[0].shape == (20, 20, 3) and crops[0].min() == 255 and crops[1].shape == (20, 40, 3)
+    crops = suite_scoring._ImageCache(items, lambda im: torch.from_numpy(np.array(im)))  # one read, two crops
+    crop, whole = (crops.batch([k])[0] for k in crops.keys)
+    assert crop.shape == (20, 20, 3) and crop.min() == 255 and whole.shape == (20, 40, 3)
 
 
 def test_load_suites_and_clear_errors(evalsets, tmp_path):

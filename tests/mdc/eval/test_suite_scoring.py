@@ -1,7 +1,9 @@
 """Image-free baselines of the compositionality scores: blind and debiased variants, the warning, macro averages."""
 import warnings
+from collections import Counter
 
 import numpy as np
+import PIL.Image
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ import mdc.eval.compositionality as C
 from mdc.eval import suite_scoring
 from mdc.eval import accuracy
 from conftest import small_model
+from mdc.data.formats import load_image
 from mdc.data.transforms import image_transform
 from mdc.distribution import encode_null
 from mdc.eval.suites import reference_images
@@ -59,7 +62,7 @@ def test_the_marginal_is_a_log_mean_exp_over_other_images_whatever_the_batch(eva
         pool, chosen = reference_images(suite, 3)
         assert chosen.shape == (len(suite.items), 3) and len(pool) == 4
         assert all(suite.clusters[pool[j]] != suite.clusters[i] for i, row in enumerate(chosen) for j in row)
-        images = torch.stack([suite_scoring._Images(suite.items, image_transform(32, train=False))[p] for p in pool])
+        images = torch.stack([image_transform(32, train=False)(load_image(suite.items[p])) for p in pool])
         per_image = torch.stack([mdc.score_candidates(model, images[torch.as_tensor(chosen[:, k])], suite.candidates,
                                                       "exact").double() for k in range(3)])
     np.testing.assert_allclose(a.scores["exact_blind"], (per_image.logsumexp(0) - np.log(3)).numpy(), rtol=1e-5)
@@ -142,7 +145,7 @@ def test_the_shuffled_image_control_scores_each_item_with_another_items_image(ev
     out = _score(model, suite, ["exact"], shuffled=True)
     assert {"exact", "exact_shuffled", "exact_blind", "exact_debiased"} <= set(out.scores)
     assert "exact_blind_shuffled" not in out.scores  # an image-free score has no image to shuffle
-    images = torch.stack([suite_scoring._Images(suite.items, image_transform(32, train=False))[j] for j in other])
+    images = torch.stack([image_transform(32, train=False)(load_image(suite.items[j])) for j in other])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         expected = mdc.score_candidates(model, images, suite.candidates, "exact").double().numpy()
@@ -181,7 +184,7 @@ def test_a_pair_s_noise_is_its_image_s_key_and_the_seed(evalsets):
     out = _score(model, suite, ["elbo"], blind=False, seed=3)
     keys = suite_scoring.image_keys(suite.items)
     assert len(set(keys)) == len(set(suite.clusters)) and not any(suite.name in k for k in keys)
-    images = torch.stack([suite_scoring._Images(suite.items, image_transform(32, train=False))[i] for i in range(2)])
+    images = torch.stack([image_transform(32, train=False)(load_image(suite.items[i])) for i in range(2)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         expected = mdc.score_candidates(model, images, suite.candidates[:2], "elbo", num_samples=2, seed=3,
@@ -230,3 +233,30 @@ def test_a_suite_scores_the_same_alone_and_with_others_whatever_the_batch(evalse
     for v, x in alone[name].scores.items():
         np.testing.assert_allclose(x, together[name].scores[v], rtol=1e-5, atol=1e-5, err_msg=v)
     np.testing.assert_array_equal(alone[name].tokens, together[name].tokens)
+
+
+def test_a_scoring_run_reads_each_image_file_once(evalsets, monkeypatch):
+    """One pass reads every file the suites show, once, for the noise keys and the scored pixels together:
+    the in-distribution suites show each scene whole and as a full-frame crop, and every variant (raw,
+    marginal blind, shuffled) shows it again, from that one read."""
+    suites = C.load_suites(evalsets, ["own_attribute", "own_sugarcrepe/replace_att"])
+    paths = {it["image_path"] for s in suites.values() for it in s.items}
+    opened, open_ = Counter(), PIL.Image.open
+    monkeypatch.setattr(PIL.Image, "open", lambda fp, *a, **kw: opened.update([fp]) or open_(fp, *a, **kw))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        C.score_suites(small_model().eval(), image_transform(32, train=False), suites, ["elbo"], num_samples=2,
+                       elbo_trained_t=False, blind_images=2, shuffled=True)
+    assert opened == Counter(paths), "image files read more than once: " + str(
+        sorted(n for n in opened.values() if n > 1))
+
+
+def test_the_run_s_images_are_the_items_crops_keyed_by_their_pixels(evalsets):
+    """The one read gives what the scorer scored before: per item its crop as the transform gives it and
+    the noise key of the crop's pixels (_content_key), so recorded scores stay as they were, bit for bit."""
+    suites = C.load_suites(evalsets, ["aro_relation", "own_attribute", "own_sugarcrepe/replace_att"])
+    items, transform = [it for s in suites.values() for it in s.items], image_transform(32, train=False)
+    images = suite_scoring._ImageCache(items, transform, workers=1)
+    crops = [load_image(it) for it in items]
+    assert images.keys == [suite_scoring._content_key(c) for c in crops] == suite_scoring.image_keys(items)
+    assert torch.equal(images.batch(images.keys), torch.stack([transform(c) for c in crops]))  # [N, 3, 32, 32]
