@@ -81,7 +81,9 @@ class Suite:
             self.clusters = [str(item["id"]) for item in self.items]
 
     def keys(self) -> list[str]:
-        """Stable per-item ids (the ELBO's noise is keyed by the image: ``suite_scoring.image_keys``)."""
+        """Per item [N] its name, ``<suite>/<id>``: which items a reading of the suite holds, in order, to compare
+        two readings by. Nothing is keyed by it: the ELBO's noise is keyed by the item's image's pixels
+        (``suite_scoring.image_keys``)."""
         return [f"{self.name}/{item['id']}" for item in self.items]
 
 

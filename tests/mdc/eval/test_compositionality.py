@@ -244,7 +244,7 @@ def test_order_images_keeps_the_first_images_captions_unchanged(evalsets):
     first = list(dict.fromkeys(full.clusters))[:2]
     assert len(set(part.clusters)) == 2 and set(part.clusters) == set(first)
     assert (len(part.items), part.total, part.excluded) == (10, full.total, len(full.items) - 10)  # 5 captions an image
-    # the kept items are the full suite's first ones, with their candidates, noise keys and identical flags
+    # the kept items are the full suite's first ones, with their candidates, names and identical flags
     assert part.keys() == full.keys()[:10] and part.candidates == full.candidates[:10]
     assert (part.identical == full.identical[:10]).all()
     more = C.load_suites(evalsets, ["aro_coco_order"], tagger="builtin", order_images=99)["aro_coco_order"]
