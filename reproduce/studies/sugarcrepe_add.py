@@ -27,7 +27,10 @@ CONDITIONS = ("own image", "another item's image")
 
 
 def shifted(suite):
-    """The suite with item i paired with the image of item i + 1 (captions and ids unchanged)."""
+    """The suite with item i shown the image of item i + 1 (the last item the first's): only each item's
+    ``image_path`` changes. Its captions, id and any bbox stay, and so do the suite's clusters, which still
+    name each item's own image (the image-free scores' reference draw reads them). The ELBO's noise follows
+    the image shown: it is keyed by the pixels scored, so an item's copies differ between the conditions."""
     items = [{**item, "image_path": suite.items[(i + 1) % len(suite.items)]["image_path"]}
              for i, item in enumerate(suite.items)]
     return dataclasses.replace(suite, items=items)
