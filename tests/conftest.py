@@ -190,6 +190,21 @@ def write_records(folder, runs: dict) -> str:
     return str(folder)
 
 
+def study_record(folder, name, notebook, params, seconds, results=None, seed=0, labels=None, package="p0") -> None:
+    """One ledger record of a study's run in ``folder``: its parameters, seconds and results, by package digest."""
+    import json
+
+    from reproduce.running import ledger
+
+    record = {"schema": ledger.SCHEMA, "run": name, "key": "k", "notebook": notebook, "params": params,
+              "labels": labels or {}, "artifacts": [], "seed": seed, "code": {"notebook": "n", "package": package},
+              "seconds": seconds, "results": {"schema": "mdc.results/1", "results": results or {}}}
+    path = ledger.path(str(folder), name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f)
+
+
 def toy_notebook(folder, name: str, parameters: str, code: str) -> str:
     """``name``.ipynb in ``folder`` (made if missing): a ``parameters``-tagged cell, as papermill expects, then
     ``code``; a fast stand-in for a package notebook in the runner's tests. Returns ``folder``."""

@@ -61,11 +61,11 @@ def _default_seconds(run, profile: str) -> float:
     return seconds
 
 
-def package_digest() -> str:
-    """sha256 (16 hex) of the package's code: every ``mdc/**/*.py``, by relative path and content."""
+def package_digest(root: str = ROOT) -> str:
+    """sha256 (16 hex) of the package's code under ``root``: every ``mdc/**/*.py``, by relative path and content."""
     h = hashlib.sha256()
-    for path in sorted(glob.glob(os.path.join(ROOT, "mdc", "**", "*.py"), recursive=True)):
-        h.update(os.path.relpath(path, ROOT).encode() + b"\0")
+    for path in sorted(glob.glob(os.path.join(root, "mdc", "**", "*.py"), recursive=True)):
+        h.update(os.path.relpath(path, root).encode() + b"\0")
         with open(path, "rb") as f:
             h.update(f.read() + b"\0")
     return h.hexdigest()[:16]

@@ -1,0 +1,140 @@
+"""How long a study's runs take before they run (:func:`estimate`), and which of them fit a part (:func:`select`).
+The reference machine's estimates are scaled to this one by ``--machine-factor`` (:func:`on_machine`), which each
+part measures (:func:`machine_ratio`)."""
+from __future__ import annotations
+
+import glob
+import os
+import statistics
+
+from mdc.factory import model_config
+from reproduce.graph import Run
+from reproduce.running import ledger
+
+ELSEWHERE = ("reference", "no record")  # the sources of an estimate that another machine made
+
+
+def reference_name(run: Run) -> str:
+    """The reference run a study run is estimated from (the same seed; ledger.estimate falls back to others)."""
+    kind, rest = run.name.split("/", 1)
+    seed = run.labels.get("seed", 0)
+    if kind == "captioning":
+        return f"captioning/alt-s{seed}"
+    if kind == "compositionality":
+        return f"compositionality/{run.labels['objective']}-descriptive-own-s{seed}"
+    if kind == "pretrain" and not run.params.get("model_overrides", {}).get("length_visible", True):
+        return f"pretrain/{run.labels['objective']}-descriptive-s{seed}"  # the longest captions: the most positions
+    if kind in ("pretrain", "probe"):
+        return f"{kind}/{run.labels['objective']}-{run.labels['style']}-s{seed}"
+    return run.name
+
+
+def pretrain_factor(run: Run, record: dict, reference: str) -> tuple[float, str]:
+    """A pretraining run's seconds over its reference record's: images (steps x batch), and with the caption length
+    hidden the context over the longest descriptive caption (the positions the decoder reads: an upper bound)."""
+    images = run.params["steps"] * run.params["batch_size"]
+    then = record["params"]["steps"] * record["params"]["batch_size"]
+    factor, notes = images / then, [f"images x {images / then:.2f}"]
+    if not run.params.get("model_overrides", {}).get("length_visible", True):
+        data = ledger.read(reference, "data/descriptive") or {}
+        longest = (((data.get("results") or {}).get("results") or {}).get("lengths") or {}).get("max")
+        if longest:
+            tokens = model_config(run.params["model"]).context_length / (longest + 2)
+            factor, notes = factor * tokens, notes + [f"tokens x {tokens:.2f} (context over SOT + {longest} + EOT)"]
+    return factor, ", ".join(notes)
+
+
+def caption_factor(run: Run, record: dict, reference: str) -> tuple[float, str]:
+    """A captioning run's seconds over its reference record's: the record's fine-tuning (steps taken x batch x the
+    alt MDC pretraining run's seconds per image) out, the run's own in (its cap over the record's, its models)."""
+    r = record["results"]["results"]
+    pre = ledger.read(reference, f"pretrain/mdc-alt-s{record.get('seed') or 0}") or ledger.read(
+        reference, "pretrain/mdc-alt-s0")
+    per_image = ledger.run_seconds(pre) / (pre["params"]["steps"] * pre["params"]["batch_size"])
+    tuned = {o: f["steps_taken"] * f["batch_size"] * per_image for o, f in (r.get("finetune") or {}).items() if f}
+    seconds = ledger.run_seconds(record)
+    rest = max(seconds - sum(tuned.values()), 0.1 * seconds)
+    models = [o for o in ("mdc", "arc") if run.params.get(f"{o}_checkpoint")]
+    cap = run.params["finetune_steps"] / record["params"]["finetune_steps"] if run.params["finetune_steps"] else 0
+    new = rest * len(models) / 2 + sum(tuned.get(o, 0.0) * cap for o in models)
+    return new / seconds, (f"fine-tuning {sum(tuned.values()):.0f} s of {seconds:.0f} s, now "
+                           f"{new - rest * len(models) / 2:.0f} s ({'+'.join(models)})")
+
+
+def estimate(run: Run, by_name: dict, records: str | None, reference: str | None, steps: dict,
+             profile: str = "mini", ref_runs: dict | None = None) -> tuple[float, str]:
+    """(seconds, where from) of ``run``: the study's own record of its stem (any seed); else for a step (``steps``:
+    kind -> its seconds at mini) its measured default; else its reference record as
+    :func:`reproduce.running.ledger.estimate` gives it, a pretraining or captioning run's scaled by its factor."""
+    stem = run.name.rsplit("-s", 1)[0]
+    if records and (ledger.read(records, run.name) or glob.glob(ledger.path(records, glob.escape(stem) + "-s*"))):
+        return ledger.estimate(run, records, profile, by_name)
+    if run.notebook in steps:
+        return steps[run.notebook](run) * (1 if profile == "mini" else 0.1), "no record: the step's measured default"
+    name = reference_name(run)
+    record = ledger.read(reference, name) if reference else None
+    if record is None and reference:
+        found = glob.glob(ledger.path(reference, glob.escape(name.rsplit("-s", 1)[0]) + "-s*"))
+        record = ledger.read(reference, os.path.relpath(sorted(found)[0], reference)[:-5]) if found else None
+    if record is None:
+        return ledger.estimate(run, None, profile, by_name)
+    proxy = Run(record["run"], run.notebook, run.params, deps=run.deps, labels=run.labels)
+    seconds, note = ledger.estimate(proxy, reference, profile, ref_runs or by_name)
+    factor, why = {"pretrain": pretrain_factor, "captioning": caption_factor}.get(
+        run.notebook, lambda *_: (1.0, ""))(run, record, reference)
+    note = note if note.startswith(("the record of", "its record")) or not note else note.split(":")[0]
+    return seconds * factor, f"reference {record['run']}" + (f" x {factor:.2f}: {why}" if why else "") + (
+        f" ({note})" if note and "as recorded" not in note else "")
+
+
+def on_machine(est: tuple[float, str], factor: float) -> tuple[float, str]:
+    """``est`` (seconds, source) on a machine ``factor`` times slower than the reference's: an estimate from the
+    reference ledger or a step's default is scaled, one from the study's own records is not (this machine made it)."""
+    seconds, source = est
+    if factor == 1.0 or not source.startswith(ELSEWHERE):
+        return est
+    return seconds * factor, f"{source}; x {factor:g} on this machine"
+
+
+def machine_ratio(outcome: dict[str, dict], est: dict[str, tuple[float, str]], factor: float = 1.0
+                  ) -> tuple[float, int] | None:
+    """(median of seconds taken over the reference machine's estimate, runs) of the succeeded runs in ``outcome``
+    estimated from the reference ledger (``est`` scaled by ``factor``): this machine's ``--machine-factor``."""
+    ratios = [o["seconds"] * factor / est[n][0] for n, o in outcome.items() if o.get("status") == "ok"
+              and o.get("seconds", 0) > 0 and n in est and est[n][1].startswith(ELSEWHERE[0])]
+    return (statistics.median(ratios), len(ratios)) if ratios else None
+
+
+def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s: float,
+           jobs: int = 2) -> tuple[list[str], list[str]]:
+    """(runs to start, runs left) within ``budget_s`` of wall time at ``jobs`` at a time: the runs no run to do reads
+    (the evaluations), in plan order, each with the runs to do it reads, while W / jobs + (1 - 1 / jobs) L (W their
+    run-seconds, L their longest chain) fits: Graham's bound on any schedule that keeps ``jobs`` busy. A pretraining
+    run starts only with every reader it has to do, so no checkpoint is trained for nothing or trained again."""
+    by_name = {r.name: r for r in runs}
+    inputs = {d for r in runs if r.name in todo for d in r.deps}  # read by a run to do: chosen with its reader
+    chosen: set[str] = set()
+    used = longest = 0.0
+
+    def closure(name: str) -> set[str]:  # name, the runs to do it reads, and a checkpoint's readers to do
+        out, grow = set(), [name]
+        while grow:
+            x = grow.pop()
+            if x in todo and x not in out and x not in chosen:
+                out.add(x)
+                grow += by_name[x].deps  # and a checkpoint's readers: the next part may run on another machine
+                grow += [r.name for r in runs if x in r.deps and by_name[x].notebook == "pretrain"]
+        return out
+
+    def chain(name: str) -> float:
+        return seconds[name] + max((chain(d) for d in by_name[name].deps if d in todo), default=0.0)
+
+    for r in runs:
+        if r.name not in todo or r.name in chosen or r.name in inputs:
+            continue
+        add = closure(r.name)
+        cost, reach = sum(seconds[x] for x in add), max(longest, *(chain(x) for x in add))
+        if (used + cost) / jobs + (1 - 1 / jobs) * reach <= budget_s:
+            chosen |= add
+            used, longest = used + cost, reach
+    return [r.name for r in runs if r.name in chosen], [r.name for r in runs if r.name in todo - chosen]

@@ -1,0 +1,212 @@
+"""A part of a study (run in the pinned copy): the runs that fit ``--time-budget`` minutes through the runner into
+``OUT/<scale>/`` with the study's ledger, then its steps, each ``python -m reproduce.studies.<name> --step NAME`` in a
+process of one thread. Checkpoints stay while a step or a kept model (``Study.keep``: float16 in ``weights/<run>/``)
+reads them; a recorded pretraining run whose checkpoint a step needs is trained again, and where it drifts into
+another model its readers are recorded again (:func:`drifted`). One package digest a ledger (:func:`one_digest`).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from mdc.base.errors import RunError
+from mdc.eval.results import checkpoint_id, read_results, write_results
+from reproduce import pretrained, registry
+from reproduce.graph import ROOT, resolve, run_dir
+from reproduce.running import ledger, runner
+from reproduce.running.bookkeeping import Book, another_checkpoint
+from reproduce.running.folders import is_done
+from reproduce.studies.driver import estimate as cost
+from reproduce.studies.driver.study import (Study, plan_keys, read_seeds, reads_checkpoint, readers, step_digest,
+                                            with_deps)
+
+
+def _quiet(*_):
+    pass
+
+
+def setup(study: Study, args, estimates: bool = True) -> tuple[list, dict, dict, dict]:
+    """(runs, keys, runs by name, estimates: {name: (seconds, source)}, empty unless ``estimates``)."""
+    runs = study.runs(args.scale, read_seeds(args.seeds), args.with_optional)
+    key, by_name = plan_keys(study, runs), {r.name: r for r in runs}
+    ref = {r.name: r for r in registry.build(args.scale, 1)}  # the evaluation sets' sizes, for the cost model
+    reference = args.reference if args.scale == "mini" else None  # the reference ledger is mini's
+    steps = {kind: study.step_seconds for kind in study.steps}
+    est = {r.name: cost.on_machine(cost.estimate(r, by_name, args.records, reference, steps, args.scale, ref),
+                                   args.machine_factor) for r in runs} if estimates else {}
+    return runs, key, by_name, est
+
+
+def todo(study: Study, runs: list, key: dict, out: str, records: str) -> set[str]:
+    """The runs a part would execute: the runner's (:class:`Book`), the steps not recorded, and the recorded
+    pretraining runs whose checkpoints a step to do reads and are gone."""
+    real = [r for r in runs if r.notebook not in study.steps]
+    book = Book(real, {r.name: key[r.name] for r in real}, out, records, True, _quiet)
+    steps = [r for r in runs if r.notebook in study.steps]
+    need = set(book.needed) | {r.name for r in steps if not ledger.done(records, r.name, key[r.name])}
+    return need | {r.deps[0] for r in steps if r.name in need and reads_checkpoint(r)
+                   and r.deps[0] not in book.in_folder}
+
+
+def one_digest(records: str) -> None:
+    """A study runs on one package digest: refuse a part when the ledger holds records of another."""
+    digests = {r["code"]["package"] for r in ledger.read_all(records).values()}
+    now = ledger.package_digest()
+    if digests - {now}:
+        raise RunError(f"the ledger {records} holds records of package {', '.join(sorted(digests))}, this tree is "
+                       f"{now}: the study's records come from one package digest (restore that code, or start "
+                       f"another ledger with --records)")
+
+
+def part(study: Study, args) -> int:
+    """One part within ``--time-budget`` minutes (module docstring); 1 where a run or step failed."""
+    one_digest(args.records)
+    deadline = time.monotonic() + 60 * args.time_budget
+    runs, key, by_name, est = setup(study, args)
+    out = os.path.join(args.out, args.scale)
+    seconds = {n: s for n, (s, _) in est.items()}
+
+    def choose() -> tuple[set, list, list]:  # what to do, what fits, the recorded pretraining runs it retrains
+        drifted(study, runs, key, out, args.records)
+        need = todo(study, runs, key, out, args.records)
+        start, left = cost.select(runs, seconds, need, max(0.0, deadline - time.monotonic()), args.jobs)
+        print(f"{study.name}: {len(start)} runs fit this part, {len(left)} left for later")
+        return need, start, [n for n in start if by_name[n].notebook == "pretrain" and n not in need]
+
+    need, start, again = choose()
+    for name in again:
+        _retrain(by_name[name], runs, out)
+    if again:  # a retrain that made another checkpoint has its readers to do again
+        need, start, again = choose()
+    real = with_deps([by_name[n] for n in start if by_name[n].notebook not in study.steps and n not in again],
+                     by_name)
+    outcome = {}
+    if real:
+        settings = runner.RunSettings(jobs=args.jobs, records=args.records, keep_checkpoints=True,
+                                      profile=args.scale)  # no budget of its own: the selection is the budget
+        outcome = runner.run_all(real, out, settings)
+    steps = [r for r in runs if r.notebook in study.steps and r.name in need]  # this part's, and any now ready
+    failed = run_steps(study, steps, est, args, deadline, set(start))
+    keep(study, runs, key, out, args.records, args.weights)
+    free(study, runs, key, out, args.records, args.weights)
+    failed += [n for n, o in outcome.items() if o["status"] not in ("ok", "skipped", "left")]
+    if measured := cost.machine_ratio(outcome, est, args.machine_factor):
+        print(f"{study.name}: runs took {measured[0]:.2f} x their reference estimates (median of {measured[1]}): "
+              f"this machine's --machine-factor")
+    print(f"{study.name}: {len(todo(study, runs, key, out, args.records))} runs left (0: build the tables, --report)")
+    return 1 if failed else 0
+
+
+def _retrain(run, runs: list, out: str) -> None:
+    """Train a recorded pretraining run again (its folder gone) outside the ledger, for a reader the part chose."""
+    runner.run_all(with_deps([run], {r.name: r for r in runs}), out, runner.RunSettings(records=None))
+    if not os.path.isfile(os.path.join(run_dir(out, run), "results.json")):
+        raise RunError(f"{run.name} was trained again for its readers but made no checkpoint")
+
+
+def drifted(study: Study, runs: list, key: dict, out: str, records: str) -> list[str]:
+    """A recorded pretraining run trained again on another CPU can make another checkpoint: where a done folder holds
+    one, its record and its readers' are removed, to be made again from it (one run's readers read one model)."""
+    gone = []
+    for r in (r for r in runs if r.notebook == "pretrain" and ledger.done(records, r.name, key[r.name])):
+        ids = is_done(out, r, key[r.name]) and another_checkpoint(out, records, r)
+        if not ids:
+            continue
+        removed = [n for n in [r.name, *readers(runs, r.name)] if ledger.read(records, n)]
+        for name in removed:
+            os.remove(ledger.path(records, name))
+        print(f"{study.name}: {r.name} was trained again into checkpoint {ids[1]}, not the recorded {ids[0]}: "
+              f"records removed, to be made again from it: {', '.join(removed)}")
+        gone += removed
+    return gone
+
+
+def _ready(step, out: str, records: str) -> bool:
+    """A step's input is here: its pretraining run's recorded checkpoint, or its run's finished folder."""
+    if not reads_checkpoint(step):
+        return all(os.path.isfile(os.path.join(out, d, "results.json")) for d in step.deps[:1])
+    wanted = (ledger.read(records, step.deps[0]) or {}).get("results", {}).get("checkpoint_id")
+    return wanted is not None and _checkpoint(os.path.join(out, step.deps[0])) == wanted
+
+
+def run_steps(study: Study, steps: list, est: dict, args, deadline: float, chosen: set[str]) -> list[str]:
+    """The steps whose input is here, ``--jobs`` at a time: those the part ``chosen`` and those reading a run folder
+    (seconds long; the folders do not outlive the session) always, others while they fit; returns those that failed."""
+    out = os.path.join(args.out, args.scale)
+    run, used = [], 0.0
+    for s in (s for s in steps if _ready(s, out, args.records)):
+        spend = 0.0 if not reads_checkpoint(s) or s.name in chosen else est[s.name][0]
+        if used + spend <= args.jobs * max(0.0, deadline - time.monotonic()):
+            run.append(s)
+            used += spend
+    flags = ["--scale", args.scale, "--out", args.out, "--records", args.records, "--seeds", args.seeds]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    command = [sys.executable, "-m", f"reproduce.studies.{study.name}", *flags,
+               *(["--with-optional"] * args.with_optional)]
+
+    def one(step) -> str | None:
+        done = subprocess.run([*command, "--step", step.name], cwd=ROOT, env=env, capture_output=True, text=True)
+        print(f"{study.name}: step {step.name}: {'ok' if done.returncode == 0 else 'failed'}\n{done.stdout}"
+              + ("" if done.returncode == 0 else done.stderr[-1500:]), flush=True)
+        return None if done.returncode == 0 else step.name
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        return [n for n in pool.map(one, run) if n]
+
+
+def step(study: Study, args) -> int:
+    """Execute one step in this process (``--step NAME``): its results file, then its record."""
+    runs, key, by_name, _ = setup(study, args, estimates=False)
+    run, out = by_name[args.step], os.path.join(args.out, args.scale)
+    params = resolve(run.params, out)
+    started, cpu = time.perf_counter(), time.process_time()
+    results = study.steps[run.notebook](params)
+    folder, source = run_dir(out, run), params.get("checkpoint")
+    written = write_results(os.path.join(folder, "results.json"), run.notebook, results, parameters=run.params,
+                            checkpoint=source, runtime_s=time.perf_counter() - started)
+    if source and written["checkpoint_id"] != (ledger.read(args.records, run.deps[0]) or {}).get(
+            "results", {}).get("checkpoint_id"):
+        raise RunError(f"{run.name}: {source} is not the checkpoint the record of {run.deps[0]} names")
+    outcome = {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu, "peak_mb": 0.0,
+               "device": f"cpu: {platform.machine()}, {os.cpu_count()} cores"}
+    ledger.write(args.records, run, key[run.name], read_results(os.path.join(folder, "results.json")), out,
+                 step_digest(study), outcome)
+    return 0
+
+
+def keep(study: Study, runs: list, key: dict, out: str, records: str, weights: str) -> list[str]:
+    """The runs ``study.keep`` names in float16 under ``weights/<run name>/``, once recorded and while their
+    checkpoints are here; returns the folders written."""
+    written = []
+    for r in (r for r in runs if r.notebook == "pretrain" and study.keep(r)):
+        record, target = ledger.read(records, r.name), os.path.join(weights, r.name)
+        if record is None or record["key"] != key[r.name] or kept(target, record):
+            continue
+        if _checkpoint(run_dir(out, r)):
+            written.append(pretrained.keep_at(run_dir(out, r), target, record))
+    return written
+
+
+def kept(target: str, record: dict) -> bool:
+    return pretrained.kept_checkpoint(target) == record["results"].get("checkpoint_id")
+
+
+def _checkpoint(folder: str) -> str | None:
+    try:
+        return checkpoint_id(folder)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def free(study: Study, runs: list, key: dict, out: str, records: str, weights: str) -> None:
+    """The runner's :meth:`Book.free_checkpoints` over the pretraining runs no step or kept model waits on."""
+    waiting = {r.deps[0] for r in runs if r.notebook in study.steps and reads_checkpoint(r)
+               and not ledger.done(records, r.name, key[r.name])}
+    waiting |= {r.name for r in runs if r.notebook == "pretrain" and study.keep(r) and ledger.read(records, r.name)
+                and not kept(os.path.join(weights, r.name), ledger.read(records, r.name))}
+    real = [r for r in runs if r.notebook not in study.steps and r.name not in waiting]
+    Book(real, {r.name: key[r.name] for r in real}, out, records, False, _quiet).free_checkpoints()

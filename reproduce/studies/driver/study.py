@@ -1,0 +1,147 @@
+"""A study as data: :class:`Study` and its :class:`Arm` s. Its runs are the reference run's (``reproduce/registry.py``)
+renamed and changed only where an arm says (:func:`pretrain_run`, :func:`reader`), plus *steps*: evaluations with no
+notebook, a function of their parameters each, keyed by their code as a run is by its notebook's (:func:`plan_keys`).
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+from reproduce.graph import ROOT, Run, keys
+
+REFERENCE = os.path.join(ROOT, "reproduce", "records", "mini")  # the reference run's ledger: estimates and seeds
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: the objectives and caption styles it trains, its ModelConfig overrides (pairs), its steps as a
+    multiple of the recipe's (the warm-up scaled alike) and its share of the pairs at those steps."""
+
+    name: str
+    objectives: tuple[str, ...]
+    styles: tuple[str, ...]
+    overrides: tuple[tuple[str, object], ...] = ()
+    steps: float = 1
+    fraction: float = 1.0
+    optional: bool = False  # built only when asked (--with-optional)
+
+
+@dataclass(frozen=True)
+class Study:
+    """A study as the driver runs it; its folder ``reproduce/studies/<name>/`` holds the plan (PLAN.md, pin.json,
+    seeds.json, dry_run.txt), the ledger ``records/``, seed 0's float16 ``weights/`` and the report."""
+
+    name: str  # the folder and the module: python -m reproduce.studies.<name>
+    arms: tuple[Arm, ...]
+    runs: Callable[[str, dict, bool], list[Run]]  # (scale, seed plan, with optional arms) -> every run, in plan order
+    steps: dict[str, Callable[[dict], dict]] = field(default_factory=dict)  # step kind -> its function
+    step_code: tuple[Callable, ...] = ()  # what the steps count with: hashed into their keys
+    step_seconds: Callable[[Run], float] = lambda run: 60.0  # a step's estimate at mini without a record
+    keep: Callable[[Run], bool] = lambda run: False  # the pretraining runs kept in float16 once recorded
+    report: Callable[[str, str], str] | None = None  # (records, folder) -> the tables' text, written in folder
+    plan_seeds: Callable | None = None  # (args) -> its table: seeds.json (args.seeds) from the reference, by power
+    budget_run_hours: float = 30.0
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(ROOT, "reproduce", "studies", self.name, *parts)
+
+
+def read_seeds(path: str) -> dict:
+    """The seed plan: ``{"default": 3, "seeds": {"<objective>" or "<arm>-<objective>": n}}`` (default 3 each)."""
+    if not os.path.isfile(path):
+        return {"default": 3, "seeds": {}}
+    with open(path) as f:
+        plan = json.load(f)
+    return {"default": int(plan.get("default", 3)), "seeds": dict(plan.get("seeds", {}))}
+
+
+def seeds_of(plan: dict, arm: str, objective: str) -> int:
+    s = plan["seeds"]
+    return int(s.get(f"{arm}-{objective}", s.get(objective, plan["default"])))
+
+
+def pretrain_run(study: str, t: Run, data: Run, arm: Arm, objective: str, style: str, seed: int) -> Run:
+    """``t`` (the reference's ``pretrain/<objective>-<style>-s<seed>``) as the arm trains it: its overrides, its
+    steps and warm-up scaled (cosine to the end), its fraction of the pairs (the first shards)."""
+    name = f"pretrain/{study}-{arm.name}-{objective}-{style}-s{seed}"
+    p = dict(t.params, output_dir=f"{{run:{name}}}")
+    p["model_overrides"] = {**p.get("model_overrides", {}), **dict(arm.overrides)}
+    p["steps"] = round(p["steps"] * arm.steps)
+    if p.get("warmup_steps"):
+        p["warmup_steps"] = round(p["warmup_steps"] * arm.steps)
+    p["save_every"] = max(1, -(-p["steps"] // 10))
+    pairs = data.params["num"]
+    if arm.fraction < 1:
+        shards = -(-round(data.params["num"] * arm.fraction) // data.params["shard_size"])
+        p["train_data"] = f"{{run:{data.name}}}/shards/{{000000..{shards - 1:06d}}}.tar"
+        pairs = min(pairs, shards * data.params["shard_size"])
+    labels = dict(arm=arm.name, method=objective.upper(), objective=objective, style=style, seed=seed, pairs=pairs,
+                  fraction=arm.fraction, steps=p["steps"])
+    return Run(name, "pretrain", p, deps=(data.name,), labels=labels, timeout_s=t.timeout_s * max(1, arm.steps))
+
+
+def reader(t: Run, name: str, pre: Run, **params) -> Run:
+    """``t`` (a reference evaluation of one pretraining run) reading ``pre`` instead, as ``name``."""
+    p = {**t.params, **params, "output_dir": f"{{run:{name}}}", "checkpoint": f"{{run:{pre.name}}}"}
+    labels = {**pre.labels, **({"part": t.labels["part"]} if "part" in t.labels else {})}  # the runner's estimate
+    return Run(name, t.notebook, p, deps=(pre.name, "data/evalsets"), labels=labels, timeout_s=t.timeout_s)
+
+
+def step_digest(study: Study) -> str:
+    """sha256 of the steps' code and what they count with: part of a step's key."""
+    code = "".join(inspect.getsource(f) for f in (*study.steps.values(), *study.step_code))
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
+def plan_keys(study: Study, runs: list[Run]) -> dict[str, str]:
+    """Every run's key: the runner's (:func:`reproduce.graph.keys`) and, for a step, the same hash over its code
+    (:func:`step_digest`), parameters and its dependencies' keys."""
+    key = keys([r for r in runs if r.notebook not in study.steps])
+    digest = step_digest(study)
+    for r in runs:
+        if r.notebook in study.steps:
+            payload = json.dumps([r.notebook, digest, r.params, [key[d] for d in r.deps]], sort_keys=True)
+            key[r.name] = hashlib.sha256(payload.encode()).hexdigest()[:16]
+    return key
+
+
+def reads_checkpoint(run: Run) -> bool:
+    """A step that reads a pretraining run's checkpoint (its first dependency), not a run folder's files."""
+    return "checkpoint" in run.params
+
+
+def with_deps(runs: list[Run], by_name: dict) -> list[Run]:
+    """``runs`` and every run they read (recorded or not): the runner takes a whole graph."""
+    names: dict[str, None] = {}
+
+    def add(r):
+        for d in r.deps:
+            add(by_name[d])
+        names.setdefault(r.name)
+
+    for r in runs:
+        add(r)
+    return [by_name[n] for n in names]
+
+
+def readers(runs: list[Run], name: str) -> list[str]:
+    """Every run that reads ``name``, directly or through another, in plan order."""
+    found, grew = {name}, True
+    while grew:
+        more = {r.name for r in runs if r.name not in found and found.intersection(r.deps)}
+        found, grew = found | more, bool(more)
+    return [r.name for r in runs if r.name in found - {name}]
+
+
+def run_hours(runs: list[Run], seconds: dict[str, float]) -> dict[str, dict[str, float]]:
+    """{arm: {style or "data": run-hours}} of ``runs``."""
+    out: dict[str, dict[str, float]] = {}
+    for r in runs:
+        arm, style = r.labels.get("arm", "data"), r.labels.get("style", "data") if r.notebook != "data" else "data"
+        by = out.setdefault(arm, {})
+        by[style] = by.get(style, 0.0) + seconds[r.name] / 3600
+    return out

@@ -1,0 +1,144 @@
+"""Does MDC use its words? The words study on the study driver: its arms, runs and steps (the plan:
+reproduce/studies/words/PLAN.md; the tables: :mod:`reproduce.studies.words.report`).
+
+Per arm (:data:`ARMS`), objective and seed: ``pretrain/words-<arm>-<objective>-<style>-s<seed>``, the reference's
+pretraining run with the arm's changes; on descriptive captions its probe, its binding part (the reference's ``own``
+part on :data:`BINDING_SUITES`) and the step ``neighbours/...`` (neighbour use; for MDC the binding diagnostic); on
+alt captions ``captioning/words-<arm>-alt-<stage>-s<seed>`` (MDC and ARC, pretrained or fine-tuned at
+:data:`FINETUNE_CAP` times the reference's cap) and the step ``caption_words/...`` (repeated content words).
+The seed plan (seeds.json) and reference_neighbours.json were made before the first record by the pinned commit's
+``--plan-seeds`` and ``--reference-neighbours``.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from reproduce import registry
+from reproduce.graph import Run
+from reproduce.studies.driver.study import Arm, Study, pretrain_run, reader, seeds_of
+from reproduce.studies.driver.tables import repetition
+from reproduce.studies.words import report
+
+BINDING_SUITES = ("own_attribute", "own_sugarcrepe/swap_att", "own_sugarcrepe/swap_obj")
+OWN_ITEMS = 60  # images a file: reproduce.power's Table 2 rule asks 59 (own_swap, MDC - ARC), 22 (own_attribute)
+NEIGHBOUR_ITEMS = {"mini": 1000, "smoke": 16}
+FINETUNE_CAP = 2  # times the reference's cap: its MDC stopped at 2,600-2,700 of 3,000 steps, near where its
+#                   cosine schedule had all but stopped it
+# seconds of a step with no record: neighbour use on 1,000 objects with the shipped mini weights, one thread on
+# the 2-core machine at a load of about 5 (MDC 150 s and its binding diagnostic 3 s; ARC 21 s), rounded up
+STEP_SECONDS = {"mdc": 180.0, "arc": 30.0, "caption_words": 15.0}
+STAGES = ("pretrained", "finetuned")
+
+ARMS = (  # PLAN.md's table says what each changes
+    Arm("paper", ("mdc", "arc"), ("descriptive", "alt")),
+    Arm("rotary", ("mdc", "arc"), ("descriptive", "alt"), (("positions", "rotary"),)),
+    Arm("hidden", ("mdc",), ("descriptive", "alt"), (("length_visible", False),)),  # captions of their own length
+    Arm("quarter", ("mdc", "arc"), ("descriptive",), fraction=0.25),  # a quarter of the pairs, four times
+    Arm("x2", ("mdc", "arc"), ("descriptive",), steps=2),
+    Arm("x4", ("mdc", "arc"), ("descriptive",), steps=4, optional=True),
+)
+
+
+def descriptive_runs(ref: dict, arm: Arm, objective: str, seed: int, scale: str) -> list[Run]:
+    """Pretraining on descriptive captions, its probe, its binding part and its neighbour step."""
+    pre = pretrain_run("words", ref[f"pretrain/{objective}-descriptive-s{seed}"], ref["data/descriptive"], arm,
+                       objective, "descriptive", seed)
+    tag = pre.name.split("/", 1)[1].removeprefix("words-")
+    own = ref[f"compositionality/{objective}-descriptive-own-s{seed}"]
+    sizes = {"own_items": OWN_ITEMS} if "own_items" in own.params else {}  # smoke: every item of its tiny sets
+    binding = reader(own, f"compositionality/words-{tag.removesuffix(f'-s{seed}')}-binding-s{seed}", pre,
+                     suites=list(BINDING_SUITES), **sizes)
+    step = Run(f"neighbours/{tag}", "neighbours",
+               dict(checkpoint=f"{{run:{pre.name}}}", data_dir="{run:data/evalsets}", n_items=NEIGHBOUR_ITEMS[scale],
+                    seed=0, binding=list(BINDING_SUITES) if objective == "mdc" else [],
+                    attribute_min_count=own.params["attribute_min_count"], own_items=sizes.get("own_items")),
+               deps=(pre.name, "data/evalsets"), labels=dict(pre.labels))
+    return [pre, reader(ref[f"probe/{objective}-descriptive-s{seed}"], f"probe/words-{tag}", pre), binding, step]
+
+
+def caption_runs(ref: dict, arm: Arm, pre: dict[str, Run], seed: int) -> list[Run]:
+    """The arm's captioning runs on alt captions (pretrained; fine-tuned; the paper arm's MDC also fine-tuned at
+    t ~ U[0, 1]) and their caption-word steps."""
+    t = ref[f"captioning/alt-s{seed}"]
+    stages = [(s, {}) for s in STAGES]
+    if arm.name == "paper":
+        stages.append(("finetuned-t0-1", {"finetune_t_interval": [0.0, 1.0], "arc_checkpoint": ""}))
+    runs = []
+    for stage, extra in stages:
+        name = f"captioning/words-{arm.name}-alt-{stage}-s{seed}"
+        p = {**t.params, "output_dir": f"{{run:{name}}}", "mdc_checkpoint": f"{{run:{pre['mdc'].name}}}",
+             "arc_checkpoint": f"{{run:{pre['arc'].name}}}" if "arc" in pre else "",
+             "finetune_steps": 0 if stage == "pretrained" else t.params["finetune_steps"] * FINETUNE_CAP}
+        if not dict(arm.overrides).get("length_visible", True):
+            p["lengths"] = [10, 15, 20, None]  # None: the model's own length
+        p.update(extra)
+        deps = tuple(d.removeprefix("{run:").removesuffix("}") for d in (p["mdc_checkpoint"], p["arc_checkpoint"])
+                     if d) + ("data/evalsets",)
+        labels = dict(arm=arm.name, style="alt", stage=stage, seed=seed)
+        runs.append(Run(name, "captioning", p, deps=deps, labels=labels, timeout_s=t.timeout_s * FINETUNE_CAP))
+        runs.append(Run(f"caption_words/{arm.name}-alt-{stage}-s{seed}", "caption_words",
+                        dict(captioning=f"{{run:{name}}}", captions_json=t.params["captions_json"]),
+                        deps=(name, "data/evalsets"), labels=dict(labels)))
+    return runs
+
+
+def study_runs(scale: str = "mini", plan: dict | None = None, with_optional: bool = False) -> list[Run]:
+    """Every run of the study (its steps included), seed by seed, in the order the selection reads."""
+    plan = plan or {"default": 3, "seeds": {}}
+    chosen = tuple(a for a in ARMS if with_optional or not a.optional)
+    most = max(seeds_of(plan, a.name, o) for a in chosen for o in a.objectives)
+    ref = {r.name: r for r in registry.build(scale, most)}
+    runs = [ref["data/descriptive"], ref["data/alt"], ref["data/evalsets"]]
+    for seed in range(most):
+        for arm in chosen:
+            wanted = [o for o in arm.objectives if seed < seeds_of(plan, arm.name, o)]
+            for objective in wanted:
+                runs += descriptive_runs(ref, arm, objective, seed, scale)
+            if "alt" in arm.styles and "mdc" in wanted:
+                pre = {o: pretrain_run("words", ref[f"pretrain/{o}-alt-s{seed}"], ref["data/alt"], arm, o, "alt", seed)
+                       for o in wanted}
+                runs += list(pre.values()) + caption_runs(ref, arm, pre, seed)
+    return runs
+
+
+def neighbours_step(p: dict) -> dict:
+    """Neighbour use (``mdc.eval.neighbours.neighbour_use``) of the checkpoint, and for MDC the binding diagnostic
+    (:func:`mdc.eval.positive_controls.binding_accuracy`, own and another item's image) on the binding suites."""
+    import mdc
+    from mdc.eval.neighbours import format_neighbour_use, neighbour_use
+    from mdc.eval.positive_controls import binding_accuracy
+    from mdc.eval.suites import load_suites, shuffled_images
+    from mdc.factory import checkpoint_folder
+
+    model = mdc.load(checkpoint_folder(p["checkpoint"])).eval()
+    out = {"neighbours": neighbour_use(model, n_items=p["n_items"], seed=p["seed"]), "binding": {}}
+    print(format_neighbour_use(out["neighbours"]))  # the instrument's own table, in the part's log
+    if p["binding"]:
+        suites = load_suites(p["data_dir"], p["binding"], own_items=p["own_items"],
+                             attribute_min_count=p["attribute_min_count"])
+        transform = mdc.image_transform(model)
+        out["binding"] = {name: binding_accuracy(model, transform, suite, shuffled_images(suite, p["seed"]))
+                          for name, suite in suites.items()}
+    return out
+
+
+def caption_words_step(p: dict) -> dict:
+    """Repetition (:func:`reproduce.studies.driver.tables.repetition`) of every caption set of a captioning run and
+    of its test references."""
+    with open(os.path.join(p["captioning"], "predictions.json")) as f:
+        sets = json.load(f)
+    with open(p["captions_json"]) as f:
+        images = json.load(f)["images"]
+    references = [s["raw"] for im in images if im.get("split") == "test" for s in im["sentences"]]
+    return {"sets": {name: repetition(caps.values()) for name, caps in sets.items()},
+            "references": repetition(references)}
+
+
+STUDY = Study(
+    "words", ARMS, study_runs, steps={"neighbours": neighbours_step, "caption_words": caption_words_step},
+    step_code=(repetition,),
+    step_seconds=lambda run: STEP_SECONDS["caption_words" if run.notebook == "caption_words"
+                                          else run.labels.get("objective", "mdc")],
+    keep=lambda run: not run.labels.get("seed") and run.labels.get("style") == "descriptive",
+    report=report.build, budget_run_hours=30.0)

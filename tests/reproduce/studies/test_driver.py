@@ -1,0 +1,202 @@
+"""The study driver (reproduce/studies/driver/): the time-budget selection, a part's hand-over to the runner and its
+steps, drift across machines, the machine factor, one package digest, kept float16 weights."""
+import argparse
+import itertools
+import json
+
+import pytest
+import torch
+from conftest import study_record
+
+import mdc
+from mdc.base.errors import RunError
+from mdc.eval.results import checkpoint_id
+from reproduce import pretrained
+from reproduce.graph import Run
+from reproduce.running import ledger
+from reproduce.studies.driver import cli, part
+from reproduce.studies.driver import estimate as cost
+from reproduce.studies.words import STUDY
+
+
+def _chain_graph():
+    runs = [Run("data/d", "data", {}), Run("pretrain/a-s0", "pretrain", {}, ("data/d",)),
+            Run("probe/a-s0", "linear_probe", {}, ("pretrain/a-s0",)),
+            Run("neighbours/a-s0", "neighbours", {"checkpoint": "{run:pretrain/a-s0}"}, ("pretrain/a-s0",)),
+            Run("pretrain/b-s0", "pretrain", {}, ("data/d",)),
+            Run("probe/b-s0", "linear_probe", {}, ("pretrain/b-s0",))]
+    seconds = {"data/d": 10.0, "pretrain/a-s0": 100.0, "probe/a-s0": 20.0, "neighbours/a-s0": 5.0,
+               "pretrain/b-s0": 100.0, "probe/b-s0": 20.0}
+    return runs, seconds
+
+
+def test_the_budget_starts_only_what_fits_with_its_readers():
+    runs, seconds = _chain_graph()
+    todo = {r.name for r in runs}
+    start, left = cost.select(runs, seconds, todo, budget_s=140, jobs=1)
+    assert start == ["data/d", "pretrain/a-s0", "probe/a-s0", "neighbours/a-s0"]  # a's chain: 130 s, 135 in all
+    assert left == ["pretrain/b-s0", "probe/b-s0"]  # 255 s of runs at one at a time
+    assert cost.select(runs, seconds, todo, budget_s=200, jobs=2)[1] == []  # 255 run-s at two, chain 130: 192.5 s
+    assert cost.select(runs, seconds, todo, budget_s=140, jobs=2)[1] == ["pretrain/b-s0", "probe/b-s0"]
+    assert cost.select(runs, seconds, todo, budget_s=100, jobs=2)[0] == []  # no chain fits: nothing starts
+    done = todo - {"data/d", "pretrain/a-s0", "probe/a-s0"}  # recorded runs cost nothing
+    assert cost.select(runs, seconds, done, budget_s=130, jobs=1)[0] == ["neighbours/a-s0", "pretrain/b-s0",
+                                                                         "probe/b-s0"]
+
+
+def _makespan(runs: list, seconds: dict, order: list) -> float:
+    """When a runner two at a time ends ``runs``, starting ready ones in ``order`` whenever a slot is free."""
+    deps = {r.name: set(r.deps) & {x.name for x in runs} for r in runs}
+    now, done, running = 0.0, set(), {}
+    while len(done) < len(runs):
+        for n in order:
+            if len(running) < 2 and n not in done and n not in running and deps[n] <= done:
+                running[n] = now + seconds[n]
+        now = min(running.values())
+        done |= {n for n, end in running.items() if end == now}
+        running = {n: end for n, end in running.items() if end > now}
+    return now
+
+
+def test_what_a_part_chooses_ends_within_its_budget_in_any_order_the_runner_starts_it():
+    """The runner orders its ready runs by its own rule (runs that make deeper ones ready first), which started a
+    long captioning chain last and ran part 8 15 minutes past its budget although its run-seconds at two at a time
+    and its longest chain each fit. Whatever it chooses ends in time under every order of starting."""
+    runs = [Run("pretrain/p-s0", "pretrain", {}), Run("captioning/p-s0", "captioning", {}, ("pretrain/p-s0",)),
+            Run("probe/x-s0", "linear_probe", {}), Run("probe/y-s0", "linear_probe", {})]
+    seconds = {"pretrain/p-s0": 50.0, "captioning/p-s0": 50.0, "probe/x-s0": 50.0, "probe/y-s0": 50.0}
+    todo = {r.name for r in runs}
+    for budget in (100, 125, 150, 175):
+        start = [r for r in runs if r.name in cost.select(runs, seconds, todo, budget_s=budget, jobs=2)[0]]
+        worst = max(_makespan(start, seconds, list(o)) for o in itertools.permutations(r.name for r in start))
+        assert start and worst <= budget, (budget, [r.name for r in start], worst)
+
+
+def test_a_retrain_that_drifts_supersedes_the_pretrain_and_its_recorded_readers(tmp_path, capsys):
+    """Float results differ across CPUs: a recorded pretraining run trained again on another machine can make
+    another checkpoint. Its recorded readers read the old one, so the run and they are recorded again."""
+    runs, _ = _chain_graph()
+    key = {r.name: "k" for r in runs}
+    for r in runs:
+        study_record(tmp_path, r.name, r.notebook, {}, 1.0)
+        record = ledger.read(str(tmp_path), r.name)
+        record["results"]["checkpoint_id"] = "old"  # where a pretraining record names its checkpoint
+        with open(ledger.path(str(tmp_path), r.name), "w") as f:
+            json.dump(record, f)
+    out = tmp_path / "out"
+    for name in ("pretrain/a-s0", "pretrain/b-s0"):  # both trained again: b as recorded, a into another model
+        (out / name).mkdir(parents=True)
+        (out / name / "done.json").write_text(json.dumps({"key": "k"}))
+        made = "new" if name == "pretrain/a-s0" else "old"
+        (out / name / "results.json").write_text(json.dumps({"schema": "mdc.results/1", "checkpoint_id": made}))
+    assert part.drifted(STUDY, runs, key, str(out), str(tmp_path)) == ["pretrain/a-s0", "probe/a-s0", "neighbours/a-s0"]
+    assert [r.name for r in runs if ledger.read(str(tmp_path), r.name)] == ["data/d", "pretrain/b-s0", "probe/b-s0"]
+    assert "into checkpoint new, not the recorded old" in capsys.readouterr().out
+    assert part.drifted(STUDY, runs, key, str(out), str(tmp_path)) == []  # a's record is gone: nothing to compare
+
+
+def test_a_pretraining_run_starts_only_with_every_reader_it_has_to_do():
+    """Each part may run on another machine, where a checkpoint trained again is another model: a part that
+    trains a checkpoint reads it with all its readers, never the cheap one now and the long one later."""
+    runs = [Run("data/d", "data", {}), Run("pretrain/m-s0", "pretrain", {}, ("data/d",)),
+            Run("pretrain/a-s0", "pretrain", {}, ("data/d",)),
+            Run("captioning/pretrained-s0", "captioning", {}, ("pretrain/m-s0", "pretrain/a-s0")),
+            Run("captioning/finetuned-s0", "captioning", {}, ("pretrain/m-s0", "pretrain/a-s0")),
+            Run("pretrain/b-s0", "pretrain", {}, ("data/d",)),
+            Run("probe/b-s0", "linear_probe", {}, ("pretrain/b-s0",))]
+    seconds = {"data/d": 10.0, "pretrain/m-s0": 100.0, "pretrain/a-s0": 100.0, "captioning/pretrained-s0": 10.0,
+               "captioning/finetuned-s0": 200.0, "pretrain/b-s0": 100.0, "probe/b-s0": 20.0}
+    todo = {r.name for r in runs}
+    assert cost.select(runs, seconds, todo, budget_s=150, jobs=2)[0] == ["data/d", "pretrain/b-s0", "probe/b-s0"]
+    start = cost.select(runs, seconds, todo, budget_s=370, jobs=2)[0]  # m's and a's readers: 420 run-s, chain 310
+    assert {"pretrain/m-s0", "captioning/pretrained-s0", "captioning/finetuned-s0"} <= set(start)
+
+
+def test_a_part_hands_the_runner_what_it_chose_without_a_second_budget(tmp_path, monkeypatch):
+    """The runner's own estimates (the profile's defaults) are not the study's: under a time budget of its own it
+    left a chosen pretraining run unstarted. The part's selection is the budget; the runner executes it."""
+    runs, seconds = _chain_graph()
+    monkeypatch.setattr(part, "setup", lambda study, args: (runs, {r.name: "k" for r in runs},
+                                                            {r.name: r for r in runs},
+                                                            {n: (s, "reference") for n, s in seconds.items()}))
+    for quiet in ("keep", "free"):
+        monkeypatch.setattr(part, quiet, lambda *a: None)
+    monkeypatch.setattr(part, "run_steps", lambda *a: [])
+    handed = {}
+    monkeypatch.setattr(part.runner, "run_all", lambda real, out, settings: handed.update(
+        runs=[r.name for r in real], budget=settings.time_budget_s) or {})
+    args = argparse.Namespace(records=str(tmp_path / "records"), time_budget=140 / 60, out=str(tmp_path), scale="mini",
+                              jobs=1, machine_factor=1.0, argv=[], weights=str(tmp_path / "weights"))
+    assert part.part(STUDY, args) == 0
+    assert handed == {"runs": ["data/d", "pretrain/a-s0", "probe/a-s0"], "budget": None}
+
+
+def test_the_steps_the_part_chose_run_past_its_deadline(monkeypatch):
+    """A neighbour step left for later needs its checkpoint trained again on the next (another) machine, which
+    makes another model and voids the pretraining run's other records: the part's own steps always run."""
+    runs, _ = _chain_graph()
+    by_name = {r.name: r for r in runs}
+    monkeypatch.setattr(part, "_ready", lambda *a: True)
+    ran = []
+    monkeypatch.setattr(part.subprocess, "run", lambda command, **k: ran.append(command[-1]) or
+                        argparse.Namespace(returncode=0, stdout="", stderr=""))
+    args = argparse.Namespace(out="runs", scale="mini", records="records", seeds=STUDY.path("seeds.json"), jobs=1,
+                              with_optional=False)
+    est = {"neighbours/a-s0": (300.0, "reference"), "neighbours/b-s0": (300.0, "reference")}
+    later = Run("neighbours/b-s0", "neighbours", {"checkpoint": "{run:pretrain/b-s0}"}, ("pretrain/b-s0",))
+    steps = [by_name["neighbours/a-s0"], later]
+    assert part.run_steps(STUDY, steps, est, args, deadline=0.0, chosen={"neighbours/a-s0"}) == []
+    assert ran == ["neighbours/a-s0"]  # b's step, ready from an earlier part, waits for a part with time
+
+
+def test_a_part_refuses_a_ledger_of_another_package(tmp_path):
+    study_record(tmp_path, "data/descriptive", "data", {}, 1.0, package="another")
+    with pytest.raises(RunError, match="one package digest"):
+        part.one_digest(str(tmp_path))
+    study_record(tmp_path, "data/descriptive", "data", {}, 1.0, package=ledger.package_digest())
+    part.one_digest(str(tmp_path))
+
+
+def test_a_machine_factor_scales_the_reference_estimates_not_the_studys_own_records():
+    assert cost.on_machine((100.0, "reference pretrain/mdc-descriptive-s0 x 1.00"), 1.8) == pytest.approx(
+        (180.0, "reference pretrain/mdc-descriptive-s0 x 1.00; x 1.8 on this machine"))
+    assert cost.on_machine((30.0, "no record: the step's measured default"), 2.0)[0] == 60.0
+    own = (5000.0, "the record of seed 0")  # made on this machine: already its speed
+    assert cost.on_machine(own, 1.8) == own
+    assert cost.on_machine((100.0, "reference x"), 1.0) == (100.0, "reference x")
+
+
+def test_a_part_measures_its_runs_against_their_reference_estimates():
+    est = {"pretrain/a-s0": (1000.0, "reference pretrain/a-s0"), "probe/a-s0": (100.0, "reference probe/a-s0"),
+           "pretrain/b-s1": (900.0, "the record of seed 0"), "probe/c-s0": (100.0, "reference probe/c-s0")}
+    outcome = {"pretrain/a-s0": {"status": "ok", "seconds": 1800.0}, "probe/a-s0": {"status": "ok", "seconds": 200.0},
+               "pretrain/b-s1": {"status": "ok", "seconds": 9000.0},  # own record: not a reference estimate
+               "probe/c-s0": {"status": "failed", "seconds": 1.0}}
+    assert cost.machine_ratio(outcome, est) == pytest.approx((1.9, 2))  # the median of 1.8 and 2.0, of 2 runs
+    assert cost.machine_ratio({}, est) is None
+    scaled = {n: cost.on_machine(e, 2.0) for n, e in est.items()}  # measured against the reference's estimate
+    assert cost.machine_ratio(outcome, scaled, 2.0) == pytest.approx((1.9, 2))
+    with pytest.raises(RunError, match="--machine-factor must be > 0"):
+        cli.main(STUDY, ["--machine-factor", "0", "--dry-run", "--debug"])
+
+
+def test_seed_zero_is_kept_in_float16_and_loads(tmp_path):
+    torch.manual_seed(0)
+    model = mdc.create_model("tiny", "mdc", image_size=32, patch_size=8, vision_width=32, vision_layers=1,
+                             vision_heads=2, text_width=32, text_layers=1, text_heads=2, embed_dim=32)
+    model.save(tmp_path / "ckpt")
+    record = {"run": "pretrain/words-paper-mdc-descriptive-s0", "key": "k",
+              "results": {"checkpoint_id": checkpoint_id(tmp_path / "ckpt")}}
+    target = pretrained.keep_at(str(tmp_path / "ckpt"), str(tmp_path / "kept"), record)
+    loaded = mdc.load(target)
+    assert part.kept(target, record) and loaded.config.objective == "mdc"
+    state = loaded.state_dict()
+    assert all(torch.equal(state[k], v.half().float()) for k, v in model.state_dict().items() if v.is_floating_point())
+    listed = pretrained.listing(str(tmp_path / "kept"), {record["run"]: record})
+    wanted = checkpoint_id(tmp_path / "ckpt")
+    assert len(listed) == 1 and listed[0].endswith(f"{record['run']}, float16 of checkpoint {wanted}")
+    other = {record["run"]: {**record, "results": {"checkpoint_id": "x"}}}
+    assert pretrained.listing(str(tmp_path / "kept"), other)[0].endswith("NOT the checkpoint its record names")
+    with pytest.raises(ValueError, match="is not the checkpoint"):
+        pretrained.keep_at(str(tmp_path / "ckpt"), str(tmp_path / "k2"),
+                           {**record, "results": {"checkpoint_id": "x"}})
