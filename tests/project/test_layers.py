@@ -73,8 +73,9 @@ def test_the_layer_map_names_every_module():
     assert not missing, f"docs/layers.md does not name {missing}"
 
 
-def _sources():
-    return sorted(p for folder in ("mdc", "reproduce") for p in (ROOT / folder).rglob("*.py"))
+def _sources():  # the package's and the experiments' code, not a study's pinned copy among the run folders
+    return sorted(p for folder in ("mdc", "reproduce") for p in (ROOT / folder).rglob("*.py")
+                  if (ROOT / "reproduce" / "runs") not in p.parents)
 
 
 def test_the_folders_show_the_layers():

@@ -27,7 +27,8 @@ LEFT_OUT = (":(exclude)reproduce/weights", ":(exclude,glob)reproduce/studies/*/w
 def code_digest(root: str) -> str:
     """sha256 (16 hex) of the code a part executes under ``root``: :data:`CODE`, by relative path and content."""
     h = hashlib.sha256()
-    files = {p for pattern in CODE for p in glob.glob(os.path.join(root, pattern), recursive=True)}
+    files = {p for pattern in CODE for p in glob.glob(os.path.join(root, pattern), recursive=True)
+             if not os.path.relpath(p, root).startswith(os.path.join("reproduce", "runs", ""))}  # outputs
     for path in sorted(files, key=lambda p: os.path.relpath(p, root)):
         h.update(os.path.relpath(path, root).replace(os.sep, "/").encode() + b"\0")
         with open(path, "rb") as f:
