@@ -33,15 +33,13 @@ def dry_run(study: Study, args) -> str:
     seconds = {n: s for n, (s, _) in est.items()}
     lines = [f"{study.name} study, scale {args.scale}: {len(runs)} runs ({len(runs) - len(need)} recorded), seeds "
              f"{read_seeds(args.seeds)}, ledger {os.path.relpath(args.records, os.environ.get(pinning.PINNED, ROOT))}"]
-    for r in runs:
-        state = "would run" if r.name in need else "recorded"
-        lines.append(f"{state:9s} {r.name}  ({r.notebook}; ~{seconds[r.name] / 60:.1f} min: {est[r.name][1]})")
+    lines += [f"{'would run' if r.name in need else 'recorded':9s} {r.name}  ({r.notebook}; "
+              f"~{seconds[r.name] / 60:.1f} min: {est[r.name][1]})" for r in runs]
     where = "the reference 2-core machine" if args.machine_factor == 1.0 else \
         f"this machine, x {args.machine_factor:g} the reference's where it has not measured"
     lines.append(f"\nrun-hours by arm on {where} (one thread a run, two at a time):")
-    for arm, styles in run_hours(runs, seconds).items():
-        lines.append(f"  {arm:8s} {sum(styles.values()):6.2f}  (" + ", ".join(
-            f"{s} {h:.2f}" for s, h in styles.items()) + ")")
+    lines += [f"  {arm:8s} {sum(styles.values()):6.2f}  (" + ", ".join(f"{s} {h:.2f}" for s, h in styles.items())
+              + ")" for arm, styles in run_hours(runs, seconds).items()]
     total, left, budget = sum(seconds.values()) / 3600, sum(seconds[n] for n in need) / 3600, study.budget_run_hours
     lines.append(f"total {total:.2f} run-hours ({left:.2f} left, {left / 2:.1f} hours of wall time at two runs at "
                  f"a time); budget about {budget:.0f}: "

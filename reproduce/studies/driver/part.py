@@ -25,10 +25,6 @@ from reproduce.studies.driver.study import (Study, plan_keys, read_seeds, reads_
                                             with_deps)
 
 
-def _quiet(*_):
-    pass
-
-
 def setup(study: Study, args, estimates: bool = True) -> tuple[list, dict, dict, dict]:
     """(runs, keys, runs by name, estimates: {name: (seconds, source)}, empty unless ``estimates``)."""
     runs = study.runs(args.scale, read_seeds(args.seeds), args.with_optional)
@@ -45,7 +41,7 @@ def todo(study: Study, runs: list, key: dict, out: str, records: str) -> set[str
     """The runs a part would execute: the runner's (:class:`Book`), the steps not recorded, and the recorded
     pretraining runs whose checkpoints a step to do reads and are gone."""
     real = [r for r in runs if r.notebook not in study.steps]
-    book = Book(real, {r.name: key[r.name] for r in real}, out, records, True, _quiet)
+    book = Book(real, {r.name: key[r.name] for r in real}, out, records, True, lambda *_: None)
     steps = [r for r in runs if r.notebook in study.steps]
     need = set(book.needed) | {r.name for r in steps if not ledger.done(records, r.name, key[r.name])}
     return need | {r.deps[0] for r in steps if r.name in need and reads_checkpoint(r)
@@ -209,4 +205,4 @@ def free(study: Study, runs: list, key: dict, out: str, records: str, weights: s
     waiting |= {r.name for r in runs if r.notebook == "pretrain" and study.keep(r) and ledger.read(records, r.name)
                 and not kept(os.path.join(weights, r.name), ledger.read(records, r.name))}
     real = [r for r in runs if r.notebook not in study.steps and r.name not in waiting]
-    Book(real, {r.name: key[r.name] for r in real}, out, records, False, _quiet).free_checkpoints()
+    Book(real, {r.name: key[r.name] for r in real}, out, records, False, lambda *_: None).free_checkpoints()

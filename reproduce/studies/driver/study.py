@@ -18,14 +18,15 @@ REFERENCE = os.path.join(ROOT, "reproduce", "records", "mini")  # the reference 
 
 @dataclass(frozen=True)
 class Arm:
-    """One arm: the objectives and caption styles it trains, its ModelConfig overrides (pairs), its steps as a
-    multiple of the recipe's (the warm-up scaled alike) and its share of the pairs at those steps."""
+    """One arm: the objectives and caption styles it trains, its ModelConfig overrides and notebook parameters
+    (pairs), its steps as a multiple of the recipe's (the warm-up scaled alike), its share of the pairs."""
 
     name: str
     objectives: tuple[str, ...]
     styles: tuple[str, ...]
     overrides: tuple[tuple[str, object], ...] = ()
     steps: float = 1
+    params: tuple[tuple[str, object], ...] = ()  # pretraining notebook parameters (e.g. t_interval)
     fraction: float = 1.0
     optional: bool = False  # built only when asked (--with-optional)
 
@@ -70,6 +71,7 @@ def pretrain_run(study: str, t: Run, data: Run, arm: Arm, objective: str, style:
     name = f"pretrain/{study}-{arm.name}-{objective}-{style}-s{seed}"
     p = dict(t.params, output_dir=f"{{run:{name}}}")
     p["model_overrides"] = {**p.get("model_overrides", {}), **dict(arm.overrides)}
+    p.update(dict(arm.params))
     p["steps"] = round(p["steps"] * arm.steps)
     if p.get("warmup_steps"):
         p["warmup_steps"] = round(p["warmup_steps"] * arm.steps)
@@ -89,6 +91,16 @@ def reader(t: Run, name: str, pre: Run, **params) -> Run:
     p = {**t.params, **params, "output_dir": f"{{run:{name}}}", "checkpoint": f"{{run:{pre.name}}}"}
     labels = {**pre.labels, **({"part": t.labels["part"]} if "part" in t.labels else {})}  # the runner's estimate
     return Run(name, t.notebook, p, deps=(pre.name, "data/evalsets"), labels=labels, timeout_s=t.timeout_s)
+
+
+def probe_and_binding(study: str, ref: dict, pre: Run, suites: tuple[str, ...], items: int) -> list[Run]:
+    """The reference's probe and binding part (its ``own`` part on ``suites``, ``items`` a file) of ``pre``."""
+    objective, seed, tag = pre.labels["objective"], pre.labels["seed"], pre.name.split("/", 1)[1][len(study) + 1:]
+    own = ref[f"compositionality/{objective}-descriptive-own-s{seed}"]
+    sizes = {"own_items": items} if "own_items" in own.params else {}  # smoke: every item of its tiny sets
+    return [reader(ref[f"probe/{objective}-descriptive-s{seed}"], f"probe/{study}-{tag}", pre),
+            reader(own, f"compositionality/{study}-{tag.removesuffix(f'-s{seed}')}-binding-s{seed}", pre,
+                   suites=list(suites), **sizes)]
 
 
 def step_digest(study: Study) -> str:

@@ -4,11 +4,9 @@ and a table with a row per (arm, model)."""
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
-from mdc.eval.metrics import FUNCTION_WORDS
 from reproduce.claims.stats import TASKS, difference, t_quantile
 
 
@@ -85,20 +83,6 @@ def caption_measures(cap: dict, words: dict | None, name: str) -> dict:
             "BLEU-4": 100 * m["bleu4"], "words": m["words"], "repeated": 100 * m["repeated"],
             "repeated content": 100 * w["repeated_content"] if "repeated_content" in w else None,
             "references' repeated content": 100 * words["references"]["repeated_content"] if words else None}
-
-
-def repetition(texts) -> dict:
-    """Mean over ``texts`` of their words, the share of words that repeat an earlier word (as
-    ``mdc.eval.metrics.descriptiveness`` counts them) and the share of content words (outside
-    ``FUNCTION_WORDS``) that repeat an earlier content word."""
-    rows = []
-    for text in texts:
-        words = re.findall(r"[a-z0-9]+", text.lower())
-        content = [w for w in words if w not in FUNCTION_WORDS]
-        rows.append((len(words), 1 - len(set(words)) / max(len(words), 1),
-                     1 - len(set(content)) / len(content) if content else 0.0))
-    return {k: sum(r[i] for r in rows) / max(len(rows), 1) for i, k in
-            enumerate(("words", "repeated", "repeated_content"))} | {"captions": len(rows)}
 
 
 def _correct(res: dict) -> dict:

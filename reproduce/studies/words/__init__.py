@@ -11,13 +11,10 @@ The seed plan (seeds.json) and reference_neighbours.json were made before the fi
 """
 from __future__ import annotations
 
-import json
-import os
-
 from reproduce import registry
 from reproduce.graph import Run
-from reproduce.studies.driver.study import Arm, Study, pretrain_run, reader, seeds_of
-from reproduce.studies.driver.tables import repetition
+from reproduce.studies.driver.study import Arm, Study, pretrain_run, probe_and_binding, seeds_of
+from reproduce.studies.driver.steps import caption_words, repetition
 from reproduce.studies.words import report
 
 BINDING_SUITES = ("own_attribute", "own_sugarcrepe/swap_att", "own_sugarcrepe/swap_obj")
@@ -44,17 +41,13 @@ def descriptive_runs(ref: dict, arm: Arm, objective: str, seed: int, scale: str)
     """Pretraining on descriptive captions, its probe, its binding part and its neighbour step."""
     pre = pretrain_run("words", ref[f"pretrain/{objective}-descriptive-s{seed}"], ref["data/descriptive"], arm,
                        objective, "descriptive", seed)
-    tag = pre.name.split("/", 1)[1].removeprefix("words-")
-    own = ref[f"compositionality/{objective}-descriptive-own-s{seed}"]
-    sizes = {"own_items": OWN_ITEMS} if "own_items" in own.params else {}  # smoke: every item of its tiny sets
-    binding = reader(own, f"compositionality/words-{tag.removesuffix(f'-s{seed}')}-binding-s{seed}", pre,
-                     suites=list(BINDING_SUITES), **sizes)
-    step = Run(f"neighbours/{tag}", "neighbours",
+    probe, binding = probe_and_binding("words", ref, pre, BINDING_SUITES, OWN_ITEMS)
+    step = Run(f"neighbours/{probe.name.split('/', 1)[1].removeprefix('words-')}", "neighbours",
                dict(checkpoint=f"{{run:{pre.name}}}", data_dir="{run:data/evalsets}", n_items=NEIGHBOUR_ITEMS[scale],
                     seed=0, binding=list(BINDING_SUITES) if objective == "mdc" else [],
-                    attribute_min_count=own.params["attribute_min_count"], own_items=sizes.get("own_items")),
+                    **{k: binding.params.get(k) for k in ("attribute_min_count", "own_items")}),
                deps=(pre.name, "data/evalsets"), labels=dict(pre.labels))
-    return [pre, reader(ref[f"probe/{objective}-descriptive-s{seed}"], f"probe/words-{tag}", pre), binding, step]
+    return [pre, probe, binding, step]
 
 
 def caption_runs(ref: dict, arm: Arm, pre: dict[str, Run], seed: int) -> list[Run]:
@@ -123,20 +116,8 @@ def neighbours_step(p: dict) -> dict:
     return out
 
 
-def caption_words_step(p: dict) -> dict:
-    """Repetition (:func:`reproduce.studies.driver.tables.repetition`) of every caption set of a captioning run and
-    of its test references."""
-    with open(os.path.join(p["captioning"], "predictions.json")) as f:
-        sets = json.load(f)
-    with open(p["captions_json"]) as f:
-        images = json.load(f)["images"]
-    references = [s["raw"] for im in images if im.get("split") == "test" for s in im["sentences"]]
-    return {"sets": {name: repetition(caps.values()) for name, caps in sets.items()},
-            "references": repetition(references)}
-
-
 STUDY = Study(
-    "words", ARMS, study_runs, steps={"neighbours": neighbours_step, "caption_words": caption_words_step},
+    "words", ARMS, study_runs, steps={"neighbours": neighbours_step, "caption_words": caption_words},
     step_code=(repetition,),
     step_seconds=lambda run: STEP_SECONDS["caption_words" if run.notebook == "caption_words"
                                           else run.labels.get("objective", "mdc")],

@@ -14,7 +14,7 @@ from mdc.eval.results import checkpoint_id
 from reproduce import pretrained
 from reproduce.graph import Run
 from reproduce.running import ledger
-from reproduce.studies.driver import cli, part
+from reproduce.studies.driver import cli, part, steps
 from reproduce.studies.driver import estimate as cost
 from reproduce.studies.words import STUDY
 
@@ -200,3 +200,19 @@ def test_seed_zero_is_kept_in_float16_and_loads(tmp_path):
     with pytest.raises(ValueError, match="is not the checkpoint"):
         pretrained.keep_at(str(tmp_path / "ckpt"), str(tmp_path / "k2"),
                            {**record, "results": {"checkpoint_id": "x"}})
+
+
+def test_repetition_counts_words_and_content_words():
+    r = steps.repetition(["a red circle and a red square", "a star"])
+    assert r["captions"] == 2 and r["words"] == 4.5
+    assert r["repeated"] == pytest.approx((2 / 7 + 0) / 2)  # "a", "red" again
+    assert r["repeated_content"] == pytest.approx((1 / 4 + 0) / 2)  # red, circle, red, square
+
+
+def test_caption_words_reads_a_captioning_run_and_its_references(tmp_path):
+    (tmp_path / "predictions.json").write_text(json.dumps({"mdc-10": {"0": "a red red circle"}}))
+    images = [{"split": "test", "sentences": [{"raw": "a red circle"}]},
+              {"split": "train", "sentences": [{"raw": "star star"}]}]
+    (tmp_path / "captions.json").write_text(json.dumps({"images": images}))
+    out = steps.caption_words({"captioning": str(tmp_path), "captions_json": str(tmp_path / "captions.json")})
+    assert out["sets"]["mdc-10"]["repeated_content"] == pytest.approx(1 / 3) and out["references"]["repeated"] == 0

@@ -202,26 +202,6 @@ def test_the_dry_run_prints_every_run_and_sums_its_hours_by_arm(tmp_path, refere
     assert "optional arm(s) x4: +" in text
 
 
-# ------------------------------------------------------------------------------------------------ selection
-
-
-# ------------------------------------------------------------------------------------------------ steps
-def test_repetition_counts_words_and_content_words():
-    r = tables.repetition(["a red circle and a red square", "a star"])
-    assert r["captions"] == 2 and r["words"] == 4.5
-    assert r["repeated"] == pytest.approx((2 / 7 + 0) / 2)  # "a", "red" again
-    assert r["repeated_content"] == pytest.approx((1 / 4 + 0) / 2)  # red, circle, red, square
-
-
-def test_caption_words_reads_a_captioning_run_and_its_references(tmp_path):
-    (tmp_path / "predictions.json").write_text(json.dumps({"mdc-10": {"0": "a red red circle"}}))
-    images = [{"split": "test", "sentences": [{"raw": "a red circle"}]},
-              {"split": "train", "sentences": [{"raw": "star star"}]}]
-    (tmp_path / "captions.json").write_text(json.dumps({"images": images}))
-    out = words.caption_words_step({"captioning": str(tmp_path), "captions_json": str(tmp_path / "captions.json")})
-    assert out["sets"]["mdc-10"]["repeated_content"] == pytest.approx(1 / 3) and out["references"]["repeated"] == 0
-
-
 # ------------------------------------------------------------------------------------------------ report
 def _study_records(folder):
     """Two arms (paper, rotary) x MDC and ARC x three seeds: every kind of record the report reads."""
