@@ -76,3 +76,16 @@ def test_a_temperature_past_the_clamp_keeps_its_gradient_and_is_clamped_after_th
         optim.fit(model, lambda: (images, tokens), steps=1, lr=1e-3)
         assert grads and grads[0].abs() > 0
     assert model.logit_scale.item() == torch.tensor(math.log(100)).item()
+
+
+def test_a_graphed_step_is_marked_as_new_and_keeps_a_copy_of_its_loss(monkeypatch):
+    """CUDA graphs overwrite a replay's outputs at the next one: ``accumulate(graphs=True)``, the one helper the
+    training loop and the GPU benchmark's trainer share, marks the step first and returns a copy of the loss."""
+    import mdc.train.loop as loop
+
+    made, marks = torch.tensor(1.5), []
+    monkeypatch.setattr(loop, "_accumulate", lambda *a: made)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append("mark"))
+    graphed = accumulate(None, None, [], graphs=True)
+    assert marks == ["mark"] and graphed is not made and graphed.data_ptr() != made.data_ptr() and graphed == made
+    assert accumulate(None, None, []) is made and marks == ["mark"]  # eager: the loss itself, no mark
