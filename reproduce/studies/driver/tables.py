@@ -85,6 +85,16 @@ def caption_measures(cap: dict, words: dict | None, name: str) -> dict:
             "references' repeated content": 100 * words["references"]["repeated_content"] if words else None}
 
 
+def finetune_check(runs: list[dict]) -> list[str]:
+    """Fine-tuning runs that hit their cap while their validation loss still improved (the rule forbids it)."""
+    out = []
+    for r in runs:
+        for o, f in ((r["record"]["results"].get("finetune") or {}).items() if r["notebook"] == "captioning" else ()):
+            if f and f.get("stopped") == "cap":
+                out.append(f"{r['name']} {o}: stopped at its cap of {f['steps']} steps (best step {f['best_step']})")
+    return out
+
+
 def _correct(res: dict) -> dict:
     return {t: np.frombuffer(res["datasets"][f"wds/{t}"]["correct"].encode(), dtype=np.uint8) - ord("0")
             for t in TASKS}

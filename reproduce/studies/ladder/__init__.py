@@ -1,6 +1,6 @@
 """Does MDC catch ARC with compute? The compute ladder on the study driver (its plan: reproduce/studies/ladder/PLAN.md).
 
-Rungs (:data:`RUNGS`): MDC and ARC pretrained on descriptive captions at a quarter to four times ``mini``'s 2,240
+Rungs (:data:`RUNGS`): MDC and ARC pretrained on descriptive captions at half to four times ``mini``'s 2,240
 steps over the same pairs (warm-up scaled, cosine to the end). Beside them: ``dense``, MDC pretrained at
 t ~ U[0, 1] at 1x; ``rotary-x1`` and ``rotary-x4``, MDC with rotary positions (ARC's partner: the rung's ARC); and
 ``x4`` also on alt captions, captioned pretrained and fine-tuned as the reference's Table 3. Every descriptive model
@@ -8,6 +8,7 @@ gets its probe (pooled and grid, the random-init floor), its binding part (the r
 :data:`BINDING_SUITES`, own / another item's / no image) and the step ``repetition/<arm>-<objective>-descriptive-
 s<seed>`` (:func:`mdc.eval.repetition.descriptive_repetition`: captions at each scene's true length, with the
 references and another item's image as controls); every captioning run the step ``caption_words/...``.
+The tables, figure and verdicts: :mod:`reproduce.studies.ladder.report`.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from reproduce.running import ledger
 from reproduce.studies.driver.pin import PINNED
 from reproduce.studies.driver.steps import caption_words, repetition
 from reproduce.studies.driver.study import Arm, Study, pretrain_run, probe_and_binding, seeds_of
+from reproduce.studies.ladder import report
 
 BINDING_SUITES = ("own_attribute", "own_sugarcrepe/swap_att", "own_sugarcrepe/swap_obj")
 OWN_ITEMS = 60  # images a file, as the words study's power rule asked (59 for own_swap, MDC - ARC)
@@ -213,4 +215,4 @@ STUDY = Study(
                                           else run.labels.get("objective", "mdc")],
     keep=lambda run: not run.labels.get("seed") and run.labels.get("arm") in KEPT
     and run.labels.get("style") == "descriptive",
-    plan_seeds=plan_seeds, budget_run_hours=45.0)
+    report=report.build, plan_seeds=plan_seeds, budget_run_hours=45.0)

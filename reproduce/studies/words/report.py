@@ -21,8 +21,8 @@ import numpy as np
 from mdc.eval.positive_controls import control_margin
 from reproduce import pretrained
 from reproduce.running import ledger
-from reproduce.studies.driver.tables import (by_kind, binding_measures, caption_measures, interval, paired,
-                                             probe_difference, probe_measures, render, span, verdict)
+from reproduce.studies.driver.tables import (by_kind, binding_measures, caption_measures, finetune_check, interval,
+                                             paired, probe_difference, probe_measures, render, span, verdict)
 
 MARGIN_FRACTION = 0.10
 WORDS_RATIO = {"mdc": "0.75", "arc": "teacher_forced"}
@@ -116,16 +116,6 @@ def judges(series: dict) -> dict:
         return "repeats less" if hi < -abs(m_r) else "repeats more" if lo > abs(m_r) else "not resolved"
 
     return {"words": uses, "binding": binds, "captions": repeats, "margin_words": m_w}
-
-
-def finetune_check(runs: list[dict]) -> list[str]:
-    """Fine-tuning runs that hit their cap while their validation loss still improved (the rule forbids it)."""
-    out = []
-    for r in runs:
-        for o, f in ((r["record"]["results"].get("finetune") or {}).items() if r["notebook"] == "captioning" else ()):
-            if f and f.get("stopped") == "cap":
-                out.append(f"{r['name']} {o}: stopped at its cap of {f['steps']} steps (best step {f['best_step']})")
-    return out
 
 
 def figure(series: dict, runs: list[dict], path: str) -> str:

@@ -1,13 +1,17 @@
 """The compute ladder (reproduce/studies/ladder/): every rung's runs per seed, each arm changing only what it says,
 the 4x captions as the reference's Table 3, the kept models, and the seed plan's slope arithmetic."""
+import json
 import math
 
 import numpy as np
 import pytest
+from conftest import study_record
 
 from reproduce import power, registry
+from reproduce.running import ledger
 from reproduce.studies import ladder
 from reproduce.studies.driver.study import plan_keys
+from reproduce.studies.ladder import report
 
 DEFAULT = {"default": 3, "seeds": {}}
 
@@ -81,3 +85,107 @@ def test_the_slope_rows_scale_the_gaps_noise_by_the_rungs_spread():
     k = holds["seeds"]  # the power it prints is reproduce.power's: 80% at the seeds it asks, less with one fewer
     fewer, enough = (ladder.slope_rows("probe", gap, (0.25, 0.5, 1, 2, 4), seeds=n)[1]["power"] for n in (k - 1, k))
     assert k > 3 and holds["power"] <= fewer < 0.8 <= enough
+
+
+# ------------------------------------------------------------------------------------------------ report
+ITEMS = 1000
+PLAN_ROWS = [{"quantity": q, "test": t, "gap": g, "margin m": m} for q, g, m in (
+    ("probe gap (mean4)", -4.7, 0.52), ("binding gap (own_swap)", -48.3, 1.17),
+    ("repetition gap (shape named twice)", 63.8, 1.12)) for t in ("closes", "holds")]
+
+
+def _bits(right: int, n: int = ITEMS) -> str:
+    return "1" * right + "0" * (n - right)
+
+
+def _ladder_records(folder, arc_binds=True):
+    """Every rung's MDC and ARC and the side arms, three seeds. Probe (of 1,000 items a task): MDC right
+    500 + 20 log2(rung), ARC 560 + 5 log2(rung) (+ the seed), so the gap is -6 + 1.5 log2(rung) points; the
+    rotary-x4 MDC matches the 4x ARC. Binding: ARC 95% own (50% with another image unless ``arc_binds``),
+    MDC 50%, at every rung. Repetition: MDC names a shape twice in 60% + seed points, ARC 2%, dense MDC 30%."""
+    models = [(a, o) for a in ("x0.5", "x1", "x2", "x4") for o in ("mdc", "arc")]
+    models += [("dense", "mdc"), ("rotary-x1", "mdc"), ("rotary-x4", "mdc")]
+    for seed in range(3):
+        for arm, o in models:
+            x = math.log2(report.rung(report.PARTNER.get(arm, arm)))
+            lab = {"arm": arm, "objective": o, "style": "descriptive", "seed": seed}
+            right = (560 + 5 * x if o == "arc" or arm == "rotary-x4" else 500 + 20 * x) + seed
+            top = {f"wds/{t}": {"top1": right / ITEMS, "correct": _bits(int(right))} for t in report.TASKS}
+            study_record(folder, f"probe/ladder-{arm}-{o}-descriptive-s{seed}", "linear_probe", {}, 1.0,
+                         {"datasets": top}, seed, lab)
+            v = "elbo" if o == "mdc" else "exact"
+            own = 0.95 if o == "arc" else 0.5
+            other = 0.5 if arc_binds or o == "mdc" else own
+            scores = {v: {"accuracy": own}, f"{v}_shuffled": {"accuracy": other}, f"{v}_blind": {"accuracy": 0.5}}
+            subsets = {s: {"records": {"correct": {v: _bits(int(60 * own), 60)}, "ids": list(range(60))}}
+                       for s in report.SWAPS}
+            columns = {c: {"items": 120, "scores": scores} for c in ("own_swap", "own_attribute")}
+            study_record(folder, f"compositionality/ladder-{arm}-{o}-descriptive-binding-s{seed}", "compositionality",
+                         {}, 1.0, {"columns": columns, "own_subsets": subsets}, seed, lab)
+            twice = 0.02 if o == "arc" else 0.3 if arm == "dense" else 0.6 + 0.01 * seed
+            view = {"shape_twice": twice, "shape_twice_many": twice, "pairs_exist": 0.5}
+            study_record(folder, f"repetition/{arm}-{o}-descriptive-s{seed}", "repetition", {}, 1.0,
+                         {"views": {"own": view, "other_image": {**view, "pairs_exist": 0.05},
+                                    "references": {"shape_twice": 0.0, "shape_twice_many": 0.0, "pairs_exist": 1.0}}},
+                         seed, lab)
+        lab = {"arm": "x4", "style": "alt", "stage": "finetuned", "seed": seed}
+        m = {"cider": 0.5 + 0.1 * seed, "cider_another_image": 0.1, "bleu4": 0.2, "words": 14.0, "repeated": 0.3}
+        study_record(folder, f"captioning/ladder-x4-alt-finetuned-s{seed}", "captioning", {}, 1.0,
+                     {"metrics": {"mdc-ref": m, "arc-beam6-ref": m}, "finetune": {"mdc": {"stopped": "plateau"}}},
+                     seed, lab)
+        study_record(folder, f"caption_words/x4-alt-finetuned-s{seed}", "caption_words", {}, 1.0,
+                     {"sets": {"mdc-ref": {"repeated_content": 0.2}}, "references": {"repeated_content": 0.05}},
+                     seed, lab)
+
+
+def _line(text: str, table: str, start: str) -> str:
+    return text.split(f"### {table}")[1].split(start, 1)[1].split("\n")[0]
+
+
+def test_contrasts_are_gaps_and_slopes_per_seed_with_the_claims_interval(tmp_path):
+    _ladder_records(tmp_path)
+    data, _ = report.series_of(ledger.for_build(ledger.read_all(str(tmp_path))))
+    gap = report.contrast(data, "probe", [(1, "x1", "mdc"), (-1, "x1", "arc")])
+    assert gap["mean"] == pytest.approx(-6.0) and gap["seeds"] == 3 and gap["low"] < -6 < gap["high"] < 0
+    b, a = report.slope(data, "probe", ["x0.5", "x1", "x2", "x4"])
+    assert b["mean"] == pytest.approx(1.5) and a == pytest.approx(-6.0) and 0 < b["low"] < 1.5 < b["high"]
+    one = report.contrast({"probe": {k: v for k, v in data["probe"].items() if k[2] == 0}}, "probe",
+                          [(1, "x1", "mdc"), (-1, "x1", "arc")])
+    assert one["seeds"] == 1 and one["mean"] == pytest.approx(-6.0) and math.isnan(one["low"])  # no seeds' spread
+    rep = report.contrast(data, "repetition", [(1, "x2", "mdc"), (-1, "x2", "arc")])  # Student's t over seeds
+    assert rep["mean"] == pytest.approx(59.0) and rep["per_seed"] == pytest.approx([58, 59, 60])
+    moved = data["binding"][("x2", "arc", 1)]["own_subsets"]["swap_obj"]["records"]
+    moved["ids"] = moved["ids"][1:] + [60]  # one seed's ARC scored on other items: no per-item contrast
+    with pytest.raises(ValueError, match="binding: the records of .* were scored on different items"):
+        report.contrast(data, "binding", [(1, "x2", "mdc"), (-1, "x2", "arc")])
+    assert report.judge_slope({"low": 0.1, "high": 2.0}, -4.7, 0.5) == "closes"
+    assert report.judge_slope({"low": -0.3, "high": 0.4}, -4.7, 0.5) == "holds"
+    assert report.judge_slope({"low": -0.3, "high": 0.4}, 60.0, 0.5) == "holds"
+    assert report.judge_slope({"low": -2.0, "high": -0.1}, 60.0, 0.5) == "closes"
+    assert report.judge_slope({"low": -0.3, "high": 0.9}, -4.7, 0.5) == "not resolved"
+
+
+def test_the_report_judges_each_gap_by_the_plans_rules(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "paper_hours", lambda: 100.0)  # the paper profile's cost: tested in tests/reproduce
+    _ladder_records(tmp_path / "records")
+    (tmp_path / "seeds.json").write_text(json.dumps({"rows": PLAN_ROWS}))
+    text = report.build(str(tmp_path / "records"), str(tmp_path))
+    assert (tmp_path / "tables.md").read_text() == text + "\n" and (tmp_path / "ladder.png").is_file()
+    probe = text.split("### Probe gap")[1].split("###")[0]
+    assert "(3 seeds with every rung): +1.5 [" in probe and "**closes**" in probe
+    assert "16.0x mini's steps (35,840 steps); 1,600 GPU-hours" in probe  # 2^(6 / 1.5): labelled an extrapolation
+    assert _line(text, "Probe gap", "| rotary-x4 |").endswith("| closes the probe gap at 4x |")
+    assert "**holds**" in text.split("### Repetition gap")[1] and "**holds**" in text.split("### Binding gap")[1]
+    assert _line(text, "Binding gap", "| x0.5 |").endswith("| ARC binds |")
+    assert _line(text, "Repetition gap", "| dense |").split(" | ")[-2:] == ["-31.0 [-33.5, -28.5]", "repeats less |"]
+    assert _line(text, "Repetition gap", "| x1 | 2,240 |").startswith(" +59.0 [") and "First rung" in text
+    assert "the true captions (the ceiling): shape named twice 0.0%, pairs exist 100.0%" in text
+    assert _line(text, "Captions at 4x", "| x4 | finetuned mdc-ref | ").startswith("60.0 +- 10.0 (3) | 10.0 +- 0.0 (3)")
+    assert "From 105 run records of package p0." in text
+
+
+def test_binding_verdicts_need_the_1x_arc_to_bind(tmp_path):
+    _ladder_records(tmp_path / "records", arc_binds=False)
+    text = report.build(str(tmp_path / "records"), str(tmp_path))
+    assert "**control failed (the 1x ARC does not bind)**" in text.split("### Binding gap")[1]
+    assert _line(text, "Binding gap", "| x1 |").endswith("| ARC does not bind |")
