@@ -9,7 +9,8 @@ caches; generators and members; files). Loading: one full pass of ``make_loader`
 shards (tiny's tokenizer, batch 64, uint8 pixels as the training stream) with 0, 1 and 2 workers, each rate also
 per worker, after an untimed pass (page cache,
 tokenizer). Resume: time to the first batch when resuming three quarters into a pass, from tar
-headers (the default) or by replaying the stream. Training: images/s of a tiny MDC step.
+headers (the default) or by replaying the stream. Photographs: JPEG shards at 224 px and the workers per GPU
+(:mod:`benchmarks.photos`). Training: images/s of a tiny MDC step.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from mdc.world.scenes import NUM_REFERENCES, sample_scene, write_shards
 from mdc.world.streams import STREAM_CAPTION, STREAM_REFERENCES, STREAM_SCENE, stream_rng
 from mdc.world.text import caption, references
 
+from benchmarks import photos
 from benchmarks.common import Context, Section, batch, interleaved, median, speedup
 
 
@@ -91,7 +93,8 @@ def _resume_time(urls: list[str], tok, fast: bool) -> float:
 
 
 def run(ctx: Context) -> Section:
-    sec = Section("data", "Data (CPU, 64 px): synthetic shards written, loader decode and resume, training's appetite")
+    sec = Section("data", "Data (CPU): synthetic shards (64 px) written, loader decode and resume, training's "
+                          "appetite; photographs (JPEG) to 224 px and the workers a GPU needs")
     num, cores = ctx.pick(2000, 100), os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as tmp:
         writers = {f"{fmt}, {w} process{'es' if w > 1 else ''}": _write(tmp, num, fmt, w)
@@ -131,6 +134,7 @@ def run(ctx: Context) -> Section:
             sec.add(f"resume 3/4 into a pass, {fmt}, from tar headers", round(1000 * fast), "ms to first batch",
                     f"replaying the stream: {1000 * replay:.0f} ms")
 
+    photos.add_rows(sec, ctx.quick)
     model = mdc.create_model("tiny", "mdc")
     images, tokens = batch(model, 32)
     opt = optim.make_optimizer(model, 5e-4, 0.1)

@@ -26,11 +26,12 @@ errors are then counted and logged by slot 0 only.
 Bad input never crashes the stream: it is skipped, logged (logger ``mdc.data.pipeline``, naming the shard URL
 and sample key) and counted in a :class:`SkipStats` under one of ``SKIP_REASONS``. Loader batches are
 ``(images, tokens, meta)`` (images float32, or uint8 pixels with ``uint8``) with ``meta = {"worker", "position",
-"last", "skipped", "keys", "text"}`` (``keys``: the batch's sample keys, in row order): ``skipped`` holds the
-counts incurred while that batch was assembled and ``text`` the :class:`~mdc.tokenizer.TextStats` of its captions
-(tokens, unknown tokens under a compact vocabulary, truncated captions), so counts made in worker processes reach
-the main process with the data. :func:`iterate_batches` folds them into one :class:`SkipStats` (and a
-``TextStats``) and yields plain ``(images, tokens)``.
+"last", "skipped", "keys", "text", "images", "seconds", "source_px"}`` (``keys``: the batch's sample keys, in row
+order): ``skipped`` holds the counts incurred while that batch was assembled, ``text`` the
+:class:`~mdc.tokenizer.TextStats` of its captions (tokens, unknown tokens under a compact vocabulary, truncated
+captions) and the last three the worker's work on it (:class:`~mdc.data.accounting.LoadStats`), so counts made in
+worker processes reach the main process with the data. :func:`iterate_batches` folds them into one
+:class:`SkipStats` (a ``TextStats``, a ``LoadStats``) and yields plain ``(images, tokens)``.
 
 Exact resume. All randomness (shard order, shuffle buffer, crops) is a function of
 (seed, epoch, rank, worker, sample index), so a worker's stream is fixed. ``position``
@@ -49,7 +50,8 @@ import io
 import itertools
 import logging
 import random
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -60,6 +62,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from webdataset.utils import make_seed, pytorch_worker_info
 
 from mdc.base.options import with_options
+from mdc.data.accounting import SKIP_REASONS, LoadStats, SkipStats, StreamPosition, Uncounted  # noqa: F401 (re-exported)
 from mdc.data.shards import fast_forward, open_at, shard_samples, shuffled
 from mdc.data.transforms import ImageTransform, image_transform
 from mdc.tokenizer import TextStats, trim_padding
@@ -68,98 +71,6 @@ logger = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "npy")
 MAX_CAPTION_CHARS = 10_000
-SKIP_REASONS = (
-    "missing_shard",     # a URL that does not exist (counted per shard)
-    "unreadable_shard",  # open/read error or truncation inside a tar (counted per shard)
-    "missing_image",     # a key with no jpg/jpeg/png/webp/npy member
-    "corrupt_image",     # image bytes PIL cannot decode, or a .npy that is not a uint8 [H, W, 3] array
-    "missing_caption",   # an image without .txt
-    "empty_caption",     # empty or whitespace-only .txt
-    "caption_not_utf8",  # .txt that is not valid UTF-8
-    "caption_too_long",  # more than MAX_CAPTION_CHARS characters
-)
-
-
-# --------------------------------------------------------------------------- accounting
-@dataclass
-class SkipStats:
-    """Counts of skipped inputs by reason (one of ``SKIP_REASONS``); mergeable."""
-
-    counts: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def add(self, reason: str, n: int = 1) -> None:
-        if reason not in SKIP_REASONS:
-            raise ValueError(f"unknown skip reason {reason!r}; expected one of {SKIP_REASONS}")
-        self.counts[reason] = self.counts.get(reason, 0) + n
-
-    def record(self, reason: str, url: str, key: str | None = None, detail: object = "") -> None:
-        """Count one skip and log a warning naming the shard and sample key."""
-        self.add(reason)
-        where = url if key is None else f"{url} key {key}"
-        logger.warning("skipped %s: %s%s", reason, where, f" ({detail})" if detail else "")
-
-    def merge(self, other: "SkipStats | Mapping[str, int]") -> "SkipStats":
-        """Add ``other``'s counts into this object (in place) and return it."""
-        for reason, n in (other.counts if isinstance(other, SkipStats) else other).items():
-            self.add(reason, n)
-        return self
-
-    def clear(self) -> None:
-        self.counts.clear()
-
-    def as_dict(self) -> dict[str, int]:
-        return {reason: self.counts[reason] for reason in SKIP_REASONS if reason in self.counts}
-
-
-class _Uncounted(SkipStats):
-    """A sink for skips that another (rank, worker) slot counts and logs."""
-
-    def record(self, reason: str, url: str, key: str | None = None, detail: object = "") -> None:
-        pass
-
-
-@dataclass
-class StreamPosition:
-    """Per-worker stream positions of a loader: what exact resume needs.
-
-    ``consumed[w]`` is the number of post-shuffle samples worker ``w`` has used (good and
-    skipped); ``finished`` lists workers whose last batch has been used; ``next_worker`` is
-    the worker whose batch the DataLoader hands out next.
-    """
-
-    num_workers: int
-    consumed: list[int] = field(default_factory=list)
-    finished: list[int] = field(default_factory=list)
-    next_worker: int = 0
-    batches: int = 0  # batches seen, for logging
-
-    def __post_init__(self):
-        self.num_workers = max(1, self.num_workers)
-        if not self.consumed:
-            self.consumed = [0] * self.num_workers
-
-    def update(self, meta: Mapping) -> None:
-        """Advance past one loader batch, given its ``meta``."""
-        self.consumed[meta["worker"]] = meta["position"]
-        if meta["last"]:
-            self.finished.append(meta["worker"])
-        self.next_worker = (meta["worker"] + 1) % self.num_workers
-        self.batches += 1
-
-    def state_dict(self) -> dict:
-        return {"num_workers": self.num_workers, "consumed": list(self.consumed), "finished": list(self.finished),
-                "next_worker": self.next_worker, "batches": self.batches}
-
-    @classmethod
-    def from_state_dict(cls, state: Mapping) -> "StreamPosition":
-        return cls(state["num_workers"], list(state["consumed"]), list(state["finished"]),
-                   state["next_worker"], state["batches"])
-
-
 @dataclass(frozen=True)
 class StreamOptions:
     """How :func:`make_dataset` and :func:`make_loader` read a shard stream (one default each)."""
@@ -182,18 +93,21 @@ class StreamOptions:
 
 
 def iterate_batches(loader: Iterable, stats: SkipStats, position: StreamPosition | None = None,
-                    text_stats: TextStats | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                    text_stats: TextStats | None = None,
+                    load: LoadStats | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield ``(images, tokens)`` from a :func:`make_loader` loader.
 
     Each batch's skip counts are merged into ``stats``, its caption counts (unknown tokens,
-    truncations) into ``text_stats`` if given, and ``position``, if given, is advanced.
-    Empty batches (a worker's leftover skip counts at the end of a finite stream) only
+    truncations) into ``text_stats`` and its workers' work into ``load`` if given, and ``position``, if given,
+    is advanced. Empty batches (a worker's leftover skip counts at the end of a finite stream) only
     carry counts and are not yielded.
     """
     for images, tokens, meta in loader:
         stats.merge(meta["skipped"])
         if text_stats is not None:
             text_stats.merge(meta["text"])
+        if load is not None:
+            load.update(meta)
         if position is not None:
             position.update(meta)
         if len(images):
@@ -202,7 +116,8 @@ def iterate_batches(loader: Iterable, stats: SkipStats, position: StreamPosition
 
 # --------------------------------------------------------------------------- stream stages
 def _decode(sample: dict, stats: SkipStats) -> tuple[Image.Image, str] | None:
-    """Validate a raw sample; return (RGB image, caption), or count the reason and return None."""
+    """Validate a raw sample; return (image, caption), or count the reason and return None. The image is opened
+    (its format and size read), not decoded: bytes that fail to decode are counted where the transform reads them."""
     url, key = sample["__url__"], sample["__key__"]
     ext = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
     if ext is None:
@@ -222,8 +137,8 @@ def _decode(sample: dict, stats: SkipStats) -> tuple[Image.Image, str] | None:
     if len(caption) > MAX_CAPTION_CHARS:
         stats.record("caption_too_long", url, key, f"{len(caption)} characters")
         return None
-    try:
-        image = _npy_image(sample[ext]) if ext == "npy" else Image.open(io.BytesIO(sample[ext])).convert("RGB")
+    try:  # a PIL image opened, not yet decoded (the transform decodes it: a JPEG at the scale its crop allows)
+        image = _npy_image(sample[ext]) if ext == "npy" else Image.open(io.BytesIO(sample[ext]))
     except Exception as exn:  # PIL and NumPy raise many types for bad bytes
         stats.record("corrupt_image", url, key, repr(exn))
         return None
@@ -300,7 +215,7 @@ class ImageCaptionDataset(IterableDataset):
             shards, split = self._shards(rank, world, worker, num_workers)
             keep = None if split is None else (lambda i: i % split[0] == split[1])
             rng = random.Random(make_seed(o.seed, o.epoch, rank, worker)) if o.train else None
-            return shards, keep, rng, stats if split is None or split[1] == 0 else _Uncounted()
+            return shards, keep, rng, stats if split is None or split[1] == 0 else Uncounted()
 
         bufsize = o.shuffle_buffer if o.train else None
         shards, keep, rng, shard_stats = plan()
@@ -330,7 +245,8 @@ class ImageCaptionDataset(IterableDataset):
             start = o.resume.consumed[worker]
         stats = SkipStats() if self.batch_size else self.stats
         samples, first = self._samples(rank, world, worker, num_workers, stats, start if o.fast_resume else 0)
-        good, keys, position = [], [], first
+        good, keys, position, sides = [], [], first, []
+        busy = time.perf_counter()  # when this worker began the batch it assembles (LoadStats: its work)
         for index, sample in enumerate(samples, first):
             position = index + 1
             if index < start:  # consumed before the resume point: its counts were reported then
@@ -341,24 +257,35 @@ class ImageCaptionDataset(IterableDataset):
                 continue
             image, caption = decoded
             crop_rng = np.random.default_rng((o.seed, o.epoch, rank, worker, index))
-            item = (self.transform(image, crop_rng), caption)
+            side = max(image.size)  # as stored (a JPEG may decode smaller: draft)
+            try:  # the pixels are decoded here
+                item = (self.transform(image, crop_rng), caption)
+            except Exception as exn:  # PIL raises many types for bad bytes
+                stats.record("corrupt_image", sample["__url__"], sample["__key__"], repr(exn))
+                continue
             if not self.batch_size:
                 yield item[0], self.tokenizer([caption])[0]
                 continue
             good.append(item)
             keys.append(sample["__key__"])
+            sides.append(side)
             if len(good) == self.batch_size:
-                yield self._batch(good, worker, position, stats, False, keys)
-                good, keys = [], []
+                yield self._batch(good, worker, position, stats, False, keys, work=(time.perf_counter() - busy, sides))
+                good, keys, sides, busy = [], [], [], time.perf_counter()
         if self.batch_size and ((good and o.partial) or stats.total):
             kept = good if o.partial else []
-            yield self._batch(kept, worker, position, stats, True, keys[: len(kept)])
+            yield self._batch(kept, worker, position, stats, True, keys[: len(kept)],
+                              work=(time.perf_counter() - busy, sides[: len(kept)]))
 
-    def _batch(self, samples: list, worker: int, position: int, stats: SkipStats, last: bool, keys: list[str]):
-        """(images, tokens, meta) of a loader batch; the skip counts in ``stats`` move into ``meta``."""
+    def _batch(self, samples: list, worker: int, position: int, stats: SkipStats, last: bool, keys: list[str], *,
+               work: tuple[float, list[int]]):
+        """(images, tokens, meta) of a loader batch; the skip counts in ``stats`` move into ``meta``, and the
+        worker's ``work`` on it (seconds, the images' stored sides) with them."""
+        start = time.perf_counter()
         images, tokens, text = _collate(samples, self.tokenizer, self.transform, self.options.trim_multiple)
+        seconds = work[0] + time.perf_counter() - start
         meta = {"worker": worker, "position": position, "last": last, "skipped": stats.as_dict(), "keys": keys,
-                "text": text.as_dict()}
+                "text": text.as_dict(), "images": len(samples), "seconds": seconds, "source_px": float(sum(work[1]))}
         stats.clear()
         return images, tokens, meta
 

@@ -3,6 +3,7 @@ resized uint8 pixels, which travel to the device four times smaller and are norm
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import torch
@@ -21,19 +22,21 @@ class ImageTransform:
     already has that size). Eval: resize the shorter side to ``size``, centre crop.
     Train randomness comes from ``rng`` (a ``numpy.random.Generator``) when passed to the
     call, else from the transform's own generator seeded by ``seed``. ``uint8``: the resized pixels as a
-    ByteTensor [3, size, size], left for :func:`normalize` (the same floats, bit for bit).
+    ByteTensor [3, size, size], left for :func:`normalize` (the same floats, bit for bit). ``draft`` (train): a
+    JPEG not yet decoded is decoded at the smallest DCT scale its crop allows (:func:`draft`), the crop box the
+    same as without it.
     """
 
     def __init__(self, image_size: int, train: bool, crop_scale: tuple[float, float] | None = (0.9, 1.0),
-                 ratio: tuple[float, float] = (3 / 4, 4 / 3), seed: int = 0, uint8: bool = False):
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), seed: int = 0, uint8: bool = False, draft: bool = True):
         self.size, self.train, self.crop_scale, self.ratio = image_size, train, crop_scale, ratio
-        self.uint8 = uint8
+        self.uint8, self.draft = uint8, draft
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, image: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
-        image = image.convert("RGB")
         s = self.size
         if not self.train:
+            image = image.convert("RGB")
             w, h = image.size
             scale = s / min(w, h)
             new = (max(s, round(w * scale)), max(s, round(h * scale)))
@@ -41,12 +44,13 @@ class ImageTransform:
                 image = image.resize(new, Image.BICUBIC)
             left, top = (new[0] - s) // 2, (new[1] - s) // 2
             image = image.crop((left, top, left + s, top + s))
-        elif self.crop_scale is None:
-            if image.size != (s, s):
-                image = image.resize((s, s), Image.BICUBIC)
+        elif self.crop_scale is None and image.size == (s, s):
+            image = image.convert("RGB")
         else:
-            box = self._crop_box(image.size, rng if rng is not None else self.rng)
-            image = image.resize((s, s), Image.BICUBIC, box=box)
+            box = (0, 0, *image.size) if self.crop_scale is None else self._crop_box(
+                image.size, rng if rng is not None else self.rng)
+            image, box = draft(image, box, s) if self.draft else (image, box)
+            image = image.convert("RGB").resize((s, s), Image.BICUBIC, box=box)
         pixels = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)  # [3, S, S]
         return pixels if self.uint8 else normalize(pixels)
 
@@ -75,6 +79,20 @@ class ImageTransform:
         return left, top, left + w, top + h
 
 
+def draft(image: Image.Image, box: tuple, size: int) -> tuple[Image.Image, tuple]:
+    """(image, box) to resize ``box`` of ``image`` to ``size`` x ``size`` from: a JPEG not yet decoded is set to
+    decode at 1/2, 1/4 or 1/8 scale (PIL's draft mode: the DCT does the downscale), the largest reduction that
+    leaves the box at least ``size`` pixels a side, and the box is scaled with it; anything else as it was."""
+    if getattr(image, "format", None) != "JPEG" or not getattr(image, "tile", None):  # not a JPEG, or decoded
+        return image, box
+    (w, h), (bw, bh) = image.size, (box[2] - box[0], box[3] - box[1])
+    if min(bw // size, bh // size) < 2:  # no reduction would keep size pixels a side: decode whole
+        return image, box
+    image.draft("RGB", (math.ceil(w * size / bw), math.ceil(h * size / bh)))
+    fx, fy = image.size[0] / w, image.size[1] / h
+    return image, (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
+
+
 @functools.lru_cache(maxsize=None)
 def _mean_std(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:  # copied to a device once, not per batch
     return torch.tensor(CLIP_MEAN, device=device).view(3, 1, 1), torch.tensor(CLIP_STD, device=device).view(3, 1, 1)
@@ -87,6 +105,6 @@ def normalize(pixels: torch.Tensor) -> torch.Tensor:
 
 
 def image_transform(image_size: int, train: bool, *, crop_scale: tuple[float, float] | None = (0.9, 1.0),
-                    seed: int = 0, uint8: bool = False) -> ImageTransform:
+                    seed: int = 0, uint8: bool = False, draft: bool = True) -> ImageTransform:
     """The CLIP-normalised train/eval image transform (see :class:`ImageTransform`)."""
-    return ImageTransform(image_size, train, crop_scale=crop_scale, seed=seed, uint8=uint8)
+    return ImageTransform(image_size, train, crop_scale=crop_scale, seed=seed, uint8=uint8, draft=draft)

@@ -36,6 +36,10 @@ def test_quick_run_writes_table_json_and_markdown(tmp_path):
     rows = {r["name"]: r for r in results["sections"]["data"]["rows"]}
     assert rows["shards written, npy, 1 process"]["target"] == ">= 2000"
     assert all(isinstance(r["met"], bool) for r in rows.values() if r["target"])
+    for size in ("640x480", "256 px"):  # photographs: decode per image with draft and without, the workers a GPU needs
+        assert {f"JPEG to 224 px, photographs {size}, {d}" for d in ("draft", "no draft")} <= set(rows)
+        workers = rows[f"workers per H200, photographs {size}"]
+        assert workers["unit"] == "workers" and all(int(n) >= 1 for n in workers["value"].split(" / "))
     if not torch.cuda.is_available():
         assert results["sections"]["gpu"]["rows"][0]["value"] == "skipped: no CUDA"
 

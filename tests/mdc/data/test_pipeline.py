@@ -234,6 +234,11 @@ def test_same_seed_same_batches_different_seed_differs(tmp_path, tok):
     assert not torch.equal(a[1], c[1])
 
 
+def untimed(meta: dict) -> dict:
+    """A batch's meta without its worker's seconds (a timing: no two passes agree on it)."""
+    return {k: v for k, v in meta.items() if k != "seconds"}
+
+
 @pytest.mark.parametrize("num_workers, sizes", [(0, [7, 3, 9, 2, 5]), (2, [7, 3, 9, 2, 5]),
                                                 (2, [11])])  # 1 shard for 2 workers: split by sample
 def test_exact_resume(tmp_path, tok, num_workers, sizes):
@@ -255,7 +260,7 @@ def test_exact_resume(tmp_path, tok, num_workers, sizes):
         assert len(resumed) == len(reference) - cut
         stats = SkipStats()
         for (im, tk, meta), (im2, tk2, meta2) in zip(resumed, reference[cut:]):
-            assert torch.equal(im, im2) and torch.equal(tk, tk2) and meta == meta2
+            assert torch.equal(im, im2) and torch.equal(tk, tk2) and untimed(meta) == untimed(meta2)
             stats.merge(meta["skipped"])
         for batch in reference[:cut]:
             stats.merge(batch[2]["skipped"])
@@ -342,7 +347,7 @@ def _resumes_exactly(pattern, tok, num_workers, kw, fast, limit=None):
         resumed = list(itertools.islice(resumed, None if limit is None else limit - cut))
         assert len(resumed) == len(reference) - cut
         for (im, tk, meta), (im2, tk2, meta2) in zip(resumed, reference[cut:]):
-            assert torch.equal(im, im2) and torch.equal(tk, tk2) and meta == meta2, cut
+            assert torch.equal(im, im2) and torch.equal(tk, tk2) and untimed(meta) == untimed(meta2), cut
 
 
 @pytest.mark.parametrize("case", ["clean", "bad shards", "by sample", "eval", "resampled"])
