@@ -204,8 +204,8 @@ class MetricsLog:
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         if self.writer is not None:
-            for key in ("loss", "lr", "images_per_s", "unk_rate"):
-                if key in row:
+            for key in ("loss", "lr", "images_per_s", "unk_rate", "data_wait", "loader_images_per_s"):
+                if row.get(key) is not None:
                     self.writer.add_scalar(f"train/{key}", row[key], row["step"])
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ The package, one module per concern (each importing only those before it):
 - :mod:`mdc.train.stream`: the data stream of a rank, and what is counted in local shards;
 - :mod:`mdc.train.config`: :class:`TrainConfig`, every option documented once, and the resume check;
 - :mod:`mdc.train.distributed`: the torchrun process group, sums over ranks, a lost peer told apart;
+- :mod:`mdc.train.progress`: what a run reports at each read: loss, speed, data wait, counts, warnings;
 - :mod:`mdc.train.loop`: :func:`train`, gradient accumulation, DDP and checkpoints;
 - :mod:`mdc.train.cli`: the command line, generated from :class:`TrainConfig`.
 """

@@ -16,29 +16,17 @@ import torch.distributed as dist
 from torch import nn
 
 from mdc.base import checkpoint, optim
-from mdc.data.pipeline import SKIP_REASONS, SkipStats
 from mdc.data.transforms import normalize
 from mdc.base.errors import RunError
 from mdc.factory import create_model, load_weights
 from mdc.base.lock import FolderInUseError, FolderLock
 from mdc.model import uses_bf16
-from mdc.tokenizer import TextStats
 from mdc.train.config import TrainConfig, check_same_run, run_config
-from mdc.train.distributed import (PeerLostError, all_sum, gather, lost_peer, peer_reason, seed_everything,
-                                   setup_distributed)
+from mdc.train.distributed import PeerLostError, gather, lost_peer, peer_reason, seed_everything, setup_distributed
+from mdc.train.progress import NonFiniteLossError, read, show, summary  # noqa: F401 (NonFiniteLossError re-exported)
 from mdc.train.stream import DataStream, check_shards
 
 logger = logging.getLogger(__name__)
-
-# One warning when more than UNK_WARN_RATE of the caption tokens seen so far (at least
-# UNK_WARN_MIN_TOKENS of them) fall outside a compact vocabulary and become [UNK].
-UNK_WARN_RATE, UNK_WARN_MIN_TOKENS = 0.01, 250
-TEXT_FIELDS = tuple(TextStats().as_dict())  # captions, tokens, unknown, truncated
-
-
-class NonFiniteLossError(RunError):
-    """The loss became NaN or infinite; the message names the step and the last good checkpoint."""
-
 
 class LossModule(nn.Module):
     """``forward`` = ``model.loss``, so that DDP's gradient hooks fire on the training objective."""
@@ -163,7 +151,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> dic
         checkpoint.atomic_write_text(os.path.join(cfg.output_dir, "train_config.json"),
                                      json.dumps(run_config(cfg, world), indent=1))
     _run_steps(run)
-    return _summary(run)
+    return summary(run)
 
 
 def _build(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer, object]:
@@ -228,7 +216,7 @@ def _wrap(cfg: TrainConfig, model, world: int, device: torch.device) -> tuple[nn
 @dataclasses.dataclass
 class _Run:
     """What the steps of one process work with, and where they are (``step``, ``last_ckpt``, ``loss``, the
-    images/s of each step run here)."""
+    images/s of each step run here, the share of each interval it waited for data)."""
 
     cfg: TrainConfig
     rank: int
@@ -249,6 +237,8 @@ class _Run:
     read_step: int = 0  # the step of the last read, and its time
     read_time: float = dataclasses.field(default_factory=time.perf_counter)
     warned: bool = False  # the unknown-token warning was given
+    data_warned: bool = False  # the data-wait warning was given
+    waits: list[float] = dataclasses.field(default_factory=list)  # the share of each read's interval spent waiting
 
     @property
     def global_batch(self) -> int:
@@ -276,9 +266,9 @@ def _run_steps(run: _Run) -> None:
             logged = run.step % cfg.log_every == 0 or run.step == cfg.steps
             saved = run.step % cfg.save_every == 0 or run.step == cfg.steps
             if logged or saved:  # the loop's one read of the device: the loss, its finiteness, the counts
-                report = _read(run)
+                report = read(run)
                 if run.rank == 0:
-                    _show(run, bar, log if logged else None, report, lr)
+                    show(run, bar, log if logged else None, report, lr)
             if run.rank == 0:
                 bar.update(1)
             if saved:
@@ -312,73 +302,6 @@ def _step(run: _Run) -> float:
 def _to_device(pixels: torch.Tensor, tokens: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """A stream batch on the device: uint8 pixels [B, 3, H, W] copied, then normalised there; tokens [B, L]."""
     return normalize(pixels.to(device, non_blocking=True)), tokens.to(device, non_blocking=True)
-
-
-def _read(run: _Run) -> list[float]:
-    """At a log or save step: the last step's loss and the skip and caption counts, summed over ranks
-    ([loss, skip counts, caption counts]); the images/s since the last read. A loss that was NaN or infinite at
-    any step since then, on any rank, stops the run before a checkpoint holds its weights."""
-    values = [float(run.pending), float(~run.finite)]  # waits for the device: once per log_every steps
-    report = all_sum(values + _skip_counts(run.stream.stats) + _text_counts(run.stream.text), run.world, run.device)
-    run.loss, bad = report[0] / run.world, report[1]
-    if bad or not np.isfinite(run.loss):
-        when = f"step {run.step}" if run.step - run.read_step == 1 else f"a step of {run.read_step + 1}-{run.step}"
-        raise NonFiniteLossError(f"loss is NaN or infinite at {when}; last good checkpoint: "
-                                 f"{run.last_ckpt or 'none written yet'}")
-    now = time.perf_counter()
-    run.speeds.append(run.global_batch * (run.step - run.read_step) / (now - run.read_time))
-    run.read_step, run.read_time, run.finite = run.step, now, torch.ones((), dtype=torch.bool, device=run.device)
-    return [report[0]] + report[2:]
-
-
-def _show(run: _Run, bar, log, report: list[float], lr: float) -> None:
-    """Rank 0, at a read: the progress bar's figures, a metrics line (``log``, every ``log_every`` steps), and one
-    warning when many caption tokens fall outside a compact vocabulary."""
-    step, text = run.step, _text_stats(report[1 + len(SKIP_REASONS):])
-    bar.set_postfix(loss=f"{run.loss:.4f}", img_s=f"{run.speeds[-1]:.1f}", lr=f"{lr:.2e}",
-                    **({"unk": f"{text.unknown_rate:.1%}"} if run.model.tokenizer.vocab is not None else {}))
-    if log is not None:
-        log.write({"step": step, "epoch": run.stream.epoch, "loss": run.loss, "lr": lr,
-                   "images_per_s": run.speeds[-1], "skipped": _skip_dict(report[1 : 1 + len(SKIP_REASONS)]),
-                   "unk_rate": text.unknown_rate, "truncated": text.truncated})
-    if not run.warned and text.tokens >= UNK_WARN_MIN_TOKENS and text.unknown_rate > UNK_WARN_RATE:
-        run.warned = True
-        logger.warning("%.1f%% of the caption tokens so far (%d of %d) are unknown to the model's compact "
-                       "vocabulary and became [UNK]; build the vocabulary from the training captions "
-                       "with --vocab-from-data (vocab_from_data=True)", 100 * text.unknown_rate,
-                       text.unknown, text.tokens)
-
-
-def _summary(run: _Run) -> dict:
-    """The run's results: its last checkpoint and loss (from metrics.jsonl when no step was left to run), the
-    skip and caption counts of all ranks, the mean speed."""
-    metrics = os.path.join(run.cfg.output_dir, "metrics.jsonl")
-    loss = run.loss
-    if not run.speeds:  # nothing left to do: report the finished run's last logged loss
-        with open(metrics) as f:
-            loss = json.loads(f.readlines()[-1])["loss"]
-    totals = all_sum(_skip_counts(run.stream.stats) + _text_counts(run.stream.text), run.world, run.device)
-    skipped, text = _skip_dict(totals), _text_stats(totals[len(SKIP_REASONS):])
-    return {"checkpoint": run.last_ckpt, "steps": run.step, "final_loss": loss, "metrics": metrics,
-            "skipped": skipped, "unk_rate": text.unknown_rate, "truncated": text.truncated,
-            "images_per_s": float(np.mean(run.speeds)) if run.speeds else None, "world_size": run.world,
-            "global_batch": run.global_batch, "output_dir": run.cfg.output_dir}
-
-
-def _skip_counts(stats: SkipStats) -> list[int]:
-    return [stats.counts.get(reason, 0) for reason in SKIP_REASONS]
-
-
-def _skip_dict(counts: list[float]) -> dict[str, int]:
-    return {reason: int(n) for reason, n in zip(SKIP_REASONS, counts) if n}
-
-
-def _text_counts(text: TextStats) -> list[int]:
-    return [getattr(text, name) for name in TEXT_FIELDS]
-
-
-def _text_stats(counts: list[float]) -> TextStats:
-    return TextStats(**{name: int(n) for name, n in zip(TEXT_FIELDS, counts)})
 
 
 def _save(cfg, step, model, optimizer, scheduler, stream, rank, world) -> str:

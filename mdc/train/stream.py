@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import tarfile
+import time
 from urllib.parse import urlparse
 
 import torch
@@ -13,7 +14,8 @@ import torch.distributed as dist
 import webdataset as wds
 from webdataset.tariterators import base_plus_ext
 
-from mdc.data.pipeline import SkipStats, StreamPosition, iterate_batches, make_loader
+from mdc.data.accounting import LoadStats, SkipStats, StreamPosition
+from mdc.data.pipeline import iterate_batches, make_loader
 from mdc.data.stats import iter_captions
 from mdc.base.errors import ConfigError
 from mdc.tokenizer import TextStats, Tokenizer
@@ -108,7 +110,8 @@ class DataStream:
     The epoch counter is therefore the same on all ranks, and no shard is read twice in an
     epoch. (A resampled stream never ends: no agreement is needed.)
 
-    ``cfg`` is the run's resolved :class:`~mdc.train.config.TrainConfig`.
+    ``cfg`` is the run's resolved :class:`~mdc.train.config.TrainConfig`. The stream also counts the seconds the
+    loop waits in :meth:`next` (:meth:`take_wait`) and its workers' work (``load``): :mod:`mdc.train.progress`.
     """
 
     def __init__(self, cfg, tokenizer, image_size: int, state: dict | None = None, world: int = 1,
@@ -119,6 +122,8 @@ class DataStream:
         self.epoch = state["epoch"] if state else 0
         self.stats = SkipStats(dict(state["skipped"])) if state else SkipStats()
         self.text = TextStats(**state["text"]) if state and "text" in state else TextStats()  # running totals
+        self.load = LoadStats()  # the workers' work since the last read (mdc.train.progress)
+        self.waited = self.started = 0.0  # seconds next() waited since the last take_wait(): in a pass, for its first
         self._open(state["position"] if state else None)
         self._fresh = state is None  # no batch taken from this pass yet
 
@@ -132,13 +137,19 @@ class DataStream:
                              pin_memory=torch.cuda.is_available())
         self.position = StreamPosition.from_state_dict(position) if position else StreamPosition(c.workers)
         with torch.random.fork_rng(devices=[]):
-            self._batches = iterate_batches(iter(loader), self.stats, self.position, self.text)
+            self._batches = iterate_batches(iter(loader), self.stats, self.position, self.text, self.load)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(uint8 pixels [B, 3, H, W], tokens [B, L]); all ranks start the next data epoch when one's pass ends."""
         while True:
+            first, start = self._fresh, time.perf_counter()
             batch = next(self._batches, None)
-            if self._all_have(batch is not None):
+            have = self._all_have(batch is not None)
+            if first:
+                self.started += time.perf_counter() - start
+            else:
+                self.waited += time.perf_counter() - start
+            if have:
                 self._fresh = False
                 return batch
             if self._fresh:
@@ -148,6 +159,11 @@ class DataStream:
             self.epoch += 1
             self._open(None)
             self._fresh = True
+
+    def take_wait(self) -> tuple[float, float]:
+        """(seconds waited for batches within a pass, for passes' first batches) since the last call."""
+        out, self.waited, self.started = (self.waited, self.started), 0.0, 0.0
+        return out
 
     def _all_have(self, have: bool) -> bool:
         """Does every rank have a batch? (MIN over ranks; the same answer on all of them.)"""
