@@ -1,13 +1,16 @@
 """A study's report from records: mean +- SD over seeds, differences paired by seed with 95% intervals (Student's t;
 a probe's mean4 with the claims' items-and-seeds interval), verdicts against a margin, each instrument's measures,
-and a table with a row per (arm, model)."""
+a table with a row per (arm, model), and the tables' file with its closing lines (:func:`write`)."""
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
+from reproduce import pretrained
 from reproduce.claims.stats import TASKS, difference, t_quantile
+from reproduce.running import ledger
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
@@ -93,6 +96,21 @@ def finetune_check(runs: list[dict]) -> list[str]:
             if f and f.get("stopped") == "cap":
                 out.append(f"{r['name']} {o}: stopped at its cap of {f['steps']} steps (best step {f['best_step']})")
     return out
+
+
+def write(folder: str, sections: list[str], found: dict, kept: str) -> str:
+    """``folder``/tables.md: the ``sections``, then the fine-tuning runs that hit their cap, the float16 models kept
+    in ``folder``/weights (under the line ``kept``) and the records' package (``found``:
+    :func:`reproduce.running.ledger.read_all`); returns its text."""
+    runs = ledger.for_build(found)
+    text = "\n\n".join(sections + [
+        "Fine-tuning runs that hit their cap: " + ("; ".join(finetune_check(runs)) or "none"),
+        f"{kept}:\n" + ("\n".join(pretrained.listing(os.path.join(folder, "weights"), found)) or "none kept"),
+        ledger.provenance(found) if found else "No records yet."])
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "tables.md"), "w") as f:
+        f.write(text + "\n")
+    return text
 
 
 def _correct(res: dict) -> dict:

@@ -27,12 +27,12 @@ import os
 import numpy as np
 
 from mdc.eval.positive_controls import control_margin
-from reproduce import pretrained, registry
+from reproduce import registry
 from reproduce.claims.stats import TASKS, difference
 from reproduce.cost import paper_cost
 from reproduce.running import ledger
-from reproduce.studies.driver.tables import (binding_measures, by_kind, caption_measures, finetune_check, interval,
-                                             probe_difference, probe_measures, render, span, verdict)
+from reproduce.studies.driver.tables import (binding_measures, by_kind, caption_measures, interval, probe_difference,
+                                             probe_measures, render, span, verdict, write)
 
 SWAPS = ("swap_att", "swap_obj")  # own_swap's subsets, equal items each: their mean is own_swap
 ORDER = ("x1", "x0.5", "x2", "x4", "dense", "rotary-x1", "rotary-x4")  # x1 first: the tables' reference arm
@@ -275,7 +275,7 @@ def build(records: str, folder: str) -> str:
     reps = [r["views"]["references"] for r in data["repetition"].values()]
     ceiling = (f"the true captions (the ceiling): shape named twice {100 * reps[0]['shape_twice']:.1f}%, pairs exist "
                f"{100 * reps[0]['pairs_exist']:.1f}%" if reps else "no record yet")
-    text = "\n\n".join([
+    text = write(folder, [
         "# The compute ladder: tables",
         "Mean +- SD over seeds (n); differences paired by seed with their 95% intervals; the verdicts follow the "
         "decision rules of reproduce/studies/ladder/PLAN.md. Arms x0.5 to x4 are the rungs (times mini's "
@@ -292,13 +292,7 @@ def build(records: str, folder: str) -> str:
         render("Captions at 4x (alt world; CIDEr-D x 100 with another image's references as the control; repetition "
                "in %), beside the words study's 1x paper arm", series["captions"], "CIDEr", ("words 1x", "x4"))
         if any(arm == "x4" for arm, _ in series["captions"]) else "### Captions at 4x\n\nNo record yet.",
-        "Fine-tuning runs that hit their cap: " + ("; ".join(finetune_check(runs)) or "none"),
-        "Seed 0's float16 weights (`mdc.load(<folder>)`):\n"
-        + ("\n".join(pretrained.listing(os.path.join(folder, "weights"), found)) or "none kept"),
-        ledger.provenance(found) if found else "No records yet."])
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "tables.md"), "w") as f:
-        f.write(text + "\n")
+    ], found, "Seed 0's float16 weights (`mdc.load(<folder>)`)")
     if found:
         figure(data, os.path.join(folder, "ladder.png"))
     return text
