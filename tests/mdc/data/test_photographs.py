@@ -4,6 +4,7 @@ import io
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from benchmarks.photos import jpeg, photograph
@@ -51,6 +52,16 @@ def test_draft_leaves_small_jpegs_and_other_formats_bit_identical(photos):
             assert np.array_equal(_pixels(data, True, seed), _pixels(data, False, seed))
     plain = dict(crop_scale=None)  # a plain resize of a 640-px JPEG: drafted, and still close
     assert np.abs(_pixels(photos[0], True, 0, **plain) - _pixels(photos[0], False, 0, **plain)).mean() < 2.5
+
+
+def test_a_batch_is_the_images_stacked_contiguous(photos):
+    from mdc.data.pipeline import _stack
+
+    for uint8 in (True, False):
+        t = ImageTransform(224, True, uint8=uint8)
+        images = [t(Image.open(io.BytesIO(d)), np.random.default_rng(i)) for i, d in enumerate(photos)]
+        batch = _stack(images)
+        assert batch.is_contiguous() and batch.dtype == images[0].dtype and torch.equal(batch, torch.stack(images))
 
 
 def _shard(path, images):
