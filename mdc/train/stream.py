@@ -123,7 +123,9 @@ class DataStream:
         self.stats = SkipStats(dict(state["skipped"])) if state else SkipStats()
         self.text = TextStats(**state["text"]) if state and "text" in state else TextStats()  # running totals
         self.load = LoadStats()  # the workers' work since the last read (mdc.train.progress)
-        self.waited = self.started = 0.0  # seconds next() waited since the last take_wait(): in a pass, for its first
+        # seconds next() waited since the last take_wait(): within a pass, and for the first batch of a loader (a
+        # pass's, or a resumed run's) while its workers start
+        self.waited = self.started = 0.0
         self._open(state["position"] if state else None)
         self._fresh = state is None  # no batch taken from this pass yet
 
@@ -136,19 +138,21 @@ class DataStream:
                              uint8=True,  # a quarter of the bytes to copy; the loop normalises on the device
                              pin_memory=torch.cuda.is_available())
         self.position = StreamPosition.from_state_dict(position) if position else StreamPosition(c.workers)
+        self._starting = True  # the next batch is this loader's first: its workers start (take_wait counts it apart)
         with torch.random.fork_rng(devices=[]):
             self._batches = iterate_batches(iter(loader), self.stats, self.position, self.text, self.load)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(uint8 pixels [B, 3, H, W], tokens [B, L]); all ranks start the next data epoch when one's pass ends."""
         while True:
-            first, start = self._fresh, time.perf_counter()
+            first, start = self._starting, time.perf_counter()
             batch = next(self._batches, None)
             have = self._all_have(batch is not None)
             if first:
                 self.started += time.perf_counter() - start
             else:
                 self.waited += time.perf_counter() - start
+            self._starting = False
             if have:
                 self._fresh = False
                 return batch
@@ -161,7 +165,8 @@ class DataStream:
             self._fresh = True
 
     def take_wait(self) -> tuple[float, float]:
-        """(seconds waited for batches within a pass, for passes' first batches) since the last call."""
+        """(seconds waited for batches within a pass, for the first batch of a loader just opened) since the last
+        call."""
         out, self.waited, self.started = (self.waited, self.started), 0.0, 0.0
         return out
 

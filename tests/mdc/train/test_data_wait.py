@@ -22,10 +22,11 @@ def shard(tmp_path_factory):
     return write_tar(str(tmp_path_factory.mktemp("wait") / "000000.tar"), members)
 
 
-def run(shard, out, caplog, workers):
+def run(shard, out, caplog, workers, **kw):
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="mdc.train"):
-        results = train(train_data=shard, output_dir=str(out), model_overrides=TRAIN_MODEL, batch_size=8, steps=8,
-                        log_every=2, workers=workers, shuffle_buffer=8, lr=1e-3)
+        results = train(**dict(train_data=shard, output_dir=str(out), model_overrides=TRAIN_MODEL, batch_size=8,
+                               steps=8, log_every=2, workers=workers, shuffle_buffer=8, lr=1e-3) | kw)
     rows = [json.loads(line) for line in open(results["metrics"])]
     warned = [r.getMessage() for r in caplog.records if "waited for data" in r.getMessage()]
     return results, rows, warned
@@ -46,15 +47,38 @@ def test_a_slow_loader_is_named_in_the_log_and_the_metrics(shard, tmp_path, capl
     assert "mdc.data.convert --image-size 256" in warned[0]
 
 
-def test_a_fed_run_waits_little_and_says_nothing(shard, tmp_path, caplog, monkeypatch):
+def slow_steps(monkeypatch, seconds=0.25):
+    """Each step takes ``seconds`` more: a worker keeps a batch of 8 tiny PNGs ready."""
     step = loop.accumulate
 
-    def slow_step(*args, **kw):  # 250 ms a step: a worker keeps a batch of 8 tiny PNGs ready
-        time.sleep(0.25)
+    def slow_step(*args, **kw):
+        time.sleep(seconds)
         return step(*args, **kw)
 
     monkeypatch.setattr(loop, "accumulate", slow_step)
+
+
+def test_a_fed_run_waits_little_and_says_nothing(shard, tmp_path, caplog, monkeypatch):
+    slow_steps(monkeypatch)
     results, rows, warned = run(shard, tmp_path / "fed", caplog, workers=1)
     assert all(r["data_wait"] < progress.DATA_WAIT_WARN for r in rows) and not warned, rows
     assert all(r["loader_images_per_s"] > r["images_per_s"] for r in rows), rows
     assert all(r["data_start_s"] >= 0 for r in rows) and rows[0]["data_start_s"] > 0  # the workers' start, apart
+
+
+def test_a_resumed_run_counts_its_workers_start_apart(shard, tmp_path, caplog, monkeypatch):
+    """A resumed loader starts its workers as a new pass does: that first wait is data_start_s, not data_wait."""
+    decode = ImageTransform.__call__
+
+    def slower(self, image, rng=None):  # 25 ms an image: 200 ms a batch, behind a 250 ms step but slow to start
+        time.sleep(0.025)
+        return decode(self, image, rng)
+
+    monkeypatch.setattr(ImageTransform, "__call__", slower)
+    slow_steps(monkeypatch)
+    run(shard, tmp_path / "run", caplog, workers=1, steps=4, save_every=2)
+    _, rows, warned = run(shard, tmp_path / "run", caplog, workers=1, steps=8, save_every=2, resume=True,
+                          force_resume=True)  # longer than the run resumed
+    resumed = [r for r in rows if r["step"] > 4]
+    assert resumed[0]["data_start_s"] > 0.1 and all(r["data_wait"] < progress.DATA_WAIT_WARN for r in resumed)
+    assert not warned, resumed
