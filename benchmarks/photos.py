@@ -134,7 +134,7 @@ def _pass(urls: list[str], workers: int, batch: int, rates: list[float]):
 
 def add_rows(sec: Section, quick: bool) -> None:
     """The photograph rows and the workers-per-GPU table, into ``sec``."""
-    num, rounds = (16, 1) if quick else (128, 3)
+    num, rounds = (8, 1) if quick else (128, 3)
     rng = np.random.default_rng(0)
     source = [jpeg(Image.fromarray(photograph(rng))) for _ in range(num)]
     sets = {f"photographs {SOURCE[0]}x{SOURCE[1]}": source, f"photographs {SHARD_SIDE} px": [centre_crop(d)
