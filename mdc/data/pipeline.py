@@ -71,6 +71,7 @@ logger = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "npy")
 MAX_CAPTION_CHARS = 10_000
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)  # what PIL raises for bad bytes
 @dataclass(frozen=True)
 class StreamOptions:
     """How :func:`make_dataset` and :func:`make_loader` read a shard stream (one default each)."""
@@ -266,7 +267,7 @@ class ImageCaptionDataset(IterableDataset):
             side = max(image.size)  # as stored (a JPEG may decode smaller: draft)
             try:  # the pixels are decoded here
                 item = (self.transform(image, crop_rng), caption)
-            except Exception as exn:  # PIL raises many types for bad bytes
+            except DECODE_ERRORS as exn:  # bad bytes, not a fault of the transform's (that one propagates)
                 stats.record("corrupt_image", sample["__url__"], sample["__key__"], repr(exn))
                 continue
             if not self.batch_size:

@@ -81,6 +81,17 @@ def test_a_truncated_jpeg_is_skipped_and_counted_where_it_decodes(tmp_path, phot
     assert rows == 2 and stats.as_dict() == {"corrupt_image": 1}
 
 
+def test_a_fault_of_the_transform_is_not_counted_as_a_corrupt_image(tmp_path, photos, monkeypatch):
+    def broken(self, image, rng=None):
+        raise TypeError("a bug, not bad bytes")
+
+    monkeypatch.setattr(ImageTransform, "__call__", broken)
+    loader = make_loader(_shard(tmp_path / "000000.tar", photos), get_tokenizer(context_length=16), 32, 2,
+                         num_workers=0, uint8=True)
+    with pytest.raises(TypeError, match="a bug"):
+        list(iterate_batches(loader, SkipStats()))
+
+
 @pytest.mark.parametrize("workers", [0, 1])
 def test_each_batch_carries_its_workers_work(tmp_path, photos, workers):
     url = _shard(tmp_path / "000000.tar", photos * 2)
