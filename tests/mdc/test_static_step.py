@@ -95,8 +95,8 @@ def test_bad_values_fail_on_the_device_and_name_the_problem():
 def test_the_loop_reads_the_device_at_its_log_and_save_steps_only(scene_shards, tmp_path, monkeypatch):
     from conftest import TRAIN_MODEL
 
-    reads, read = [], loop._read
-    monkeypatch.setattr(loop, "_read", lambda run: (reads.append(run.step), read(run))[1])
+    reads, read = [], loop.read  # mdc.train.progress.read, as the loop calls it
+    monkeypatch.setattr(loop, "read", lambda run: (reads.append(run.step), read(run))[1])
     out = loop.train(train_data=scene_shards, output_dir=str(tmp_path / "run"), model_overrides=TRAIN_MODEL,
                      batch_size=4, steps=8, log_every=4, save_every=6, workers=0, progress=False)
     assert reads == [4, 6, 8] and out["steps"] == 8
