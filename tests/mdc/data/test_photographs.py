@@ -10,7 +10,7 @@ from PIL import Image
 from benchmarks.photos import jpeg, photograph
 from mdc import get_tokenizer
 from mdc.data.accounting import LoadStats
-from mdc.data.pipeline import SkipStats, iterate_batches, make_loader
+from mdc.data.pipeline import SkipStats, _stack, iterate_batches, make_loader
 from mdc.data.transforms import ImageTransform, draft
 from mdc.data.writer import write_tar
 
@@ -55,8 +55,6 @@ def test_draft_leaves_small_jpegs_and_other_formats_bit_identical(photos):
 
 
 def test_a_batch_is_the_images_stacked_contiguous(photos):
-    from mdc.data.pipeline import _stack
-
     for uint8 in (True, False):
         t = ImageTransform(224, True, uint8=uint8)
         images = [t(Image.open(io.BytesIO(d)), np.random.default_rng(i)) for i, d in enumerate(photos)]
