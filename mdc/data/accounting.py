@@ -4,6 +4,7 @@
 (:mod:`mdc.data.pipeline`)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -129,7 +130,7 @@ class LoadStats:
 
     def take(self) -> "LoadStats":
         """The counts so far, and start again from zero."""
-        out = LoadStats(self.batches, self.images, self.seconds, self.source_px)
-        self.batches, self.images, self.seconds, self.source_px = 0, 0, 0.0, 0.0
+        out = dataclasses.replace(self)
+        self.__init__()
         return out
 

@@ -129,7 +129,10 @@ def judge_slope(b: dict, reference_gap: float, margin: float) -> str:
 def plan_rows(folder: str) -> dict:
     """{quantity: (the reference's 1x gap, margin m)} from seeds.json's power rows (the plan's numbers)."""
     path = os.path.join(folder, "seeds.json")
-    rows = json.load(open(path))["rows"] if os.path.isfile(path) else []
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        rows = json.load(f)["rows"]
     return {r["quantity"]: (r["gap"], r["margin m"]) for r in rows if r["test"] == "holds"}
 
 
