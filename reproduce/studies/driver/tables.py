@@ -1,13 +1,16 @@
 """A study's report from records: mean +- SD over seeds, differences paired by seed with 95% intervals (Student's t;
 a probe's mean4 with the claims' items-and-seeds interval), verdicts against a margin, each instrument's measures,
-and a table with a row per (arm, model)."""
+a table with a row per (arm, model), and the tables' file with its closing lines (:func:`write`)."""
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
+from reproduce import pretrained
 from reproduce.claims.stats import TASKS, difference, t_quantile
+from reproduce.running import ledger
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
@@ -83,6 +86,31 @@ def caption_measures(cap: dict, words: dict | None, name: str) -> dict:
             "BLEU-4": 100 * m["bleu4"], "words": m["words"], "repeated": 100 * m["repeated"],
             "repeated content": 100 * w["repeated_content"] if "repeated_content" in w else None,
             "references' repeated content": 100 * words["references"]["repeated_content"] if words else None}
+
+
+def finetune_check(runs: list[dict]) -> list[str]:
+    """Fine-tuning runs that hit their cap while their validation loss still improved (the rule forbids it)."""
+    out = []
+    for r in runs:
+        for o, f in ((r["record"]["results"].get("finetune") or {}).items() if r["notebook"] == "captioning" else ()):
+            if f and f.get("stopped") == "cap":
+                out.append(f"{r['name']} {o}: stopped at its cap of {f['steps']} steps (best step {f['best_step']})")
+    return out
+
+
+def write(folder: str, sections: list[str], found: dict, kept: str) -> str:
+    """``folder``/tables.md: the ``sections``, then the fine-tuning runs that hit their cap, the float16 models kept
+    in ``folder``/weights (under the line ``kept``) and the records' package (``found``:
+    :func:`reproduce.running.ledger.read_all`); returns its text."""
+    runs = ledger.for_build(found)
+    text = "\n\n".join(sections + [
+        "Fine-tuning runs that hit their cap: " + ("; ".join(finetune_check(runs)) or "none"),
+        f"{kept}:\n" + ("\n".join(pretrained.listing(os.path.join(folder, "weights"), found)) or "none kept"),
+        ledger.provenance(found) if found else "No records yet."])
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "tables.md"), "w") as f:
+        f.write(text + "\n")
+    return text
 
 
 def _correct(res: dict) -> dict:

@@ -19,10 +19,9 @@ import os
 import numpy as np
 
 from mdc.eval.positive_controls import control_margin
-from reproduce import pretrained
 from reproduce.running import ledger
 from reproduce.studies.driver.tables import (by_kind, binding_measures, caption_measures, interval, paired,
-                                             probe_difference, probe_measures, render, span, verdict)
+                                             probe_difference, probe_measures, render, span, verdict, write)
 
 MARGIN_FRACTION = 0.10
 WORDS_RATIO = {"mdc": "0.75", "arc": "teacher_forced"}
@@ -118,16 +117,6 @@ def judges(series: dict) -> dict:
     return {"words": uses, "binding": binds, "captions": repeats, "margin_words": m_w}
 
 
-def finetune_check(runs: list[dict]) -> list[str]:
-    """Fine-tuning runs that hit their cap while their validation loss still improved (the rule forbids it)."""
-    out = []
-    for r in runs:
-        for o, f in ((r["record"]["results"].get("finetune") or {}).items() if r["notebook"] == "captioning" else ()):
-            if f and f.get("stopped") == "cap":
-                out.append(f"{r['name']} {o}: stopped at its cap of {f['steps']} steps (best step {f['best_step']})")
-    return out
-
-
 def figure(series: dict, runs: list[dict], path: str) -> str:
     """One figure: each instrument's headline, arm minus paper with its 95% interval, per arm and model."""
     import matplotlib
@@ -166,7 +155,7 @@ def build(records: str, folder: str) -> str:
     runs = ledger.for_build(found)
     series = series_of(runs)
     rule = judges(series)
-    text = "\n\n".join([
+    text = write(folder, [
         "# The words study: tables",
         "Mean +- SD over seeds (n); arm - paper paired by seed, with its 95% interval; the verdicts follow the "
         "decision rules of reproduce/studies/words/PLAN.md.",
@@ -179,13 +168,7 @@ def build(records: str, folder: str) -> str:
                series["words"], "S", ORDER, judge=rule["words"]),
         render("Captions (alt world; CIDEr-D x 100 with another image's references as the control; repetition in %)",
                series["captions"], "repeated content", ORDER, judge=rule["captions"]),
-        "Fine-tuning runs that hit their cap: " + ("; ".join(finetune_check(runs)) or "none"),
-        "Seed 0 of every arm's descriptive MDC and ARC, in float16 (`mdc.load(<folder>)`):\n"
-        + ("\n".join(pretrained.listing(os.path.join(folder, "weights"), found)) or "none kept"),
-        ledger.provenance(found) if found else "No records yet."])
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "tables.md"), "w") as f:
-        f.write(text + "\n")
+    ], found, "Seed 0 of every arm's descriptive MDC and ARC, in float16 (`mdc.load(<folder>)`)")
     if found:
         figure(series, runs, os.path.join(folder, "words.png"))
     return text
