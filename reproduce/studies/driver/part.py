@@ -26,14 +26,17 @@ from reproduce.studies.driver.study import (Study, plan_keys, read_seeds, reads_
 
 
 def setup(study: Study, args, estimates: bool = True) -> tuple[list, dict, dict, dict]:
-    """(runs, keys, runs by name, estimates: {name: (seconds, source)}, empty unless ``estimates``)."""
+    """(runs, keys, runs by name, estimates: {name: (seconds, source)}, empty unless ``estimates``; a pretraining
+    run its folder holds begun counts the steps it has left)."""
     runs = study.runs(args.scale, read_seeds(args.seeds), args.with_optional)
     key, by_name = plan_keys(study, runs), {r.name: r for r in runs}
     ref = {r.name: r for r in registry.build(args.scale, 1)}  # the evaluation sets' sizes, for the cost model
     reference = args.reference if args.scale == "mini" else None  # the reference ledger is mini's
     steps = {kind: study.step_seconds for kind in study.steps}
-    est = {r.name: cost.on_machine(cost.estimate(r, by_name, args.records, reference, steps, args.scale, ref),
-                                   args.machine_factor) for r in runs} if estimates else {}
+    out = os.path.join(args.out, args.scale)
+    est = {r.name: cost.left(r, key[r.name], out, cost.on_machine(
+        cost.estimate(r, by_name, args.records, reference, steps, args.scale, ref), args.machine_factor))
+        for r in runs} if estimates else {}
     return runs, key, by_name, est
 
 

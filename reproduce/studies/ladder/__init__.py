@@ -1,13 +1,14 @@
 """Does MDC catch ARC with compute? The compute ladder on the study driver (its plan: reproduce/studies/ladder/PLAN.md).
 
-Rungs (:data:`RUNGS`): MDC and ARC pretrained on descriptive captions at half to four times ``mini``'s 2,240
-steps over the same pairs (warm-up scaled, cosine to the end). Beside them: ``dense``, MDC pretrained at
-t ~ U[0, 1] at 1x; ``rotary-x1`` and ``rotary-x4``, MDC with rotary positions (ARC's partner: the rung's ARC); and
-``x4`` also on alt captions, captioned pretrained and fine-tuned as the reference's Table 3. Every descriptive model
-gets its probe (pooled and grid, the random-init floor), its binding part (the reference's ``own`` part on
-:data:`BINDING_SUITES`, own / another item's / no image) and the step ``repetition/<arm>-<objective>-descriptive-
-s<seed>`` (:func:`mdc.eval.repetition.descriptive_repetition`: captions at each scene's true length, with the
-references and another item's image as controls); every captioning run the step ``caption_words/...``.
+Rungs (:data:`RUNGS`): MDC and ARC pretrained on descriptive captions at half to twice ``mini``'s 2,240 steps
+over the same pairs (warm-up scaled, cosine to the end). Beside them: ``dense``, MDC pretrained at t ~ U[0, 1] at
+1x. Optional (``--with-optional``; left out for the budget, PLAN.md): the ``x4`` rung, also on alt captions,
+captioned pretrained and fine-tuned as the reference's Table 3, and ``rotary-x1`` and ``rotary-x4``, MDC with rotary
+positions (ARC's partner: the rung's ARC). Every descriptive model gets its probe (pooled and grid, the random-init
+floor), its binding part (the reference's ``own`` part on :data:`BINDING_SUITES`, own / another item's / no image)
+and the step ``repetition/<arm>-<objective>-descriptive-s<seed>`` (:func:`mdc.eval.repetition.descriptive_repetition`:
+captions at each scene's true length, with the references and another item's image as controls); every captioning
+run the step ``caption_words/...``.
 The tables, figure and verdicts: :mod:`reproduce.studies.ladder.report`.
 """
 from __future__ import annotations
@@ -35,17 +36,17 @@ REPETITION_SCENES = {"mini": 300, "smoke": 8}
 # seconds of a step with no record: the repetition instrument on the reference's kept weights, one thread on the
 # 2-core machine beside a test suite (MDC 150-180 s, ARC 78-112 s), rounded up
 STEP_SECONDS = {"mdc": 180.0, "arc": 120.0, "caption_words": 15.0}
-RUNGS = (0.5, 1, 2, 4)  # times mini's steps: the ladder (1/4 was dropped before any rung was read: the budget)
-AFFORDED = 3  # seeds a model the budget affords (PLAN.md: the dry run at 3 seeds is 46.6 run-hours)
+RUNGS = (0.5, 1, 2)  # times mini's steps: the ladder (1/4 and 4 were dropped before any rung was read: the budget)
+AFFORDED = 3  # seeds a model the budget affords (PLAN.md: the dry run at 3 seeds, measured on this machine's runs)
 STAGES = ("pretrained", "finetuned")  # the 4x captions: as the reference's Table 3 (its cap, its stopping rule)
 
-ARMS = tuple(Arm(f"x{m:g}", ("mdc", "arc"), ("descriptive", "alt") if m == 4 else ("descriptive",), steps=m)
-             for m in RUNGS) + (
+ARMS = tuple(Arm(f"x{m:g}", ("mdc", "arc"), ("descriptive",), steps=m) for m in RUNGS) + (
     Arm("dense", ("mdc",), ("descriptive",), params=(("t_interval", [0.0, 1.0]),)),
-    Arm("rotary-x1", ("mdc",), ("descriptive",), (("positions", "rotary"),)),
-    Arm("rotary-x4", ("mdc",), ("descriptive",), (("positions", "rotary"),), steps=4),
+    Arm("x4", ("mdc", "arc"), ("descriptive", "alt"), steps=4, optional=True),
+    Arm("rotary-x1", ("mdc",), ("descriptive",), (("positions", "rotary"),), optional=True),
+    Arm("rotary-x4", ("mdc",), ("descriptive",), (("positions", "rotary"),), steps=4, optional=True),
 )
-KEPT = ("x4", "rotary-x4", "dense")  # seed 0's descriptive models kept in float16
+KEPT = ("x2", "dense", "x4", "rotary-x4")  # seed 0's descriptive models kept in float16 (the top rungs)
 
 
 def descriptive_runs(ref: dict, arm: Arm, objective: str, seed: int, scale: str) -> list[Run]:
@@ -78,13 +79,16 @@ def caption_runs(ref: dict, pre: dict[str, Run], seed: int) -> list[Run]:
 
 
 def study_runs(scale: str = "mini", plan: dict | None = None, with_optional: bool = False) -> list[Run]:
-    """Every run of the study (its steps included), seed by seed, in the order the selection reads."""
+    """Every run of the study (its steps included; the optional arms' where asked), seed by seed, in the order the
+    selection reads."""
     plan = plan or {"default": 3, "seeds": {}}
-    most = max(seeds_of(plan, a.name, o) for a in ARMS for o in a.objectives)
+    arms = [a for a in ARMS if with_optional or not a.optional]
+    most = max(seeds_of(plan, a.name, o) for a in arms for o in a.objectives)
     ref = {r.name: r for r in registry.build(scale, most)}
-    runs = [ref["data/descriptive"], ref["data/alt"], ref["data/evalsets"]]
+    runs = [ref[f"data/{style}"] for style in ("descriptive", "alt") if any(style in a.styles for a in arms)]
+    runs.append(ref["data/evalsets"])
     for seed in range(most):
-        for arm in ARMS:
+        for arm in arms:
             wanted = [o for o in arm.objectives if seed < seeds_of(plan, arm.name, o)]
             for objective in wanted:
                 runs += descriptive_runs(ref, arm, objective, seed, scale)

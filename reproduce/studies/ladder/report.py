@@ -36,7 +36,8 @@ from reproduce.studies.driver.tables import (binding_measures, by_kind, caption_
 
 SWAPS = ("swap_att", "swap_obj")  # own_swap's subsets, equal items each: their mean is own_swap
 ORDER = ("x1", "x0.5", "x2", "x4", "dense", "rotary-x1", "rotary-x4")  # x1 first: the tables' reference arm
-RUNG_ARMS = ("x0.5", "x1", "x2", "x4")
+RUNG_ARMS = ("x0.5", "x1", "x2")  # the ladder whose slope the rules judge (PLAN.md)
+OPTIONAL_RUNGS = ("x4",)  # run only with --with-optional: shown beside the ladder, outside its slope
 PARTNER = {"dense": "x1", "rotary-x1": "x1", "rotary-x4": "x4"}  # a side arm's learned-position rung
 MINI_STEPS = 2240
 PAPER_RUN = "pretrain/vit-b-32-mdc-descriptive-s0"  # the crossover's GPU-hours: one paper-profile MDC pretraining
@@ -47,7 +48,7 @@ INSTRUMENTS = {"probe": ("linear_probe", TASKS, "mean4", "probe gap (mean4)"),
 
 
 def rung(arm: str) -> float | None:
-    """An arm's multiple of mini's steps where it is a rung of the ladder (x0.5 ... x4), else None."""
+    """An arm's multiple of mini's steps where it is a rung (x0.5 ... x2, optional x4), else None."""
     return float(arm[1:]) if arm.startswith("x") else None
 
 
@@ -148,18 +149,19 @@ def gap_table(data: dict, instrument: str, rows: dict) -> str:
     _, _, measure, quantity = INSTRUMENTS[instrument]
     ref_gap, m = rows.get(quantity, (math.nan, math.nan))
     models = {(a, o) for (a, o, _) in data[instrument]}
-    ladder = sorted((a for a in ORDER if rung(a) and {(a, "mdc"), (a, "arc")} <= models), key=rung)
+    ladder = [a for a in RUNG_ARMS if {(a, "mdc"), (a, "arc")} <= models]
+    beyond = [a for a in OPTIONAL_RUNGS if {(a, "mdc"), (a, "arc")} <= models]
     head = f"| arm | steps | {measure}: MDC - ARC [95%] | seed SD (n) | side arm MDC - partner's MDC [95%] | verdict |"
     lines = [f"### {instrument.capitalize()} gap (points)", "", head, "|---|---|---|---|---|---|"]
     first = None
-    for a in ladder + [a for a in PARTNER if (a, "mdc") in models]:
+    for a in ladder + beyond + [a for a in PARTNER if (a, "mdc") in models]:
         partner = PARTNER.get(a, a)
         g = contrast(data, instrument, [(1, a, "mdc"), (-1, partner, "arc")])
         side = contrast(data, instrument, [(1, a, "mdc"), (-1, partner, "mdc")]) if a in PARTNER else None
         if first is None and a in ladder and g["low"] <= 0 <= g["high"]:
             first = a
         note = side_verdict(instrument, a, g, side, m)
-        if instrument == "binding" and a in ladder:
+        if instrument == "binding" and rung(a):
             note = f"ARC {control_binds(data, a)}"
         sd = "-" if math.isnan(g["sd"]) else f"{g['sd']:.2f}"
         moved = span(side["mean"], side["low"], side["high"]) if side else ""
@@ -235,19 +237,21 @@ def figure(data: dict, path: str) -> str:
     fig, axes = plt.subplots(2, 3, figsize=(12, 6.4), sharex=True, constrained_layout=True)
     for col, instrument in enumerate(INSTRUMENTS):
         top, bottom = axes[0, col], axes[1, col]
-        for objective, arms, label in (("mdc", RUNG_ARMS, "MDC"), ("arc", RUNG_ARMS, "ARC"),
+        rungs = RUNG_ARMS + OPTIONAL_RUNGS
+        for objective, arms, label in (("mdc", rungs, "MDC"), ("arc", rungs, "ARC"),
                                        ("mdc", ("rotary-x1", "rotary-x4"), "MDC rotary")):
             pts = [(MINI_STEPS * rung(PARTNER.get(a, a)), contrast(data, instrument, [(1, a, objective)]))
                    for a in arms]
             _bars(top, [(x, c) for x, c in pts if c["seeds"]], label)
-        gaps = [(MINI_STEPS * rung(a), contrast(data, instrument, [(1, a, "mdc"), (-1, a, "arc")])) for a in RUNG_ARMS]
-        _bars(bottom, [(x, c) for x, c in gaps if c["seeds"]], "MDC - ARC")
+        gaps = [(MINI_STEPS * rung(a), contrast(data, instrument, [(1, a, "mdc"), (-1, a, "arc")])) for a in rungs]
+        gaps = [(x, c) for x, c in gaps if c["seeds"]]
+        _bars(bottom, gaps, "MDC - ARC")
         bottom.axhline(0, color="grey", lw=0.8)
         top.set_title(f"{instrument}: {INSTRUMENTS[instrument][2]} (points)", fontsize=9)
         top.legend(fontsize=7)
         bottom.set_ylabel("MDC - ARC, 95% interval", fontsize=8)
         bottom.set_xscale("log", base=2)
-        steps = [MINI_STEPS * rung(a) for a in RUNG_ARMS]
+        steps = [MINI_STEPS * rung(a) for a in RUNG_ARMS] + [x for x, _ in gaps if x > MINI_STEPS * 2]
         bottom.set_xticks(steps, [f"{x:,.0f}" for x in steps])
         bottom.set_xlabel("pretraining steps (log scale)", fontsize=8)
     fig.savefig(path, dpi=150, metadata={"Software": None})
@@ -281,8 +285,9 @@ def build(records: str, folder: str) -> str:
     text = write(folder, [
         "# The compute ladder: tables",
         "Mean +- SD over seeds (n); differences paired by seed with their 95% intervals; the verdicts follow the "
-        "decision rules of reproduce/studies/ladder/PLAN.md. Arms x0.5 to x4 are the rungs (times mini's "
-        f"{MINI_STEPS:,} steps); dense and rotary-x1 pair with x1, rotary-x4 with x4.",
+        "decision rules of reproduce/studies/ladder/PLAN.md. Arms x0.5 to x2 are the rungs (times mini's "
+        f"{MINI_STEPS:,} steps) whose slope is judged; dense pairs with x1. The optional arms (x4, rotary-x1 with x1, "
+        "rotary-x4 with x4) appear only where they were run (--with-optional; the budget left them out).",
         render("Probe (pooled mean4, its tasks, the grid relation; control: the random-init floor)", series["probe"],
                "mean4", ORDER, deltas=lambda a, m: probe_difference(runs, [(a, m.lower())], [("x1", m.lower())])),
         gap_table(data, "probe", rows),
@@ -294,7 +299,8 @@ def build(records: str, folder: str) -> str:
         gap_table(data, "repetition", rows),
         render("Captions at 4x (alt world; CIDEr-D x 100 with another image's references as the control; repetition "
                "in %), beside the words study's 1x paper arm", series["captions"], "CIDEr", ("words 1x", "x4"))
-        if any(arm == "x4" for arm, _ in series["captions"]) else "### Captions at 4x\n\nNo record yet.",
+        if any(arm == "x4" for arm, _ in series["captions"])
+        else "### Captions at 4x\n\nNot run: an optional arm (the budget, PLAN.md).",
     ], found, "Seed 0's float16 weights (`mdc.load(<folder>)`)")
     if found:
         figure(data, os.path.join(folder, "ladder.png"))
