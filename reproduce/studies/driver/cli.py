@@ -19,6 +19,7 @@ import sys
 from mdc.base.cli import ArgumentParser, report
 from mdc.base.errors import RunError
 from reproduce.graph import ROOT
+from reproduce.studies.driver import estimate as cost
 from reproduce.studies.driver import pin as pinning
 from reproduce.studies.driver.part import part, setup, step, todo
 from reproduce.studies.driver.study import REFERENCE, Study, read_seeds, run_hours
@@ -29,8 +30,10 @@ OUTPUTS = ("out", "records", "weights", "seeds", "reference")  # paths: made abs
 def dry_run(study: Study, args) -> str:
     """Every run with its state and estimate, the run-hours by arm and style, the total against the budget."""
     runs, key, _, est = setup(study, args)
-    need = todo(study, runs, key, os.path.join(args.out, args.scale), args.records)
+    out = os.path.join(args.out, args.scale)
+    need = todo(study, runs, key, out, args.records)
     seconds = {n: s for n, (s, _) in est.items()}
+    est.update({r.name: cost.left(r, key[r.name], out, est[r.name]) for r in runs if r.name in need})
     lines = [f"{study.name} study, scale {args.scale}: {len(runs)} runs ({len(runs) - len(need)} recorded), seeds "
              f"{read_seeds(args.seeds)}, ledger {os.path.relpath(args.records, os.environ.get(pinning.PINNED, ROOT))}"]
     lines += [f"{'would run' if r.name in need else 'recorded':9s} {r.name}  ({r.notebook}; "
@@ -40,7 +43,7 @@ def dry_run(study: Study, args) -> str:
     lines.append(f"\nrun-hours by arm on {where} (one thread a run, two at a time):")
     lines += [f"  {arm:8s} {sum(styles.values()):6.2f}  (" + ", ".join(f"{s} {h:.2f}" for s, h in styles.items())
               + ")" for arm, styles in run_hours(runs, seconds).items()]
-    total, left, budget = sum(seconds.values()) / 3600, sum(seconds[n] for n in need) / 3600, study.budget_run_hours
+    total, left, budget = sum(seconds.values()) / 3600, sum(est[n][0] for n in need) / 3600, study.budget_run_hours
     lines.append(f"total {total:.2f} run-hours ({left:.2f} left, {left / 2:.1f} hours of wall time at two runs at "
                  f"a time); budget about {budget:.0f}: "
                  + ("fits" if total <= budget + 1e-9 else f"exceeds it by {total - budget:.2f}"))

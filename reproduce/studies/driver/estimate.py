@@ -11,7 +11,7 @@ from mdc.base.checkpoint import latest
 from mdc.factory import model_config
 from reproduce.graph import Run, run_dir
 from reproduce.running import ledger
-from reproduce.running.folders import recorded_key
+from reproduce.running.folders import is_done, recorded_key
 
 ELSEWHERE = ("reference", "no record")  # the sources of an estimate that another machine made
 
@@ -99,11 +99,12 @@ def on_machine(est: tuple[float, str], factor: float) -> tuple[float, str]:
 
 
 def left(run: Run, key: str, out: str, est: tuple[float, str]) -> tuple[float, str]:
-    """``est`` of a pretraining run scaled to the steps it has left where its folder holds a checkpoint of this run
-    (its key in ``run.json``): the runner resumes it from the newest, so a run longer than one part ends in the
+    """``est`` of a pretraining run scaled to the steps it has left where its folder holds it begun (a checkpoint
+    of this run's key, not done): the runner resumes it from the newest, so a run longer than one part ends in the
     next while its folder lasts."""
     folder = run_dir(out, run)
-    newest = latest(folder) if run.notebook == "pretrain" and recorded_key(folder) == key else None
+    begun = run.notebook == "pretrain" and recorded_key(folder) == key and not is_done(out, run, key)
+    newest = latest(folder) if begun else None
     if newest is None:
         return est
     done, steps = int(os.path.basename(newest).removeprefix("step_")), run.params["steps"]
@@ -115,8 +116,7 @@ def machine_ratio(outcome: dict[str, dict], est: dict[str, tuple[float, str]], f
     """(median of seconds taken over the reference machine's estimate, runs) of the succeeded runs in ``outcome``
     estimated from the reference ledger (``est`` scaled by ``factor``): this machine's ``--machine-factor``."""
     ratios = [o["seconds"] * factor / est[n][0] for n, o in outcome.items() if o.get("status") == "ok"
-              and o.get("seconds", 0) > 0 and n in est and est[n][1].startswith(ELSEWHERE[0])
-              and "resumes at step" not in est[n][1]]  # a resumed run's seconds are all its attempts'
+              and o.get("seconds", 0) > 0 and n in est and est[n][1].startswith(ELSEWHERE[0])]
     return (statistics.median(ratios), len(ratios)) if ratios else None
 
 

@@ -26,17 +26,14 @@ from reproduce.studies.driver.study import (Study, plan_keys, read_seeds, reads_
 
 
 def setup(study: Study, args, estimates: bool = True) -> tuple[list, dict, dict, dict]:
-    """(runs, keys, runs by name, estimates: {name: (seconds, source)}, empty unless ``estimates``; a pretraining
-    run its folder holds begun counts the steps it has left)."""
+    """(runs, keys, runs by name, estimates: {name: (seconds, source)}, empty unless ``estimates``)."""
     runs = study.runs(args.scale, read_seeds(args.seeds), args.with_optional)
     key, by_name = plan_keys(study, runs), {r.name: r for r in runs}
     ref = {r.name: r for r in registry.build(args.scale, 1)}  # the evaluation sets' sizes, for the cost model
     reference = args.reference if args.scale == "mini" else None  # the reference ledger is mini's
     steps = {kind: study.step_seconds for kind in study.steps}
-    out = os.path.join(args.out, args.scale)
-    est = {r.name: cost.left(r, key[r.name], out, cost.on_machine(
-        cost.estimate(r, by_name, args.records, reference, steps, args.scale, ref), args.machine_factor))
-        for r in runs} if estimates else {}
+    est = {r.name: cost.on_machine(cost.estimate(r, by_name, args.records, reference, steps, args.scale, ref),
+                                   args.machine_factor) for r in runs} if estimates else {}
     return runs, key, by_name, est
 
 
@@ -67,7 +64,7 @@ def part(study: Study, args) -> int:
     deadline = time.monotonic() + 60 * args.time_budget
     runs, key, by_name, est = setup(study, args)
     out = os.path.join(args.out, args.scale)
-    seconds = {n: s for n, (s, _) in est.items()}
+    seconds = {n: cost.left(by_name[n], key[n], out, e)[0] for n, e in est.items()}  # a begun run: its steps left
 
     def choose() -> tuple[set, list, list]:  # what to do, what fits, the recorded pretraining runs it retrains
         drifted(study, runs, key, out, args.records)
