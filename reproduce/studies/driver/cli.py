@@ -37,7 +37,7 @@ def dry_run(study: Study, args) -> str:
     lines = [f"{study.name} study, scale {args.scale}: {len(runs)} runs ({len(runs) - len(need)} recorded), seeds "
              f"{read_seeds(args.seeds)}, ledger {os.path.relpath(args.records, os.environ.get(pinning.PINNED, ROOT))}"]
     lines += [f"{'would run' if r.name in need else 'recorded':9s} {r.name}  ({r.notebook}; "
-              f"~{seconds[r.name] / 60:.1f} min: {est[r.name][1]})" for r in runs]
+              f"~{est[r.name][0] / 60:.1f} min: {est[r.name][1]})" for r in runs]
     where = "the reference 2-core machine" if args.machine_factor == 1.0 else \
         f"this machine, x {args.machine_factor:g} the reference's where it has not measured"
     lines.append(f"\nrun-hours by arm on {where} (one thread a run, two at a time):")
