@@ -166,6 +166,24 @@ def test_a_machine_factor_scales_the_reference_estimates_not_the_studys_own_reco
     assert cost.on_machine((100.0, "reference x"), 1.0) == (100.0, "reference x")
 
 
+def test_a_begun_pretraining_run_counts_the_steps_it_has_left(tmp_path):
+    """A run longer than one part resumes in the next from its newest checkpoint: a part spends only its steps left.
+    A folder of another run (key), a done run and an evaluation count whole."""
+    run, probe = Run("pretrain/a-s0", "pretrain", {"steps": 1000}), Run("probe/a-s0", "linear_probe", {})
+    folder = tmp_path / "pretrain" / "a-s0"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "latest.json").write_text(json.dumps({"path": "step_000300"}))
+    (folder / "run.json").write_text(json.dumps({"key": "k1", "started": 0.0}))
+    est = (600.0, "reference pretrain/a-s0")
+    assert cost.left(run, "k1", str(tmp_path), est) == pytest.approx(
+        (420.0, "reference pretrain/a-s0; resumes at step 300 of 1,000"))
+    assert cost.left(run, "k2", str(tmp_path), est) == est  # another run's folder: set aside, trained whole
+    assert cost.left(probe, "k1", str(tmp_path), est) == est
+    (folder / "results.json").write_text("{}")
+    (folder / "done.json").write_text(json.dumps({"key": "k1"}))
+    assert cost.left(run, "k1", str(tmp_path), est) == est  # done: the plan's total keeps its whole cost
+
+
 def test_a_part_measures_its_runs_against_their_reference_estimates():
     est = {"pretrain/a-s0": (1000.0, "reference pretrain/a-s0"), "probe/a-s0": (100.0, "reference probe/a-s0"),
            "pretrain/b-s1": (900.0, "the record of seed 0"), "probe/c-s0": (100.0, "reference probe/c-s0")}

@@ -1,5 +1,6 @@
 """The compute ladder (reproduce/studies/ladder/): every rung's runs per seed, each arm changing only what it says,
-the 4x captions as the reference's Table 3, the kept models, and the seed plan's slope arithmetic."""
+the optional arms (4x, its captions as the reference's Table 3, rotary) only where asked, the kept models, and the
+seed plan's slope arithmetic."""
 import json
 import math
 
@@ -18,7 +19,7 @@ DEFAULT = {"default": 3, "seeds": {}}
 
 @pytest.fixture(scope="module")
 def runs():
-    return {r.name: r for r in ladder.study_runs("mini", DEFAULT)}
+    return {r.name: r for r in ladder.study_runs("mini", DEFAULT, with_optional=True)}
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def reference():
 
 
 def test_every_rung_has_mdc_and_arc_with_their_readers_and_the_side_arms_mdc_alone(runs):
-    assert len(runs) == len(ladder.study_runs("mini", DEFAULT))  # names are unique
+    assert len(runs) == len(ladder.study_runs("mini", DEFAULT, with_optional=True))  # names are unique
     for arm in ladder.ARMS:
         for o in ("mdc", "arc"):
             for s in range(3):
@@ -44,6 +45,7 @@ def test_each_arm_changes_only_the_steps_positions_or_t_interval(runs, reference
     base = reference["pretrain/mdc-descriptive-s1"].params
     moved = ("steps", "warmup_steps", "save_every", "output_dir", "model_overrides", "t_interval")
     assert not any("x0.25" in n for n in runs)  # dropped for the budget before any rung was read
+    assert ladder.RUNGS == (0.5, 1, 2)
     for arm, steps, warmup in (("x0.5", 1120, 112), ("x1", 2240, 224), ("x2", 4480, 448),
                                ("x4", 8960, 896), ("rotary-x4", 8960, 896), ("dense", 2240, 224)):
         p = runs[f"pretrain/ladder-{arm}-mdc-descriptive-s1"].params
@@ -65,10 +67,22 @@ def test_the_4x_captions_are_the_reference_captioning_run_on_the_4x_models(runs,
     assert runs["caption_words/x4-alt-finetuned-s2"].deps[0] == tuned.name
 
 
-def test_seed_zero_of_the_4x_rotary_and_dense_models_is_kept_and_steps_are_keyed(runs):
+def test_the_plan_runs_the_ladder_and_dense_and_the_optional_arms_only_where_asked(runs):
+    """The budget (PLAN.md) left out x4, its alt captions and the rotary arms: a part without --with-optional
+    neither runs them nor makes the alt world they alone read; the plan's runs keep their names and order."""
+    plan = [r.name for r in ladder.study_runs("mini", DEFAULT)]
+    assert plan == [n for n in runs if n in set(plan)]
+    assert {n.split("/")[1].split("-descriptive")[0] for n in plan if n.startswith("pretrain/")} == {
+        f"ladder-{a}-{o}" for a in ("x0.5", "x1", "x2") for o in ("mdc", "arc")} | {"ladder-dense-mdc"}
+    assert "data/alt" not in plan and "data/alt" in runs
+    assert not any(n.startswith("captioning/") for n in plan) and len(plan) == 1 + 1 + 3 * 7 * 4
+    assert {a.name for a in ladder.ARMS if a.optional} == {"x4", "rotary-x1", "rotary-x4"}
+
+
+def test_seed_zero_of_the_top_rungs_and_dense_is_kept_and_steps_are_keyed(runs):
     kept = {n for n, r in runs.items() if r.notebook == "pretrain" and ladder.STUDY.keep(r)}
-    assert kept == {"pretrain/ladder-x4-mdc-descriptive-s0", "pretrain/ladder-x4-arc-descriptive-s0",
-                    "pretrain/ladder-rotary-x4-mdc-descriptive-s0", "pretrain/ladder-dense-mdc-descriptive-s0"}
+    assert kept == {f"pretrain/ladder-{a}-descriptive-s0" for a in ("x2-mdc", "x2-arc", "x4-mdc", "x4-arc",
+                                                                    "rotary-x4-mdc", "dense-mdc")}
     key = plan_keys(ladder.STUDY, list(runs.values()))
     assert key["repetition/x1-mdc-descriptive-s0"] != key["repetition/x2-mdc-descriptive-s0"]
     step = runs["repetition/x1-mdc-descriptive-s0"]
@@ -147,7 +161,7 @@ def test_contrasts_are_gaps_and_slopes_per_seed_with_the_claims_interval(tmp_pat
     data, _ = report.series_of(ledger.for_build(ledger.read_all(str(tmp_path))))
     gap = report.contrast(data, "probe", [(1, "x1", "mdc"), (-1, "x1", "arc")])
     assert gap["mean"] == pytest.approx(-6.0) and gap["seeds"] == 3 and gap["low"] < -6 < gap["high"] < 0
-    b, a = report.slope(data, "probe", ["x0.5", "x1", "x2", "x4"])
+    b, a = report.slope(data, "probe", ["x0.5", "x1", "x2"])
     assert b["mean"] == pytest.approx(1.5) and a == pytest.approx(-6.0) and 0 < b["low"] < 1.5 < b["high"]
     one = report.contrast({"probe": {k: v for k, v in data["probe"].items() if k[2] == 0}}, "probe",
                           [(1, "x1", "mdc"), (-1, "x1", "arc")])
@@ -172,7 +186,8 @@ def test_the_report_judges_each_gap_by_the_plans_rules(tmp_path, monkeypatch):
     text = report.build(str(tmp_path / "records"), str(tmp_path))
     assert (tmp_path / "tables.md").read_text() == text + "\n" and (tmp_path / "ladder.png").is_file()
     probe = text.split("### Probe gap")[1].split("###")[0]
-    assert "(3 seeds with every rung): +1.5 [" in probe and "**closes**" in probe
+    assert "over x0.5, x1, x2 (3 seeds with every rung): +1.5 [" in probe and "**closes**" in probe
+    assert _line(text, "Probe gap", "| x4 | 8,960 |").startswith(" -3.0 [")  # beside the ladder, outside its slope
     assert "16.0x mini's steps (35,840 steps); 1,600 GPU-hours" in probe  # 2^(6 / 1.5): labelled an extrapolation
     assert _line(text, "Probe gap", "| rotary-x4 |").endswith("| closes the probe gap at 4x |")
     assert "**holds**" in text.split("### Repetition gap")[1] and "**holds**" in text.split("### Binding gap")[1]
@@ -182,6 +197,21 @@ def test_the_report_judges_each_gap_by_the_plans_rules(tmp_path, monkeypatch):
     assert "the true captions (the ceiling): shape named twice 0.0%, pairs exist 100.0%" in text
     assert _line(text, "Captions at 4x", "| x4 | finetuned mdc-ref | ").startswith("60.0 +- 10.0 (3) | 10.0 +- 0.0 (3)")
     assert "From 105 run records of package p0." in text
+
+
+def test_an_optional_rung_of_fewer_seeds_leaves_the_ladders_slope_its_seeds(tmp_path, monkeypatch):
+    """The 4x rung is optional: were it run for seed 0 alone, the slope over the plan's rungs keeps all three seeds
+    (a slope over every rung found would have kept seed 0 alone)."""
+    monkeypatch.setattr(report, "paper_hours", lambda: 100.0)
+    _ladder_records(tmp_path / "records")
+    for seed in (1, 2):
+        for o in ("mdc", "arc"):
+            for name in (f"probe/ladder-x4-{o}-descriptive-s{seed}", f"repetition/x4-{o}-descriptive-s{seed}",
+                         f"compositionality/ladder-x4-{o}-descriptive-binding-s{seed}"):
+                (tmp_path / "records" / f"{name}.json").unlink()
+    text = report.build(str(tmp_path / "records"), str(tmp_path))
+    assert "over x0.5, x1, x2 (3 seeds with every rung): +1.5 [" in text.split("### Probe gap")[1]
+    assert _line(text, "Probe gap", "| x4 | 8,960 |") == " -3.0 | - (1) |  |  |"  # its one seed, no interval
 
 
 def test_binding_verdicts_need_the_1x_arc_to_bind(tmp_path):
