@@ -251,7 +251,7 @@ def figure(data: dict, path: str) -> str:
         top.legend(fontsize=7)
         bottom.set_ylabel("MDC - ARC, 95% interval", fontsize=8)
         bottom.set_xscale("log", base=2)
-        steps = [MINI_STEPS * rung(a) for a in RUNG_ARMS] + [x for x, _ in gaps if x > MINI_STEPS * 2]
+        steps = sorted({MINI_STEPS * rung(a) for a in RUNG_ARMS} | {x for x, _ in gaps})  # and a run optional rung
         bottom.set_xticks(steps, [f"{x:,.0f}" for x in steps])
         bottom.set_xlabel("pretraining steps (log scale)", fontsize=8)
     fig.savefig(path, dpi=150, metadata={"Software": None})
