@@ -17,7 +17,7 @@ from conftest import CAPTIONS, SMALL, SUBPROCESS_ENV
 TRAIN_SCRIPT = textwrap.dedent('''
     """Train under torchrun; every rank also dumps its in-memory weights at each checkpoint, and counts
     its native threads (not Python's) before and after the training."""
-    import json, os, sys, threading
+    import json, os, sys, threading, time
     from safetensors.torch import save_file
     import mdc.train
 
@@ -31,9 +31,19 @@ TRAIN_SCRIPT = textwrap.dedent('''
 
     mdc.train.loop._save = dump_then_save
     native = lambda: len(os.listdir("/proc/self/task")) - threading.active_count()
+
+    def settled(before, seconds=10.0):
+        """Native threads once those on their way out are gone: a Python thread that has left threading's
+        registry stays in /proc/self/task until its OS thread exits, longer on a loaded machine (the
+        DataLoader closes its queues without joining their feeder threads); a gloo thread left behind stays."""
+        deadline = time.monotonic() + seconds
+        while native() > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return native()
+
     before = native()
     results = mdc.train.train(**kwargs)
-    results["threads"] = [before, native()]
+    results["threads"] = [before, settled(before)]
     with open(os.path.join(out, f"results{os.environ['RANK']}.json"), "w") as f:
         json.dump(results, f)
 ''')
