@@ -38,9 +38,10 @@ def another_checkpoint(out: str, records: str | None, r: Run) -> tuple[str, str]
 class Book:
     """What is done and where: run folders, the ledger, the records to write and the checkpoints to free."""
 
-    def __init__(self, runs, key, out, records, keep_checkpoints, log, kept_weights=None):
+    def __init__(self, runs, key, out, records, keep_checkpoints, log, kept_weights=None, machine_factor=None):
         self.runs, self.key, self.out, self.records, self.keep, self.log = runs, key, out, records, keep_checkpoints, log
         self.kept_weights = kept_weights  # where the float16 weights of the runs in pretrained.KEEP go
+        self.machine_factor = machine_factor  # into each record: the machine's run time over the reference's
         self.digest = {nb: code_digest(graph.code_file(nb)) for nb in {r.notebook for r in runs}}
         self.in_folder = {r.name for r in runs if is_done(out, r, key[r.name])}
         self.recorded = {r.name for r in runs if ledger.done(records, r.name, key[r.name])}
@@ -93,7 +94,8 @@ class Book:
             kept = pretrained.keep(run_dir(self.out, r), self.kept_weights,
                                    {"run": r.name, "key": self.key[r.name], "results": results})
             self.log(f"{r.name}: float16 weights kept in {kept}")
-        ledger.write(self.records, r, self.key[r.name], results, self.out, self.digest[r.notebook], outcome)
+        ledger.write(self.records, r, self.key[r.name], results, self.out, self.digest[r.notebook],
+                     outcome | ({"machine_factor": self.machine_factor} if self.machine_factor else {}))
         self.recorded.add(r.name)
 
     def free_checkpoints(self) -> None:

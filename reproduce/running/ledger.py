@@ -7,6 +7,7 @@ Layout: ``<records>/<run name>.json`` (``reproduce/records/mini/pretrain/mdc-alt
      "labels": {...}, "artifacts": [...], "seed": 0,
      "code": {"notebook": "<sha256 of its code cells>", "package": "<sha256 of mdc/>"},
      "device": "...", "seconds": 1234.5, "cpu_seconds": 2400.1, "peak_mb": 812,
+     "machine_factor": 2.7,                              # where a study's part wrote it (machine_factor())
      "results": {...}}                                   # the run's results.json (mdc.eval.results)
 
 No checkpoint and no feature enters a record: it holds what the artifact builders read, per-item
@@ -46,6 +47,7 @@ DEFAULT_SECONDS = {
 # of 32 copies doubled up to 256 where a decision is close, log p(t) over K = 4 images)
 MDC_TABLE2_SECONDS = {"order": 2864, "pairs": 670}
 MINI_IMAGES = 2240 * 64  # a mini pretraining run's images, which DEFAULT_SECONDS["mini"]["pretrain"] is for
+REFERENCE_SPEED = "at the reference machine's speed"  # an estimate from a record that says what machine made it
 
 
 def _default_seconds(run, profile: str) -> float:
@@ -140,6 +142,8 @@ def write(records: str, run, key: str, results: dict, out: str, notebook_digest:
         "seconds": round(outcome.get("seconds", 0.0), 1), "cpu_seconds": round(outcome.get("cpu_seconds", 0.0), 1),
         "peak_mb": round(outcome.get("peak_mb", 0.0)), "results": _relative(results, out),
     }
+    if outcome.get("machine_factor"):
+        record["machine_factor"] = round(float(outcome["machine_factor"]), 3)
     target = path(records, run.name)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     atomic_write_text(target, json.dumps(record, indent=1, sort_keys=True) + "\n")
@@ -157,6 +161,17 @@ def run_seconds(record: dict) -> float:
     return seconds
 
 
+def machine_factor(record: dict) -> float | None:
+    """The run time over the reference machine's of the machine that made ``record`` (a study's part writes it, then
+    what it measured), or None where the record does not say: its seconds are then this machine's."""
+    return float(record["machine_factor"]) if record.get("machine_factor") else None
+
+
+def reference_seconds(record: dict) -> float:
+    """:func:`run_seconds` on the reference machine where the record says what machine made it, else as recorded."""
+    return run_seconds(record) / (machine_factor(record) or 1.0)
+
+
 def _nearest_record(run, records: str) -> tuple[dict, str] | None:
     """The record an estimate of ``run`` starts from: its own (any key), else the longest of the same run's
     records for other seeds (``...-s<N>``); with where it came from."""
@@ -169,7 +184,7 @@ def _nearest_record(run, records: str) -> tuple[dict, str] | None:
     others = [r for r in others if r and re.fullmatch(re.escape(stem) + r"-s\d+", r.get("run", "")) and run_seconds(r)]
     if not others:
         return None
-    record = max(others, key=run_seconds)
+    record = max(others, key=reference_seconds)
     return record, f"the record of seed {record.get('seed')}"
 
 
@@ -198,7 +213,9 @@ def estimate(run, records: str | None, profile: str, runs: dict | None = None) -
     :func:`run_seconds`), else the longest of the same run's records for other seeds, scaled by the cost of its
     parameters now against the record's (:func:`reproduce.cost.eval_cost.scale`; ``runs``: the graph by name, whose
     ``data/evalsets`` gives the sizes); else its work by the cost model (:func:`reproduce.cost.eval_cost.planned_seconds`)
-    where that exceeds the profile's default, else the default. The note is empty for a record taken as is."""
+    where that exceeds the profile's default, else the default. A record that says what machine made it
+    (:func:`machine_factor`) gives the reference machine's seconds (the note says :data:`REFERENCE_SPEED`). The note
+    is empty for a record taken as is."""
     found = _nearest_record(run, records) if records else None
     if found is None:  # its work by the cost model where one applies, the default a floor for fixed costs
         default, modeled = _default_seconds(run, profile), eval_cost.planned_seconds(run, runs)
@@ -208,11 +225,13 @@ def estimate(run, records: str | None, profile: str, runs: dict | None = None) -
                                      (f" x {speed:.2f} (recorded / modeled seconds of {kin})" if kin else ""))
         return default, "no record: the profile's default"
     record, source = found
+    speed = machine_factor(record)
+    at = f"{REFERENCE_SPEED} (made at x {speed:g})" if speed else ""
     factor, changed = eval_cost.scale(run, record, runs)
     if factor != 1.0:
-        return run_seconds(record) * factor, f"{source} x {factor:.2f}: {changed}"
-    note = "; ".join(n for n in (source if source != "its record" else "", changed) if n)
-    return run_seconds(record), note
+        return reference_seconds(record) * factor, f"{source} x {factor:.2f}: {changed}" + (f"; {at}" if at else "")
+    note = "; ".join(n for n in (source if source != "its record" else "", changed, at) if n)
+    return reference_seconds(record), note
 
 
 def estimate_seconds(run, records: str | None, profile: str, runs: dict | None = None) -> float:

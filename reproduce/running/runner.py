@@ -66,6 +66,7 @@ class RunSettings:
     keep_checkpoints: bool = True  # False: remove the checkpoints every reader of which is recorded
     profile: str = ""  # picks the default estimates of runs not yet recorded
     kept_weights: str | None = None  # where the runs of reproduce.pretrained.KEEP leave float16 weights
+    machine_factor: float | None = None  # this machine's run time over the reference's, written into each record
 
 
 def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), log=print) -> dict[str, dict]:
@@ -88,7 +89,7 @@ def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), lo
         for folder in locked:
             held.enter_context(FolderLock(folder, RUNNER_LOCK, "a reproduction runner", hint))
         book = Book(runs, key, out, settings.records, settings.keep_checkpoints or only is not None, log,
-                    settings.kept_weights)
+                    settings.kept_weights, settings.machine_factor)
         skipped = [] if only is None else [r.name for r in runs if r.name not in only]
         if only is not None:
             book.needed = set(only)

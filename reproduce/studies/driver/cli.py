@@ -39,7 +39,7 @@ def dry_run(study: Study, args) -> str:
     lines += [f"{'would run' if r.name in need else 'recorded':9s} {r.name}  ({r.notebook}; "
               f"~{est[r.name][0] / 60:.1f} min: {est[r.name][1]})" for r in runs]
     where = "the reference 2-core machine" if args.machine_factor == 1.0 else \
-        f"this machine, x {args.machine_factor:g} the reference's where it has not measured"
+        f"this machine, x {args.machine_factor:g} the reference's (a record that does not say its machine: as is)"
     lines.append(f"\nrun-hours by arm on {where} (one thread a run, two at a time):")
     lines += [f"  {arm:8s} {sum(styles.values()):6.2f}  (" + ", ".join(f"{s} {h:.2f}" for s, h in styles.items())
               + ")" for arm, styles in run_hours(runs, seconds).items()]
@@ -70,7 +70,8 @@ def main(study: Study, argv=None) -> int:
     p.add_argument("--out", help="run folders: OUT/<scale>/ (default reproduce/runs/<study>)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time")
     p.add_argument("--machine-factor", type=float, default=1.0, metavar="F", help="this machine's run time over "
-                   "the reference machine's: scales the estimates from the reference ledger (a part prints it)")
+                   "the reference machine's: scales the estimates from the reference ledger and from records made on "
+                   "other machines (a part measures it and writes it into its records)")
     p.add_argument("--scale", default="mini", choices=("mini", "smoke"), help="the registry profile")
     p.add_argument("--records", help="the study's ledger (default its folder's records/)")
     p.add_argument("--reference", help="the reference run's ledger (estimates, seeds)")

@@ -1,6 +1,7 @@
 """How long a study's runs take before they run (:func:`estimate`), and which of them fit a part (:func:`select`).
 The reference machine's estimates are scaled to this one by ``--machine-factor`` (:func:`on_machine`), which each
-part measures (:func:`machine_ratio`)."""
+part measures (:func:`machine_ratio`) and writes into its records: a record made on a machine three times slower
+than this one estimates a third of its seconds here (:func:`reproduce.running.ledger.machine_factor`)."""
 from __future__ import annotations
 
 import glob
@@ -89,11 +90,18 @@ def estimate(run: Run, by_name: dict, records: str | None, reference: str | None
         f" ({note})" if note and "as recorded" not in note else "")
 
 
+def at_reference_speed(source: str) -> bool:
+    """Is an estimate from this source in the reference machine's seconds: the reference ledger's, a step's
+    default, or a record that says what machine made it? (Else a record that does not: this machine's, as is.)"""
+    return source.startswith(ELSEWHERE) or ledger.REFERENCE_SPEED in source
+
+
 def on_machine(est: tuple[float, str], factor: float) -> tuple[float, str]:
-    """``est`` (seconds, source) on a machine ``factor`` times slower than the reference's: an estimate from the
-    reference ledger or a step's default is scaled, one from the study's own records is not (this machine made it)."""
+    """``est`` (seconds, source) on a machine ``factor`` times slower than the reference's: an estimate in the
+    reference machine's seconds (:func:`at_reference_speed`) is scaled, a record that does not say what machine
+    made it is taken as this machine's."""
     seconds, source = est
-    if factor == 1.0 or not source.startswith(ELSEWHERE):
+    if factor == 1.0 or not at_reference_speed(source):
         return est
     return seconds * factor, f"{source}; x {factor:g} on this machine"
 
@@ -114,9 +122,11 @@ def left(run: Run, key: str, out: str, est: tuple[float, str]) -> tuple[float, s
 def machine_ratio(outcome: dict[str, dict], est: dict[str, tuple[float, str]], factor: float = 1.0
                   ) -> tuple[float, int] | None:
     """(median of seconds taken over the reference machine's estimate, runs) of the succeeded runs in ``outcome``
-    estimated from the reference ledger (``est`` scaled by ``factor``): this machine's ``--machine-factor``."""
+    estimated in the reference machine's seconds (``est`` scaled by ``factor``), a step's default aside (no
+    measurement): this machine's ``--machine-factor``."""
     ratios = [o["seconds"] * factor / est[n][0] for n, o in outcome.items() if o.get("status") == "ok"
-              and o.get("seconds", 0) > 0 and n in est and est[n][1].startswith(ELSEWHERE[0])]
+              and o.get("seconds", 0) > 0 and n in est and at_reference_speed(est[n][1])
+              and not est[n][1].startswith(ELSEWHERE[1])]
     return (statistics.median(ratios), len(ratios)) if ratios else None
 
 

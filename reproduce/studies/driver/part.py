@@ -6,6 +6,7 @@ another model its readers are recorded again (:func:`drifted`). One package dige
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from mdc.base.checkpoint import atomic_write_text
 from mdc.base.errors import RunError
 from mdc.eval.results import checkpoint_id, read_results, write_results
 from reproduce import pretrained, registry
@@ -61,7 +63,7 @@ def one_digest(records: str) -> None:
 def part(study: Study, args) -> int:
     """One part within ``--time-budget`` minutes (module docstring); 1 where a run or step failed."""
     one_digest(args.records)
-    deadline = time.monotonic() + 60 * args.time_budget
+    deadline, began = time.monotonic() + 60 * args.time_budget, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     runs, key, by_name, est = setup(study, args)
     out = os.path.join(args.out, args.scale)
     seconds = {n: cost.left(by_name[n], key[n], out, e)[0] for n, e in est.items()}  # a begun run: its steps left
@@ -82,8 +84,8 @@ def part(study: Study, args) -> int:
                      by_name)
     outcome = {}
     if real:
-        settings = runner.RunSettings(jobs=args.jobs, records=args.records, keep_checkpoints=True,
-                                      profile=args.scale)  # no budget of its own: the selection is the budget
+        settings = runner.RunSettings(jobs=args.jobs, records=args.records, keep_checkpoints=True, profile=args.scale,
+                                      machine_factor=args.machine_factor)  # no budget: the selection is the budget
         outcome = runner.run_all(real, out, settings)
     steps = [r for r in runs if r.notebook in study.steps and r.name in need]  # this part's, and any now ready
     failed = run_steps(study, steps, est, args, deadline, set(start))
@@ -92,9 +94,23 @@ def part(study: Study, args) -> int:
     failed += [n for n, o in outcome.items() if o["status"] not in ("ok", "skipped", "left")]
     if measured := cost.machine_ratio(outcome, est, args.machine_factor):
         print(f"{study.name}: runs took {measured[0]:.2f} x their reference estimates (median of {measured[1]}): "
-              f"this machine's --machine-factor")
+              f"this machine's --machine-factor, now in the {len(measured_in(args.records, runs, began, measured[0]))}"
+              f" records this part wrote")
     print(f"{study.name}: {len(todo(study, runs, key, out, args.records))} runs left (0: build the tables, --report)")
     return 1 if failed else 0
+
+
+def measured_in(records: str, runs: list, since: str, factor: float) -> list[str]:
+    """Write ``factor`` as the machine factor of the records of ``runs`` finished at or after ``since`` (this part's,
+    which carry the ``--machine-factor`` it was given); returns their names."""
+    names = []
+    for r in runs:
+        record = ledger.read(records, r.name)
+        if record and record.get("finished", "") >= since:
+            record["machine_factor"] = round(factor, 3)
+            atomic_write_text(ledger.path(records, r.name), json.dumps(record, indent=1, sort_keys=True) + "\n")
+            names.append(r.name)
+    return names
 
 
 def _retrain(run, runs: list, out: str) -> None:
@@ -139,7 +155,8 @@ def run_steps(study: Study, steps: list, est: dict, args, deadline: float, chose
         if used + spend <= args.jobs * max(0.0, deadline - time.monotonic()):
             run.append(s)
             used += spend
-    flags = ["--scale", args.scale, "--out", args.out, "--records", args.records, "--seeds", args.seeds]
+    flags = ["--scale", args.scale, "--out", args.out, "--records", args.records, "--seeds", args.seeds,
+             "--machine-factor", repr(args.machine_factor)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     command = [sys.executable, "-m", f"reproduce.studies.{study.name}", *flags,
                *(["--with-optional"] * args.with_optional)]
@@ -168,7 +185,7 @@ def step(study: Study, args) -> int:
             "results", {}).get("checkpoint_id"):
         raise RunError(f"{run.name}: {source} is not the checkpoint the record of {run.deps[0]} names")
     outcome = {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu, "peak_mb": 0.0,
-               "device": f"cpu: {platform.machine()}, {os.cpu_count()} cores"}
+               "device": f"cpu: {platform.machine()}, {os.cpu_count()} cores", "machine_factor": args.machine_factor}
     ledger.write(args.records, run, key[run.name], read_results(os.path.join(folder, "results.json")), out,
                  step_digest(study), outcome)
     return 0

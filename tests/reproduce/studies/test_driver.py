@@ -141,7 +141,7 @@ def test_the_steps_the_part_chose_run_past_its_deadline(monkeypatch):
     monkeypatch.setattr(part.subprocess, "run", lambda command, **k: ran.append(command[-1]) or
                         argparse.Namespace(returncode=0, stdout="", stderr=""))
     args = argparse.Namespace(out="runs", scale="mini", records="records", seeds=STUDY.path("seeds.json"), jobs=1,
-                              with_optional=False)
+                              with_optional=False, machine_factor=1.0)
     est = {"neighbours/a-s0": (300.0, "reference"), "neighbours/b-s0": (300.0, "reference")}
     later = Run("neighbours/b-s0", "neighbours", {"checkpoint": "{run:pretrain/b-s0}"}, ("pretrain/b-s0",))
     steps = [by_name["neighbours/a-s0"], later]
@@ -184,16 +184,45 @@ def test_a_begun_pretraining_run_counts_the_steps_it_has_left(tmp_path):
     assert cost.left(run, "k1", str(tmp_path), est) == est  # done: the plan's total keeps its whole cost
 
 
+def test_a_record_made_on_a_slower_machine_estimates_its_next_seed_at_this_machines_speed(tmp_path):
+    """The ladder's seed-0 records were made on a machine 3 times the reference's, seed 1 on one at 0.8: taken as
+    this machine's seconds, a part on the fast machine chose a third of what fitted, and one on the slow machine
+    would have chosen three times too much from the fast records. A record says what machine made it."""
+    run = Run("pretrain/a-s1", "pretrain", {"steps": 10}, labels={"seed": 1})
+    study_record(tmp_path, "pretrain/a-s0", "pretrain", {"steps": 10}, 3000.0)
+    as_is = ledger.estimate(run, str(tmp_path), "mini")
+    assert as_is == (3000.0, "the record of seed 0") and cost.on_machine(as_is, 0.8) == as_is  # it does not say
+    record = json.loads(open(ledger.path(str(tmp_path), "pretrain/a-s0")).read()) | {"machine_factor": 3.0}
+    open(ledger.path(str(tmp_path), "pretrain/a-s0"), "w").write(json.dumps(record))
+    seconds, source = ledger.estimate(run, str(tmp_path), "mini")
+    assert seconds == pytest.approx(1000.0) and ledger.REFERENCE_SPEED in source
+    assert cost.on_machine((seconds, source), 0.8)[0] == pytest.approx(800.0)
+    assert cost.on_machine((seconds, source), 1.0)[0] == pytest.approx(1000.0)
+
+
+def test_a_part_writes_the_factor_it_measured_into_the_records_it_made(tmp_path):
+    runs = [Run(f"probe/a-s{s}", "linear_probe", {}) for s in (0, 1)]
+    for r, finished in zip(runs, ("2026-12-01T10:00:00Z", "2026-12-02T15:00:00Z")):
+        study_record(tmp_path, r.name, r.notebook, {}, 100.0)
+        record = ledger.read(str(tmp_path), r.name) | {"finished": finished, "machine_factor": 1.0}
+        open(ledger.path(str(tmp_path), r.name), "w").write(json.dumps(record))
+    assert part.measured_in(str(tmp_path), runs, "2026-12-02T14:00:00Z", 0.8312) == ["probe/a-s1"]
+    assert [ledger.machine_factor(ledger.read(str(tmp_path), r.name)) for r in runs] == [1.0, 0.831]
+
+
 def test_a_part_measures_its_runs_against_their_reference_estimates():
     est = {"pretrain/a-s0": (1000.0, "reference pretrain/a-s0"), "probe/a-s0": (100.0, "reference probe/a-s0"),
-           "pretrain/b-s1": (900.0, "the record of seed 0"), "probe/c-s0": (100.0, "reference probe/c-s0")}
+           "pretrain/b-s1": (900.0, "the record of seed 0"), "probe/c-s0": (100.0, "reference probe/c-s0"),
+           "probe/d-s1": (100.0, f"the record of seed 0; {ledger.REFERENCE_SPEED} (made at x 3)"),
+           "probe/e-s0": (100.0, "no record: the step's measured default")}
     outcome = {"pretrain/a-s0": {"status": "ok", "seconds": 1800.0}, "probe/a-s0": {"status": "ok", "seconds": 200.0},
-               "pretrain/b-s1": {"status": "ok", "seconds": 9000.0},  # own record: not a reference estimate
-               "probe/c-s0": {"status": "failed", "seconds": 1.0}}
-    assert cost.machine_ratio(outcome, est) == pytest.approx((1.9, 2))  # the median of 1.8 and 2.0, of 2 runs
+               "pretrain/b-s1": {"status": "ok", "seconds": 9000.0},  # a record that does not say its machine
+               "probe/c-s0": {"status": "failed", "seconds": 1.0}, "probe/d-s1": {"status": "ok", "seconds": 190.0},
+               "probe/e-s0": {"status": "ok", "seconds": 9.0}}  # a default measures nothing
+    assert cost.machine_ratio(outcome, est) == pytest.approx((1.9, 3))  # the median of 1.8, 1.9 and 2.0
     assert cost.machine_ratio({}, est) is None
     scaled = {n: cost.on_machine(e, 2.0) for n, e in est.items()}  # measured against the reference's estimate
-    assert cost.machine_ratio(outcome, scaled, 2.0) == pytest.approx((1.9, 2))
+    assert cost.machine_ratio(outcome, scaled, 2.0) == pytest.approx((1.9, 3))
     with pytest.raises(RunError, match="--machine-factor must be > 0"):
         cli.main(STUDY, ["--machine-factor", "0", "--dry-run", "--debug"])
 
