@@ -141,7 +141,7 @@ def test_the_steps_the_part_chose_run_past_its_deadline(monkeypatch):
     monkeypatch.setattr(part.subprocess, "run", lambda command, **k: ran.append(command[-1]) or
                         argparse.Namespace(returncode=0, stdout="", stderr=""))
     args = argparse.Namespace(out="runs", scale="mini", records="records", seeds=STUDY.path("seeds.json"), jobs=1,
-                              with_optional=False)
+                              with_optional=False, machine_factor=1.0)
     est = {"neighbours/a-s0": (300.0, "reference"), "neighbours/b-s0": (300.0, "reference")}
     later = Run("neighbours/b-s0", "neighbours", {"checkpoint": "{run:pretrain/b-s0}"}, ("pretrain/b-s0",))
     steps = [by_name["neighbours/a-s0"], later]
