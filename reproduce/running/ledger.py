@@ -144,7 +144,12 @@ def write(records: str, run, key: str, results: dict, out: str, notebook_digest:
     }
     if outcome.get("machine_factor"):
         record["machine_factor"] = round(float(outcome["machine_factor"]), 3)
-    target = path(records, run.name)
+    return save(records, record)
+
+
+def save(records: str, record: dict) -> str:
+    """Write ``record`` (new, or read and amended) under its run's name, atomically; returns its path."""
+    target = path(records, record["run"])
     os.makedirs(os.path.dirname(target), exist_ok=True)
     atomic_write_text(target, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return target

@@ -6,7 +6,6 @@ another model its readers are recorded again (:func:`drifted`). One package dige
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
@@ -14,7 +13,6 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from mdc.base.checkpoint import atomic_write_text
 from mdc.base.errors import RunError
 from mdc.eval.results import checkpoint_id, read_results, write_results
 from reproduce import pretrained, registry
@@ -108,7 +106,7 @@ def measured_in(records: str, runs: list, since: str, factor: float) -> list[str
         record = ledger.read(records, r.name)
         if record and record.get("finished", "") >= since:
             record["machine_factor"] = round(factor, 3)
-            atomic_write_text(ledger.path(records, r.name), json.dumps(record, indent=1, sort_keys=True) + "\n")
+            ledger.save(records, record)
             names.append(r.name)
     return names
 
