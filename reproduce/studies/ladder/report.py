@@ -259,6 +259,12 @@ def figure(data: dict, path: str) -> str:
     return path
 
 
+def _moved(data: dict, instrument: str, arm: str, objective: str) -> tuple[float, float, float]:
+    """An arm's model minus the same model at x1: the gap table's contrast and interval."""
+    c = contrast(data, instrument, [(1, arm, objective), (-1, "x1", objective)])
+    return c["mean"], c["low"], c["high"]
+
+
 def _bars(ax, points: list, label: str) -> None:
     if points:
         x, c = zip(*points)
@@ -292,7 +298,7 @@ def build(records: str, folder: str) -> str:
                "mean4", ORDER, deltas=lambda a, m: probe_difference(runs, [(a, m.lower())], [("x1", m.lower())])),
         gap_table(data, "probe", rows),
         render("Binding (own_swap, own_attribute: own / another item's / no image)", series["binding"],
-               "own_swap own", ORDER),
+               "own_swap own", ORDER, deltas=lambda a, m: _moved(data, "binding", a, m.lower())),
         gap_table(data, "binding", rows),
         render(f"Repetition (descriptive captions at each scene's true length, %; controls: another scene's image "
                f"and {ceiling})", series["repetition"], "shape_twice", ORDER),

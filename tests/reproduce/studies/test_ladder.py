@@ -219,3 +219,18 @@ def test_binding_verdicts_need_the_1x_arc_to_bind(tmp_path):
     text = report.build(str(tmp_path / "records"), str(tmp_path))
     assert "**control failed (the 1x ARC does not bind)**" in text.split("### Binding gap")[1]
     assert _line(text, "Binding gap", "| x1 |").endswith("| ARC does not bind |")
+
+
+def test_a_binding_difference_has_one_interval_in_both_tables(tmp_path):
+    """The binding table's arm - x1 column and the gap table's side-arm column are the same contrast (dense MDC
+    minus x1 MDC): both carry the claims' interval over items and seeds, not one of them Student's t over seeds."""
+    _ladder_records(tmp_path / "records")
+    for seed in range(3):  # the dense MDC right on 25 + 5 seed of each subset's 60 items: x1's 30 give a spread
+        path = tmp_path / "records" / f"compositionality/ladder-dense-mdc-descriptive-binding-s{seed}.json"
+        record = json.loads(path.read_text())
+        for subset in record["results"]["results"]["own_subsets"].values():
+            subset["records"]["correct"]["elbo"] = _bits(25 + 5 * seed, 60)
+        path.write_text(json.dumps(record))
+    text = report.build(str(tmp_path / "records"), str(tmp_path))
+    table = _line(text, "Binding (", "| dense | MDC |").rstrip(" |").split(" | ")[-1]
+    assert table == _line(text, "Binding gap", "| dense |").split(" | ")[-2] != "+0.0 [+0.0, +0.0]"
