@@ -22,6 +22,7 @@ from mdc.base.processes import kill_tree
 from reproduce import graph
 from reproduce.running.cluster import torchrun_command
 from reproduce.running.folders import earlier_seconds
+from reproduce.running.ledger import threads
 from reproduce.graph import ROOT, Run, resolve, run_dir
 
 
@@ -59,6 +60,13 @@ def _wait(proc: subprocess.Popen, timeout_s: float, start: float) -> tuple[str, 
     return status, rusage
 
 
+def child_env() -> dict[str, str]:
+    """A run's environment: this one, the tree on the path, the runner's pid, and the thread count its record
+    names (:func:`reproduce.running.ledger.threads`), so the count is set, not inherited by chance."""
+    return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                MDC_RUNNER_PID=str(os.getpid()), OMP_NUM_THREADS=str(threads()))
+
+
 def run_attempt(out: str, run: Run, key: str, torchrun: tuple[int, int] | None = None) -> dict:
     """Run one notebook in a subprocess; returns {status, seconds, cpu_seconds, peak_mb, error}, ``seconds``
     being the run's wall time over all its attempts (:func:`reproduce.running.folders.earlier_seconds`), so a resumed
@@ -79,8 +87,7 @@ def run_attempt(out: str, run: Run, key: str, torchrun: tuple[int, int] | None =
     with open(os.path.join(folder, "log.txt"), "w") as log:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-                                env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                                         MDC_RUNNER_PID=str(os.getpid())))
+                                env=child_env())
         status, rusage = _wait(proc, run.timeout_s, start)
     seconds = time.perf_counter() - start + earlier
     if status == "ok" and not os.path.isfile(os.path.join(folder, "results.json")):

@@ -73,17 +73,33 @@ def package_digest(root: str = ROOT) -> str:
     return h.hexdigest()[:16]
 
 
+def threads() -> int:
+    """The CPU threads a run gets: ``OMP_NUM_THREADS`` where set, else this process's torch count (the child's own
+    default). Its numbers depend on it in the last bit, which a pretraining run grows into a point of probe."""
+    import torch
+
+    given = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(given) if given.isdigit() and int(given) > 0 else torch.get_num_threads()
+
+
 def device(run) -> str:
-    """Where ``run`` executed: the CUDA device's name, or the CPU and its core count. A notebook with a ``device``
-    parameter runs where it says (its default, "cpu" for the evaluations, where the run names none); pretraining
-    takes the GPU wherever there is one (``mdc.train``'s rule); the data notebook runs on the CPU."""
+    """Where ``run`` executed: the CUDA device's name, or the CPU, its core count and the run's threads
+    (:func:`threads`). A notebook with a ``device`` parameter runs where it says (its default, "cpu" for the
+    evaluations, where the run names none); pretraining takes the GPU wherever there is one (``mdc.train``'s rule);
+    the data notebook runs on the CPU."""
     import torch  # the runner is imported by tools that do not need torch
 
     named = run.params.get("device", eval_cost.notebook_defaults(run.notebook).get("device"))
     on_gpu = str(named).startswith("cuda") if named is not None else run.notebook == "pretrain"
     if on_gpu and torch.cuda.is_available():
         return f"cuda: {torch.cuda.get_device_name(0)}"
-    return f"cpu: {platform.machine()}, {os.cpu_count()} cores"
+    return cpu_device()
+
+
+def cpu_device() -> str:
+    """The CPU, its core count and a run's threads (:func:`threads`), as a record names them."""
+    n = threads()
+    return f"cpu: {platform.machine()}, {os.cpu_count()} cores, {n} thread{'s' * (n > 1)}"
 
 
 def path(records: str, name: str) -> str:

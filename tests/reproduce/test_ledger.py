@@ -10,7 +10,7 @@ import pytest
 
 from conftest import toy_calls, toy_notebook
 from reproduce import graph
-from reproduce.running import ledger, runner
+from reproduce.running import attempt, ledger, runner
 from reproduce.graph import Run
 from reproduce.running.runner import RunSettings
 
@@ -382,3 +382,22 @@ def test_a_record_names_the_device_its_notebook_ran_on(monkeypatch):
     assert ledger.device(Run("probe/m-s0", "linear_probe", {})).startswith("cpu: ")
     assert ledger.device(Run("probe/m-s0", "linear_probe", {"device": "cuda"})) == "cuda: Some GPU"
     assert ledger.device(Run("data/world", "data", {})).startswith("cpu: ")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_cpu_record_names_the_threads_its_run_had(monkeypatch, threads):
+    """A CPU run's numbers depend on its thread count in the last bit (a reduction split another way), and over a
+    pretraining run that bit grows: the same seed trained with 1 and with 2 threads parts at step 115 and ends a
+    point of probe apart. The record says the count, and the run is given the count its record says."""
+    monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+    assert ledger.device(Run("probe/m-s0", "linear_probe", {})).endswith(f", {threads} thread{'s' * (threads > 1)}")
+    assert attempt.child_env()["OMP_NUM_THREADS"] == str(threads)
+
+
+def test_a_run_without_a_thread_count_is_given_the_runner_s(monkeypatch):
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    n = torch.get_num_threads()
+    assert attempt.child_env()["OMP_NUM_THREADS"] == str(n)
+    assert ledger.device(Run("data/world", "data", {})).endswith(f", {n} thread{'s' * (n > 1)}")

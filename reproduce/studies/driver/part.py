@@ -7,7 +7,6 @@ another model its readers are recorded again (:func:`drifted`). One package dige
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -183,7 +182,7 @@ def step(study: Study, args) -> int:
             "results", {}).get("checkpoint_id"):
         raise RunError(f"{run.name}: {source} is not the checkpoint the record of {run.deps[0]} names")
     outcome = {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu, "peak_mb": 0.0,
-               "device": f"cpu: {platform.machine()}, {os.cpu_count()} cores", "machine_factor": args.machine_factor}
+               "device": ledger.cpu_device(), "machine_factor": args.machine_factor}
     ledger.write(args.records, run, key[run.name], read_results(os.path.join(folder, "results.json")), out,
                  step_digest(study), outcome)
     return 0
