@@ -60,11 +60,13 @@ def _wait(proc: subprocess.Popen, timeout_s: float, start: float) -> tuple[str, 
     return status, rusage
 
 
-def child_env() -> dict[str, str]:
+def child_env(torchrun: tuple[int, int] | None = None) -> dict[str, str]:
     """A run's environment: this one, the tree on the path, the runner's pid, and the thread count its record
-    names (:func:`reproduce.running.ledger.threads`), so the count is set, not inherited by chance."""
-    return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                MDC_RUNNER_PID=str(os.getpid()), OMP_NUM_THREADS=str(threads()))
+    names (:func:`reproduce.running.ledger.threads`), so the count is set, not inherited by chance; under torchrun
+    (a GPU run, named by its device) torchrun's own count per process stands."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               MDC_RUNNER_PID=str(os.getpid()))
+    return env if torchrun else {**env, "OMP_NUM_THREADS": str(threads())}
 
 
 def run_attempt(out: str, run: Run, key: str, torchrun: tuple[int, int] | None = None) -> dict:
@@ -87,7 +89,7 @@ def run_attempt(out: str, run: Run, key: str, torchrun: tuple[int, int] | None =
     with open(os.path.join(folder, "log.txt"), "w") as log:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-                                env=child_env())
+                                env=child_env(torchrun))
         status, rusage = _wait(proc, run.timeout_s, start)
     seconds = time.perf_counter() - start + earlier
     if status == "ok" and not os.path.isfile(os.path.join(folder, "results.json")):

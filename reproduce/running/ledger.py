@@ -76,7 +76,7 @@ def package_digest(root: str = ROOT) -> str:
 def threads() -> int:
     """The CPU threads a run gets: ``OMP_NUM_THREADS`` where set, else this process's torch count (the child's own
     default). Its numbers depend on it in the last bit, which a pretraining run grows into a point of probe."""
-    import torch
+    import torch  # as in device()
 
     given = os.environ.get("OMP_NUM_THREADS", "").strip()
     return int(given) if given.isdigit() and int(given) > 0 else torch.get_num_threads()

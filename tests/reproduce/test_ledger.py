@@ -394,6 +394,11 @@ def test_a_cpu_record_names_the_threads_its_run_had(monkeypatch, threads):
     assert attempt.child_env()["OMP_NUM_THREADS"] == str(threads)
 
 
+def test_torchrun_keeps_its_own_thread_count(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert "OMP_NUM_THREADS" not in attempt.child_env(torchrun=(8, 1))  # torchrun gives each process its own
+
+
 def test_a_run_without_a_thread_count_is_given_the_runner_s(monkeypatch):
     import torch
 
