@@ -237,26 +237,39 @@ def figure(data: dict, path: str) -> str:
     fig, axes = plt.subplots(2, 3, figsize=(12, 6.4), sharex=True, constrained_layout=True)
     for col, instrument in enumerate(INSTRUMENTS):
         top, bottom = axes[0, col], axes[1, col]
-        rungs = RUNG_ARMS + OPTIONAL_RUNGS
-        for objective, arms, label in (("mdc", rungs, "MDC"), ("arc", rungs, "ARC"),
-                                       ("mdc", ("rotary-x1", "rotary-x4"), "MDC rotary")):
-            pts = [(MINI_STEPS * rung(PARTNER.get(a, a)), contrast(data, instrument, [(1, a, objective)]))
-                   for a in arms]
-            _bars(top, [(x, c) for x, c in pts if c["seeds"]], label)
-        gaps = [(MINI_STEPS * rung(a), contrast(data, instrument, [(1, a, "mdc"), (-1, a, "arc")])) for a in rungs]
-        gaps = [(x, c) for x, c in gaps if c["seeds"]]
+        lines, gaps = plotted(data, instrument)
+        for label, points in lines.items():
+            _bars(top, points, label)
         _bars(bottom, gaps, "MDC - ARC")
         bottom.axhline(0, color="grey", lw=0.8)
         top.set_title(f"{instrument}: {INSTRUMENTS[instrument][2]} (points)", fontsize=9)
         top.legend(fontsize=7)
         bottom.set_ylabel("MDC - ARC, 95% interval", fontsize=8)
         bottom.set_xscale("log", base=2)
-        steps = sorted({MINI_STEPS * rung(a) for a in RUNG_ARMS} | {x for x, _ in gaps})  # and a run optional rung
+        steps = ticks(lines, gaps)
         bottom.set_xticks(steps, [f"{x:,.0f}" for x in steps])
         bottom.set_xlabel("pretraining steps (log scale)", fontsize=8)
     fig.savefig(path, dpi=150, metadata={"Software": None})
     plt.close(fig)
     return path
+
+
+def plotted(data: dict, instrument: str) -> tuple[dict[str, list], list]:
+    """The figure's points for ``instrument``: per line (MDC, ARC, the rotary MDC) its (steps, contrast) for the
+    arms with seeds, a side arm at its partner rung's steps; and the gap MDC - ARC where both have seeds."""
+    rungs = RUNG_ARMS + OPTIONAL_RUNGS
+    lines = {}
+    for objective, arms, label in (("mdc", rungs, "MDC"), ("arc", rungs, "ARC"),
+                                   ("mdc", ("rotary-x1", "rotary-x4"), "MDC rotary")):
+        pts = [(MINI_STEPS * rung(PARTNER.get(a, a)), contrast(data, instrument, [(1, a, objective)])) for a in arms]
+        lines[label] = [(x, c) for x, c in pts if c["seeds"]]
+    gaps = [(MINI_STEPS * rung(a), contrast(data, instrument, [(1, a, "mdc"), (-1, a, "arc")])) for a in rungs]
+    return lines, [(x, c) for x, c in gaps if c["seeds"]]
+
+
+def ticks(lines: dict[str, list], gaps: list) -> list[int]:
+    """The step axis's ticks: the judged rungs and every step a point is drawn at (an optional rung before its gap)."""
+    return sorted({MINI_STEPS * rung(a) for a in RUNG_ARMS} | {x for pts in (*lines.values(), gaps) for x, _ in pts})
 
 
 def _moved(data: dict, instrument: str, arm: str, objective: str) -> tuple[float, float, float]:

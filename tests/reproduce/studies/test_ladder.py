@@ -234,3 +234,15 @@ def test_a_binding_difference_has_one_interval_in_both_tables(tmp_path):
     text = report.build(str(tmp_path / "records"), str(tmp_path))
     table = _line(text, "Binding (", "| dense | MDC |").rstrip(" |").split(" | ")[-1]
     assert table == _line(text, "Binding gap", "| dense |").split(" | ")[-2] != "+0.0 [+0.0, +0.0]"
+
+
+def test_every_plotted_rung_has_its_tick_before_its_gap_does(tmp_path):
+    """The first 4x run (MDC, no ARC partner yet) is drawn at 8,960 steps with no gap beneath it: the shared step
+    axis still labels it."""
+    _ladder_records(tmp_path)
+    for f in tmp_path.glob("*/ladder-x4-arc-*"):
+        f.unlink()
+    data, _ = report.series_of(ledger.for_build(ledger.read_all(str(tmp_path))))
+    top, gaps = report.plotted(data, "probe")
+    assert 8960 in [x for x, _ in top["MDC"]] and 8960 not in [x for x, _ in gaps]
+    assert report.ticks(top, gaps) == [1120, 2240, 4480, 8960]
