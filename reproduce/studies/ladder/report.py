@@ -241,6 +241,8 @@ def figure(data: dict, path: str) -> str:
         for label, points in lines.items():
             _bars(top, points, label)
         _bars(bottom, gaps, "MDC - ARC")
+        top.set_ylim(*ylim(lines.values(), 0))
+        bottom.set_ylim(*ylim([gaps], 1))
         bottom.axhline(0, color="grey", lw=0.8)
         top.set_title(f"{instrument}: {INSTRUMENTS[instrument][2]} (points)", fontsize=9)
         top.legend(fontsize=7)
@@ -270,6 +272,18 @@ def plotted(data: dict, instrument: str) -> tuple[dict[str, list], list]:
 def ticks(lines: dict[str, list], gaps: list) -> list[int]:
     """The step axis's ticks: the judged rungs and every step a point is drawn at (an optional rung before its gap)."""
     return sorted({MINI_STEPS * rung(a) for a in RUNG_ARMS} | {x for pts in (*lines.values(), gaps) for x, _ in pts})
+
+
+def ylim(series, row: int) -> tuple[float, float]:
+    """A panel's y-range: its means and interval ends (and a gap's 0) within what its row's measure can be (row 0 a
+    share in points, row 1 a difference of two), padded; a wider interval (two seeds: Student's t of one degree of
+    freedom) runs off the panel instead of pressing every other point into a line."""
+    bound = (0.0, 100.0) if row == 0 else (-100.0, 100.0)
+    ends = [v for pts in series for _, c in pts for v in (c["mean"], c["low"], c["high"]) if not math.isnan(v)]
+    ends += [0.0] * row  # the line a gap is read against
+    low, high = max(min(ends, default=bound[0]), bound[0]), min(max(ends, default=bound[1]), bound[1])
+    pad = 0.05 * ((high - low) or 1.0)
+    return low - pad, high + pad
 
 
 def _moved(data: dict, instrument: str, arm: str, objective: str) -> tuple[float, float, float]:

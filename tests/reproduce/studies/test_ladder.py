@@ -246,3 +246,27 @@ def test_every_plotted_rung_has_its_tick_before_its_gap_does(tmp_path):
     top, gaps = report.plotted(data, "probe")
     assert 8960 in [x for x, _ in top["MDC"]] and 8960 not in [x for x, _ in gaps]
     assert report.ticks(top, gaps) == [1120, 2240, 4480, 8960]
+
+
+def test_an_interval_wider_than_a_share_runs_off_its_panel(tmp_path):
+    """Two seeds give Student's t one degree of freedom: the 4x MDC that binds in one seed and not in the other has
+    an interval far past 0-100%, and the binding panel held it all, pressing every other point into a line. A panel
+    shows what its measure can be (a share, or a difference of two); a wider interval runs off it."""
+    _ladder_records(tmp_path)
+    for seed, right in ((0, 30), (1, 60), (2, None)):
+        path = tmp_path / f"compositionality/ladder-x4-mdc-descriptive-binding-s{seed}.json"
+        if right is None:
+            path.unlink()
+            continue
+        record = json.loads(path.read_text())
+        for subset in record["results"]["results"]["own_subsets"].values():
+            subset["records"]["correct"]["elbo"] = _bits(right, 60)
+        path.write_text(json.dumps(record))
+    data, _ = report.series_of(ledger.for_build(ledger.read_all(str(tmp_path))))
+    lines, gaps = report.plotted(data, "binding")
+    wide = dict(lines["MDC"])[8960]
+    assert wide["seeds"] == 2 and wide["low"] < -100 and wide["high"] > 200
+    (low, high), (gap_low, gap_high) = report.ylim(lines.values(), 0), report.ylim([gaps], 1)
+    means = [c["mean"] for pts in lines.values() for _, c in pts]
+    assert -5 <= low <= min(means) and max(means) <= high <= 105
+    assert -110 <= gap_low and 0 < gap_high <= 110  # padded by 5% of the panel's span; the gap's 0 in view
