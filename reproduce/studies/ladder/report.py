@@ -241,8 +241,8 @@ def figure(data: dict, path: str) -> str:
         for label, points in lines.items():
             _bars(top, points, label)
         _bars(bottom, gaps, "MDC - ARC")
-        top.set_ylim(*ylim(lines.values(), 0))
-        bottom.set_ylim(*ylim([gaps], 1))
+        top.set_ylim(*ylim(lines.values()))
+        bottom.set_ylim(*ylim([gaps], gap=True))
         bottom.axhline(0, color="grey", lw=0.8)
         top.set_title(f"{instrument}: {INSTRUMENTS[instrument][2]} (points)", fontsize=9)
         top.legend(fontsize=7)
@@ -274,13 +274,13 @@ def ticks(lines: dict[str, list], gaps: list) -> list[int]:
     return sorted({MINI_STEPS * rung(a) for a in RUNG_ARMS} | {x for pts in (*lines.values(), gaps) for x, _ in pts})
 
 
-def ylim(series, row: int) -> tuple[float, float]:
-    """A panel's y-range: its means and interval ends (and a gap's 0) within what its row's measure can be (row 0 a
-    share in points, row 1 a difference of two), padded; a wider interval (two seeds: Student's t of one degree of
+def ylim(series, gap: bool = False) -> tuple[float, float]:
+    """A panel's y-range: its means and interval ends (and a gap's 0) within what its measure can be (a share in
+    points, or a ``gap``, a difference of two), padded; a wider interval (two seeds: Student's t of one degree of
     freedom) runs off the panel instead of pressing every other point into a line."""
-    bound = (0.0, 100.0) if row == 0 else (-100.0, 100.0)
+    bound = (-100.0, 100.0) if gap else (0.0, 100.0)
     ends = [v for pts in series for _, c in pts for v in (c["mean"], c["low"], c["high"]) if not math.isnan(v)]
-    ends += [0.0] * row  # the line a gap is read against
+    ends += [0.0] * gap  # the line a gap is read against
     low, high = max(min(ends, default=bound[0]), bound[0]), min(max(ends, default=bound[1]), bound[1])
     pad = 0.05 * ((high - low) or 1.0)
     return low - pad, high + pad

@@ -152,6 +152,15 @@ def _ladder_records(folder, arc_binds=True):
                      seed, lab)
 
 
+def _mdc_binding(folder, arm: str, seed: int, right: int) -> None:
+    """Rewrite ``arm``'s MDC binding record of ``seed``: right on ``right`` of each own_swap subset's 60 items."""
+    path = folder / f"compositionality/ladder-{arm}-mdc-descriptive-binding-s{seed}.json"
+    record = json.loads(path.read_text())
+    for subset in record["results"]["results"]["own_subsets"].values():
+        subset["records"]["correct"]["elbo"] = _bits(right, 60)
+    path.write_text(json.dumps(record))
+
+
 def _line(text: str, table: str, start: str) -> str:
     return text.split(f"### {table}")[1].split(start, 1)[1].split("\n")[0]
 
@@ -226,11 +235,7 @@ def test_a_binding_difference_has_one_interval_in_both_tables(tmp_path):
     minus x1 MDC): both carry the claims' interval over items and seeds, not one of them Student's t over seeds."""
     _ladder_records(tmp_path / "records")
     for seed in range(3):  # the dense MDC right on 25 + 5 seed of each subset's 60 items: x1's 30 give a spread
-        path = tmp_path / "records" / f"compositionality/ladder-dense-mdc-descriptive-binding-s{seed}.json"
-        record = json.loads(path.read_text())
-        for subset in record["results"]["results"]["own_subsets"].values():
-            subset["records"]["correct"]["elbo"] = _bits(25 + 5 * seed, 60)
-        path.write_text(json.dumps(record))
+        _mdc_binding(tmp_path / "records", "dense", seed, 25 + 5 * seed)
     text = report.build(str(tmp_path / "records"), str(tmp_path))
     table = _line(text, "Binding (", "| dense | MDC |").rstrip(" |").split(" | ")[-1]
     assert table == _line(text, "Binding gap", "| dense |").split(" | ")[-2] != "+0.0 [+0.0, +0.0]"
@@ -253,20 +258,14 @@ def test_an_interval_wider_than_a_share_runs_off_its_panel(tmp_path):
     an interval far past 0-100%, and the binding panel held it all, pressing every other point into a line. A panel
     shows what its measure can be (a share, or a difference of two); a wider interval runs off it."""
     _ladder_records(tmp_path)
-    for seed, right in ((0, 30), (1, 60), (2, None)):
-        path = tmp_path / f"compositionality/ladder-x4-mdc-descriptive-binding-s{seed}.json"
-        if right is None:
-            path.unlink()
-            continue
-        record = json.loads(path.read_text())
-        for subset in record["results"]["results"]["own_subsets"].values():
-            subset["records"]["correct"]["elbo"] = _bits(right, 60)
-        path.write_text(json.dumps(record))
+    _mdc_binding(tmp_path, "x4", 0, 30)
+    _mdc_binding(tmp_path, "x4", 1, 60)
+    (tmp_path / "compositionality/ladder-x4-mdc-descriptive-binding-s2.json").unlink()
     data, _ = report.series_of(ledger.for_build(ledger.read_all(str(tmp_path))))
     lines, gaps = report.plotted(data, "binding")
     wide = dict(lines["MDC"])[8960]
     assert wide["seeds"] == 2 and wide["low"] < -100 and wide["high"] > 200
-    (low, high), (gap_low, gap_high) = report.ylim(lines.values(), 0), report.ylim([gaps], 1)
+    (low, high), (gap_low, gap_high) = report.ylim(lines.values()), report.ylim([gaps], gap=True)
     means = [c["mean"] for pts in lines.values() for _, c in pts]
     assert -5 <= low <= min(means) and max(means) <= high <= 105
     assert -110 <= gap_low and 0 < gap_high <= 110  # padded by 5% of the panel's span; the gap's 0 in view
