@@ -181,7 +181,7 @@ def test_clip_loss_on_two_ranks_equals_single_process_on_the_whole_batch(tmp_pat
     for rank in (0, 1):
         got = torch.load(tmp_path / f"clip{rank}.pt", weights_only=True)
         for suffix in ("", "accum_"):  # one micro-batch per rank; two accumulated micro-batches per rank
-            # the step's loss is returned in float32 (the logged value), the gradients stay float64
+            # accumulate returns the step's loss in float32 (the logged value); DDP's loss and the gradients: float64
             torch.testing.assert_close(got[suffix + "loss"].double(), loss.detach(), rtol=1e-6, atol=1e-6)
             for name, p in model.named_parameters():  # DDP's average of the ranks' gradients
                 torch.testing.assert_close(got[suffix + "grads"][name], p.grad, rtol=1e-9, atol=1e-12,
