@@ -31,8 +31,8 @@ from reproduce import registry
 from reproduce.claims.stats import TASKS, difference
 from reproduce.cost import paper_cost
 from reproduce.running import ledger
-from reproduce.studies.driver.tables import (binding_measures, by_kind, caption_measures, interval, probe_difference,
-                                             probe_measures, render, span, verdict, write)
+from reproduce.studies.driver.tables import (binding_measures, by_kind, caption_measures, interval, probe_measures,
+                                             render, span, verdict, write)
 
 SWAPS = ("swap_att", "swap_obj")  # own_swap's subsets, equal items each: their mean is own_swap
 ORDER = ("x1", "x0.5", "x2", "x4", "dense", "rotary-x1", "rotary-x4")  # x1 first: the tables' reference arm
@@ -287,7 +287,7 @@ def ylim(series, gap: bool = False) -> tuple[float, float]:
 
 
 def _moved(data: dict, instrument: str, arm: str, objective: str) -> tuple[float, float, float]:
-    """An arm's model minus the same model at x1: the gap table's contrast and interval."""
+    """An arm's model minus the same model at x1: the gap table's contrast and interval (none with one seed)."""
     c = contrast(data, instrument, [(1, arm, objective), (-1, "x1", objective)])
     return c["mean"], c["low"], c["high"]
 
@@ -322,7 +322,7 @@ def build(records: str, folder: str) -> str:
         f"{MINI_STEPS:,} steps) whose slope is judged; dense pairs with x1. The optional arms (x4, rotary-x1 with x1, "
         "rotary-x4 with x4) appear only where they were run (--with-optional; the budget left them out).",
         render("Probe (pooled mean4, its tasks, the grid relation; control: the random-init floor)", series["probe"],
-               "mean4", ORDER, deltas=lambda a, m: probe_difference(runs, [(a, m.lower())], [("x1", m.lower())])),
+               "mean4", ORDER, deltas=lambda a, m: _moved(data, "probe", a, m.lower())),
         gap_table(data, "probe", rows),
         render("Binding (own_swap, own_attribute: own / another item's / no image)", series["binding"],
                "own_swap own", ORDER, deltas=lambda a, m: _moved(data, "binding", a, m.lower())),

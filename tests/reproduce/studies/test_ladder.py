@@ -210,7 +210,8 @@ def test_the_report_judges_each_gap_by_the_plans_rules(tmp_path, monkeypatch):
 
 def test_an_optional_rung_of_fewer_seeds_leaves_the_ladders_slope_its_seeds(tmp_path, monkeypatch):
     """The 4x rung is optional: were it run for seed 0 alone, the slope over the plan's rungs keeps all three seeds
-    (a slope over every rung found would have kept seed 0 alone)."""
+    (a slope over every rung found would have kept seed 0 alone), and its one seed's differences carry no interval
+    in any table (no seeds' spread to give one)."""
     monkeypatch.setattr(report, "paper_hours", lambda: 100.0)
     _ladder_records(tmp_path / "records")
     for seed in (1, 2):
@@ -221,6 +222,8 @@ def test_an_optional_rung_of_fewer_seeds_leaves_the_ladders_slope_its_seeds(tmp_
     text = report.build(str(tmp_path / "records"), str(tmp_path))
     assert "over x0.5, x1, x2 (3 seeds with every rung): +1.5 [" in text.split("### Probe gap")[1]
     assert _line(text, "Probe gap", "| x4 | 8,960 |") == " -3.0 | - (1) |  |  |"  # its one seed, no interval
+    moved = _line(text, "Probe (", "| x4 | MDC |").rstrip(" |").split(" | ")[-1]
+    assert moved == "+4.0"  # x4 MDC - x1 MDC of one seed: no interval here either, as the binding column has none
 
 
 def test_binding_verdicts_need_the_1x_arc_to_bind(tmp_path):
