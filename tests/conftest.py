@@ -88,6 +88,13 @@ def small_model(objective="mdc", **kw):
     return mdc.create_model("tiny", objective=objective, **{**SMALL, **kw})
 
 
+def clip_batch(dtype=torch.float32) -> tuple[torch.Tensor, list[str]]:
+    """The CLIP accumulation tests' global batch: 8 random 32 px images [8, 3, 32, 32] and 8 captions, two of them
+    repeated (the contrast counts a repeated caption as a negative, as a big batch would)."""
+    images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    return images, CAPTIONS + ["a green square", "the red star above a circle"] + CAPTIONS[:2]
+
+
 @pytest.fixture
 def images():
     return torch.randn(len(CAPTIONS), 3, 32, 32)

@@ -9,16 +9,14 @@ import torch
 from mdc.base import optim
 from mdc.world.scenes import vocabulary, write_shards
 from mdc.train import LossModule, accumulate, train
-from conftest import CAPTIONS, SMALL, small_model
-
-BATCH_CAPTIONS = CAPTIONS + ["a green square", "the red star above a circle"] + CAPTIONS[:2]  # 8
+from conftest import CAPTIONS, SMALL, clip_batch, small_model
 
 
 def test_clip_accumulation_equals_one_big_batch():
     """In float64: exactness is checked, not float32 rounding (which differs with the CPU's kernels)."""
     model = small_model("clip").double()
-    images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    tokens = model.tokenizer(BATCH_CAPTIONS)
+    images, captions = clip_batch(torch.float64)
+    tokens = model.tokenizer(captions)
     with torch.no_grad():
         model.logit_scale.fill_(2.0)  # away from the clamp, so that the temperature has a gradient
     loss = model.loss(images, tokens)
@@ -62,8 +60,8 @@ def test_a_temperature_past_the_clamp_keeps_its_gradient_and_is_clamped_after_th
     """open_clip clamps logit_scale in place after each optimizer step; a clamp inside the forward
     would give a temperature past log 100 a zero gradient for ever."""
     model = small_model("clip")
-    images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    tokens = model.tokenizer(BATCH_CAPTIONS)
+    images, captions = clip_batch()
+    tokens = model.tokenizer(captions)
     with torch.no_grad():
         model.logit_scale.fill_(math.log(200))
     if loop == "trainer":  # the pretraining loop's step: accumulate, then optim.optimizer_step

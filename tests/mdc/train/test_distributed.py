@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 import mdc
 from mdc.world.scenes import vocabulary, write_shards
-from conftest import CAPTIONS, SMALL, SUBPROCESS_ENV
+from conftest import SMALL, SUBPROCESS_ENV, clip_batch
 
 TRAIN_SCRIPT = textwrap.dedent('''
     """Train under torchrun; every rank also dumps its in-memory weights at each checkpoint, and counts
@@ -89,12 +89,12 @@ CLIP_SCRIPT = textwrap.dedent('''
     import mdc
     from mdc.train import LossModule, accumulate
 
-    out, overrides, captions = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    out, overrides = sys.argv[1], json.loads(sys.argv[2])
+    images, captions = torch.load(os.path.join(out, "batch.pt"))  # the test's global batch (conftest.clip_batch)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = mdc.create_model("tiny", "clip", **overrides).double()
-    images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     tokens = model.tokenizer(captions)
     half = slice(4 * rank, 4 * rank + 4)
     net = torch.nn.parallel.DistributedDataParallel(LossModule(model))
@@ -168,14 +168,14 @@ def test_ddp_training_keeps_ranks_identical(tmp_path):
 
 
 def test_clip_loss_on_two_ranks_equals_single_process_on_the_whole_batch(tmp_path):
-    captions = CAPTIONS + ["a green square", "the red star above a circle"] + CAPTIONS[:2]
+    images, captions = clip_batch(torch.float64)
+    torch.save((images, captions), tmp_path / "batch.pt")
     script = tmp_path / "clip_ddp.py"
     script.write_text(CLIP_SCRIPT)
-    _torchrun(script, str(tmp_path), json.dumps(SMALL), json.dumps(captions))
+    _torchrun(script, str(tmp_path), json.dumps(SMALL))
 
     torch.manual_seed(0)
     model = mdc.create_model("tiny", "clip", **SMALL).double()
-    images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     loss = model.loss(images, model.tokenizer(captions))
     loss.backward()
     for rank in (0, 1):
