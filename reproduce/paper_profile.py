@@ -3,7 +3,8 @@
 Data paths come from the environment (``reproduce.registry.PAPER_ENV`` lists them); a run whose
 data is not configured fails with a message naming the variable. Pretraining uses the presets
 of ``mdc.base.optim`` (Tables 6-8) with the paper's per-GPU batch of 128 (64 for ViT-L/14, with
-accumulation), and executes under torchrun when ``python -m reproduce`` gets ``--gpus-per-node``.
+accumulation), and executes under torchrun when ``python -m reproduce`` gets ``--gpus-per-node``, its step compiled
+whole and replayed as CUDA graphs (``MDC_EAGER_STEP=1``: the eager step).
 """
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ BACKBONES = ("vit-b-32", "vit-b-16", "vit-l-14")
 DATA = {"alt": ("MDC_CC12M", "CC12M"), "descriptive": ("MDC_RECAP10M", "Recap-DataComp-10M")}
 PER_GPU_BATCH = {"vit-b-32": 128, "vit-b-16": 128, "vit-l-14": 64}
 DAY = 24 * 3600
+# The pretraining step: compiled whole and replayed as CUDA graphs, the step that held under torchrun on an H200
+# (docs/benchmarks.md, "CUDA graphs in the training loop"); MDC_EAGER_STEP=1 gives the eager step back.
+EAGER_VAR = "MDC_EAGER_STEP"
 PROBE_VARS = ("MDC_PROBE_ROOTS",)
 COMPOSITIONALITY_VARS = ("MDC_SUGARCREPE", "MDC_COCO_VAL2017", "MDC_ARO", "MDC_VG_IMAGES", "MDC_COCO_ORDER",
                          "MDC_COCO_IMAGES", "MDC_FLICKR_ORDER", "MDC_FLICKR_IMAGES")
@@ -53,12 +57,19 @@ def data_vars(run: Run) -> tuple[str, ...]:
     return {"probe": PROBE_VARS, "compositionality": COMPOSITIONALITY_VARS, "captioning": CAPTIONING_VARS}.get(kind, ())
 
 
+def compile_mode() -> str | None:
+    """The pretraining step's ``compile_mode`` parameter: "reduce-overhead", or None (eager) where MDC_EAGER_STEP
+    is set to anything but 0."""
+    return None if os.environ.get(EAGER_VAR, "0") not in ("", "0") else "reduce-overhead"
+
+
 def _pretrain(name, backbone, objective, style, seed, artifacts, labels, **extra) -> Run:
     var, data = DATA[style]
     params = dict(objective=objective, model=backbone, preset=backbone, train_data=env(var),
                   samples_per_epoch=int(os.environ.get(f"{var}_SAMPLES", "0")) or None, epochs=None, steps=None,
                   batch_size=PER_GPU_BATCH[backbone], workers=8, save_every=2000, keep_last=3, seed=seed,
-                  output_dir=f"{{run:pretrain/{name}-s{seed}}}", lr=None, weight_decay=None, **extra)
+                  output_dir=f"{{run:pretrain/{name}-s{seed}}}", lr=None, weight_decay=None,
+                  compile_mode=compile_mode(), **extra)
     return Run(f"pretrain/{name}-s{seed}", "pretrain", params, artifacts=tuple(artifacts),
                labels={**labels, "data": data, "backbone": backbone, "seed": seed}, timeout_s=7 * DAY, gpus=8)
 

@@ -15,8 +15,10 @@ measured on the meta device).
   under CPU autocast). The model state (fp32 weights and gradients, AdamW's two moments, autocast's
   bf16 weight copies: 18 bytes per parameter) is shown apart.
 - GPU-hours: FLOPs / (MFU x 989 TFLOP/s) / 3600, with the same MFU for every run (evaluation too).
-  The default, :data:`MFU`, is what ``python -m benchmarks --only gpu`` measured on an H200 for ViT-B/32's eager
-  step, the default path; give another measurement with ``--mfu``.
+  The default, :data:`MFU`, is what ``python -m benchmarks --only gpu`` measured on an H200 for ViT-B/32's
+  training step as the paper profile runs it (compiled whole, replayed as CUDA graphs); give another measurement
+  with ``--mfu``. The evaluation runs, eager, are 0.4% of the plan's FLOPs, so costing them at the same MFU
+  understates the total by about 1%.
 
 Sizes the registry does not fix are the published ones (:data:`NOMINAL_SAMPLES`,
 :data:`PROBE_IMAGES`, :data:`COMPOSITIONALITY_ITEMS`, :data:`COCO_TEST_IMAGES`) unless a data
@@ -41,14 +43,13 @@ from reproduce.cost.model_cost import CONTEXT, OBJECTIVES, forward_flops, num_pa
 from reproduce.paper_profile import PER_GPU_BATCH, data_vars
 
 H100_BF16 = 989e12  # FLOP/s, H100 SXM dense bf16 tensor cores (benchmarks/gpu.py: PEAK_BF16)
-# The utilisation used unless --mfu is given: the default path's, the eager step (the paper profile passes no
-# --compile), measured by `python -m benchmarks gpu` on an NVIDIA H200 (2026-11-29, docs/benchmarks.md "The static
-# step on an H200"), ViT-B/32 at the paper's micro-batch of 128 in bf16: MDC 0.059, ARC 0.058 (the lower is taken;
-# 0.052 / 0.038-0.056 / 0.052 on an H100 before the static step). The eager step waits on the host (2,400 kernels,
-# the GPU busy 37 of its 79 ms). The same step compiled whole and replayed as CUDA graphs (--compile --compile-mode
-# reduce-overhead) measured 0.19 for both (25 ms a step, on one GPU): runs given those two options would take about
-# a third of these hours (--mfu 0.18 costs them).
-MFU = 0.058
+# The utilisation used unless --mfu is given: the paper profile's step (its pretraining runs pass --compile
+# --compile-mode reduce-overhead: compiled whole, replayed as CUDA graphs), measured by `python -m benchmarks gpu` on
+# an NVIDIA H200 for ViT-B/32 at the paper's micro-batch of 128 in bf16 (docs/benchmarks.md, 2026-11-29 and
+# 2026-12-04): MDC 0.186, ARC 0.184, CLIP 0.21; the lowest, rounded down. The eager step
+# (MDC_EAGER_STEP=1) measured 0.058-0.059 (MDC, ARC) and 0.117 (CLIP): `--mfu 0.058` costs it, about 3.1 times
+# these hours.
+MFU = 0.18
 # Activations autograd saves per sample under autocast (fp32 weights) / with the model in bf16: 1.11-1.17
 # measured on CPU autocast for ViT-B/32, ViT-B/16 (depth cut) and tiny (tests/reproduce/test_cost.py re-measures it).
 AUTOCAST_FACTOR = 1.15

@@ -19,3 +19,4 @@ def test_pretrain_notebook_smoke(tmp_path, run_notebook):
     assert results["steps"] == 3 and results["objective"] == "mdc" and record["model"]["image_size"] == 32
     assert os.path.isfile(results["loss_curve"]) and record["checkpoint_id"]
     assert mdc.load(results["checkpoint"]).config.image_size == 32
+    assert record["parameters"]["compile_mode"] is None  # the eager step, recorded (the paper profile's is graphed)

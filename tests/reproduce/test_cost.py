@@ -126,3 +126,18 @@ def test_mfu_is_checked(capsys):
     with pytest.raises(SystemExit) as exit:
         main(["--profile", "paper", "--dry-run", "--mfu", "0"])
     assert exit.value.code == 2 and "--mfu must be in (0, 1], got 0.0" in capsys.readouterr().err
+
+
+def test_paper_pretraining_runs_the_graphed_step_unless_told_eager(monkeypatch):
+    """The step that held under torchrun on an H200 (docs/benchmarks.md, 2026-12-04) is the paper profile's
+    default: compiled whole and replayed as CUDA graphs; MDC_EAGER_STEP=1 gives the eager step back. The dry run
+    costs the default step's utilisation."""
+    def command() -> str:
+        run = next(r for r in registry.build("paper", seeds=1) if r.name == "pretrain/vit-b-32-mdc-alt-s0")
+        return cluster.torchrun_command(run, "out", 8)
+
+    monkeypatch.delenv(paper_profile.EAGER_VAR, raising=False)
+    assert "--compile --compile-mode reduce-overhead" in command()
+    monkeypatch.setenv(paper_profile.EAGER_VAR, "1")
+    assert "--compile" not in command()
+    assert paper_cost.MFU == 0.18  # the lower of MDC's and ARC's graphed step at the paper's micro-batch
