@@ -17,10 +17,13 @@
 #              host ms, kernels and GPU-busy ms a step, MFU, and a profile of the eager step (MDC_GPU_PROFILE=0:
 #              none; MDC_GPU_OBJECTIVES and MDC_GPU_BATCH as for the bench)                    -> static.log, static.json
 #   loader     python -m benchmarks data: the loader's images/s per worker on this machine's cores -> loader.log
-# and one only when MDC_GPU_STEPS names it (after torchrun, whose shards and eager run it reuses and is put beside):
+# and two only when MDC_GPU_STEPS names them (graphs after torchrun, whose shards and eager run it reuses and is
+# put beside):
 #   graphs     the torchrun step with CUDA graphs (--compile --compile-mode reduce-overhead): bucketed caption
 #              lengths, a kill and a resume, images/s beside eager's, e.g. MDC_GPU_STEPS="env:10 torchrun:75 graphs:180"
 #                                                                                                -> torchrun.log
+#   twins      the torchrun and graphs steps again, each beside an uninterrupted run of its command: per-step loss
+#              differences before the kill and after the resume, e.g. MDC_GPU_STEPS="env:10 twins:300"   -> torchrun.log
 # The runs' figures, beside the CPU records of reproduce/records/mini/, go to runs.json, and
 # summary.txt lists each step's status and seconds. Scratch data (shards, checkpoints) goes to
 # $MDC_GPU_WORK (default: a new temporary folder). The exit status is 0 when every step is ok, else 1;
@@ -137,11 +140,12 @@ for spec in ${MDC_GPU_STEPS:-env:10 tests:80 bench:135 torchrun:75 mini-train:90
         bench) step bench "$limit" bench.log bash -c bench ;;
         torchrun) step torchrun "$limit" torchrun.log bash -c "runs torchrun $limit" ;;
         graphs) step graphs "$limit" torchrun.log bash -c "runs graphs $limit" ;;
+        twins) step twins "$limit" torchrun.log bash -c "runs twins $limit" ;;
         mini-train|mini-eval) step "$name" "$limit" mini.log bash -c "runs $name $limit" ;;
         static) step static "$limit" static.log bash -c static_step ;;
         loader) step loader "$limit" loader.log bash -c loader ;;
-        *) echo "unknown step $name in MDC_GPU_STEPS (env, tests, bench, torchrun, graphs, mini-train, mini-eval," \
-                "static, loader)" >&2
+        *) echo "unknown step $name in MDC_GPU_STEPS (env, tests, bench, torchrun, graphs, twins, mini-train," \
+                "mini-eval, static, loader)" >&2
            exit 2 ;;
     esac
 done

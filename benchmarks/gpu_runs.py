@@ -9,6 +9,9 @@
   reduce-overhead``): the training loop's graphs on a stream of bucketed caption lengths, through a kill and a
   resume, its images/s and last loss beside the eager ``torchrun`` step's when that ran in the same ``--work``
   (one process: a one-GPU machine cannot run DDP on CUDA, so graphs inside DDP need two GPUs).
+- ``twins``: the torchrun step and the graphs step again (run folders of their own), each beside an uninterrupted
+  run of its command: the per-step loss differences before the kill (how far two runs of one command differ) and
+  after it (whether the resume landed on the run's own stream).
 - ``mini-train``: the reference run's ``pretrain/mdc-descriptive-s0`` of the ``mini`` profile (its
   data, ``python -m mdc.world.scenes``, then ``python -m mdc.train --model mini --preset
   reproduce/presets/mini.json``, seed 0), each timed beside its record's seconds in
@@ -184,6 +187,35 @@ def step_graphs(work: str, budget: float) -> dict:
     return out
 
 
+def loss_differences(a: list[dict], b: list[dict], split: int) -> dict:
+    """|loss| differences of two runs' metrics rows, step by step, up to ``split`` (the resume's checkpoint) and past
+    it: {"before", "after": {"steps", "mean", "max", "equal"} or None}."""
+    la, lb = ({r["step"]: r["loss"] for r in rows if r.get("loss") is not None} for rows in (a, b))
+    out = {}
+    for part, keep in (("before", lambda s: s <= split), ("after", lambda s: s > split)):
+        d = [abs(la[s] - lb[s]) for s in sorted(la) if s in lb and keep(s)]
+        out[part] = {"steps": len(d), "mean": sum(d) / len(d), "max": max(d), "equal": sum(x == 0 for x in d)} \
+            if d else None
+    return out
+
+
+def step_twins(work: str, budget: float) -> dict:
+    """The torchrun and graphs steps in run folders of their own, each beside an uninterrupted run of the same
+    command. The eager resume should equal its twin bit for bit; a graphed run is not bitwise repeatable, so its
+    differences after the kill are read against those before it (a resume onto another stream differs by a step's
+    loss noise, about 0.15 here)."""
+    deadline, out = time.perf_counter() + budget, {}
+    for name, extra, share in (("eager", (), 0.35), ("graphs", GRAPHS, 1.0)):
+        part = share * (deadline - time.perf_counter())
+        legs = _kill_and_resume(work, 0.6 * part, f"twins-{name}", extra)
+        whole = run(torchrun_command(work, f"twins-{name}-whole", extra), 0.4 * part)
+        rows = [metrics(os.path.join(work, f"twins-{name}{tail}")) for tail in ("", "-whole")]
+        out[name] = {"ok": legs["ok"] and whole["rc"] == 0, "resumed_at": legs["first_leg"]["checkpoint_step"],
+                     "legs": legs, "uninterrupted": whole,
+                     "differences": loss_differences(*rows, legs["first_leg"]["checkpoint_step"])}
+    return {"ok": all(v["ok"] for v in out.values()), **out}
+
+
 def mini_train_command(work: str) -> list[str]:
     """The reference run pretrain/mdc-descriptive-s0 (its preset, seed and checkpoints) on ``work``'s shards;
     4 loader workers (the CPU record: 1)."""
@@ -259,7 +291,8 @@ def step_mini_eval(work: str, budget: float) -> dict:
     return {**out, "ok": True}
 
 
-STEPS = {"torchrun": step_torchrun, "graphs": step_graphs, "mini-train": step_mini_train, "mini-eval": step_mini_eval}
+STEPS = {"torchrun": step_torchrun, "graphs": step_graphs, "twins": step_twins, "mini-train": step_mini_train,
+         "mini-eval": step_mini_eval}
 
 
 def main(argv: list[str] | None = None) -> int:

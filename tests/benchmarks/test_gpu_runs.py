@@ -5,6 +5,8 @@ import os
 import sys
 import time
 
+import pytest
+
 from benchmarks import gpu_runs
 from conftest import alive
 from mdc.train.cli import parse_args
@@ -125,6 +127,30 @@ def test_the_graphs_step_reuses_the_eager_steps_shards_and_stands_beside_its_run
     assert graphs["ok"] and graphs["data"] == {"reused": str(work / "torchrun-data")}
     assert graphs["eager"] == {"images_per_s": 1000.0, "final_loss": 2.0, "graphs_over_eager": 3.0}
     assert graphs["final_loss"] == 2.0 and graphs["first_leg"]["checkpoint_step"] == 200
+
+
+def test_loss_differences_split_at_the_resume():
+    a = [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}, {"step": 3, "loss": 1.0}, {"step": 4, "loss": 0.5}]
+    b = [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.7}, {"step": 3, "loss": 1.0}, {"step": 4, "loss": 0.9}]
+    d = gpu_runs.loss_differences(a, b, split=2)
+    assert d["before"] == {"steps": 2, "mean": pytest.approx(0.1), "max": pytest.approx(0.2), "equal": 1}
+    assert d["after"] == {"steps": 2, "mean": pytest.approx(0.2), "max": pytest.approx(0.4), "equal": 1}
+    assert gpu_runs.loss_differences(a, b, split=4)["after"] is None
+
+
+def test_the_twins_step_puts_each_resumed_run_beside_an_uninterrupted_one(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(gpu_runs, "run", _fake_legs(calls))
+    out = gpu_runs.step_twins(str(tmp_path), 60)
+    assert out["ok"] and [c[c.index("-m") + 1] for c in calls].count("mdc.world.scenes") == 1  # shards once
+    folders = [c[c.index("--output-dir") + 1] for c in calls if "mdc.train" in c]
+    assert folders == [str(tmp_path / f) for f in ("twins-eager", "twins-eager", "twins-eager-whole", "twins-graphs",
+                                                   "twins-graphs", "twins-graphs-whole")]
+    assert ["--compile" in c for c in calls if "mdc.train" in c] == [False] * 3 + [True] * 3
+    for name in ("eager", "graphs"):  # the fake writes one loss curve: equal step by step
+        assert out[name]["resumed_at"] == 200 and out[name]["uninterrupted"]["rc"] == 0
+        assert out[name]["differences"]["before"] == {"steps": 200, "mean": 0.0, "max": 0.0, "equal": 200}
+        assert out[name]["differences"]["after"]["equal"] == gpu_runs.TORCHRUN_STEPS - 200
 
 
 def test_a_failing_step_is_reported_as_its_result(tmp_path, monkeypatch, capsys):
