@@ -210,9 +210,9 @@ def step_twins(work: str, budget: float) -> dict:
         legs = _kill_and_resume(work, 0.6 * part, f"twins-{name}", extra)
         whole = run(torchrun_command(work, f"twins-{name}-whole", extra), 0.4 * part)
         rows = [metrics(os.path.join(work, f"twins-{name}{tail}")) for tail in ("", "-whole")]
-        out[name] = {"ok": legs["ok"] and whole["rc"] == 0, "resumed_at": legs["first_leg"]["checkpoint_step"],
-                     "legs": legs, "uninterrupted": whole,
-                     "differences": loss_differences(*rows, legs["first_leg"]["checkpoint_step"])}
+        at = legs["first_leg"]["checkpoint_step"]  # the checkpoint the resume started from
+        out[name] = {"ok": legs["ok"] and whole["rc"] == 0, "resumed_at": at, "legs": legs, "uninterrupted": whole,
+                     "differences": loss_differences(*rows, at)}
     return {"ok": all(v["ok"] for v in out.values()), **out}
 
 

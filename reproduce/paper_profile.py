@@ -20,9 +20,7 @@ BACKBONES = ("vit-b-32", "vit-b-16", "vit-l-14")
 DATA = {"alt": ("MDC_CC12M", "CC12M"), "descriptive": ("MDC_RECAP10M", "Recap-DataComp-10M")}
 PER_GPU_BATCH = {"vit-b-32": 128, "vit-b-16": 128, "vit-l-14": 64}
 DAY = 24 * 3600
-# The pretraining step: compiled whole and replayed as CUDA graphs, the step that held under torchrun on an H200
-# (docs/benchmarks.md, "CUDA graphs in the training loop"); MDC_EAGER_STEP=1 gives the eager step back.
-EAGER_VAR = "MDC_EAGER_STEP"
+EAGER_VAR = "MDC_EAGER_STEP"  # set (not 0): pretraining runs the eager step instead of CUDA graphs (compile_mode)
 PROBE_VARS = ("MDC_PROBE_ROOTS",)
 COMPOSITIONALITY_VARS = ("MDC_SUGARCREPE", "MDC_COCO_VAL2017", "MDC_ARO", "MDC_VG_IMAGES", "MDC_COCO_ORDER",
                          "MDC_COCO_IMAGES", "MDC_FLICKR_ORDER", "MDC_FLICKR_IMAGES")
