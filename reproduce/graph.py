@@ -60,9 +60,11 @@ def resolve(value, out: str):
     return value
 
 
-def code_file(notebook: str) -> str:
-    """The code a run of ``notebook`` executes: notebooks/<notebook>.ipynb, or the figures' module (:data:`CODE`)."""
-    return CODE.get(notebook) or os.path.join(NOTEBOOKS, f"{notebook}.ipynb")
+def code_file(notebook: str, science: str | None = None) -> str:
+    """The code a run of ``notebook`` executes: notebooks/<notebook>.ipynb (of the tree ``science`` where given: a
+    study's pinned export), or the figures' module (:data:`CODE`)."""
+    folder = os.path.join(science, "notebooks") if science else NOTEBOOKS
+    return CODE.get(notebook) or os.path.join(folder, f"{notebook}.ipynb")
 
 
 def code_digest(path: str) -> str:
@@ -76,10 +78,16 @@ def code_digest(path: str) -> str:
     return hashlib.sha256(json.dumps(code).encode()).hexdigest()
 
 
-def keys(runs: list[Run]) -> dict[str, str]:
-    """Content key of every run: its notebook's code, parameters and the keys of its dependencies."""
+def digests(runs: list[Run], science: str | None = None) -> dict[str, str]:
+    """{notebook: :func:`code_digest`} of the notebooks ``runs`` execute (in the tree ``science`` where given)."""
+    return {nb: code_digest(code_file(nb, science)) for nb in {r.notebook for r in runs}}
+
+
+def keys(runs: list[Run], code: dict[str, str] | None = None) -> dict[str, str]:
+    """Content key of every run: its notebook's code (its digest in ``code``, default this tree's: a study's pin
+    names its commit's), parameters and the keys of its dependencies."""
     by_name, out = {r.name: r for r in runs}, {}
-    code = {nb: code_digest(code_file(nb)) for nb in {r.notebook for r in runs}}
+    code = digests(runs) if code is None else code
 
     def key(name: str) -> str:
         if name not in out:

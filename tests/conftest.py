@@ -241,7 +241,7 @@ def instant_runs(monkeypatch):
     from reproduce.running import attempt
     from reproduce.graph import run_dir
 
-    def command(out, run, params_file, torchrun=None):
+    def command(out, run, params_file, torchrun=None, science=None):
         return [sys.executable, "-c", INSTANT, os.path.join(run_dir(out, run), "results.json")]
 
     monkeypatch.setattr(attempt, "command", command)

@@ -18,10 +18,10 @@ import os
 import shutil
 
 from mdc.eval.results import read_results
-from reproduce import graph, pretrained
+from reproduce import pretrained
 from reproduce.running import ledger
 from reproduce.running.folders import is_done
-from reproduce.graph import Run, code_digest, run_dir
+from reproduce.graph import ROOT, Run, digests, run_dir
 
 READS_RECORDS_ONLY = ("figures",)  # notebooks that need their dependencies' records, not their folders
 
@@ -38,11 +38,13 @@ def another_checkpoint(out: str, records: str | None, r: Run) -> tuple[str, str]
 class Book:
     """What is done and where: run folders, the ledger, the records to write and the checkpoints to free."""
 
-    def __init__(self, runs, key, out, records, keep_checkpoints, log, kept_weights=None, machine_factor=None):
+    def __init__(self, runs, key, out, records, keep_checkpoints, log, kept_weights=None, machine_factor=None,
+                 science=None):
         self.runs, self.key, self.out, self.records, self.keep, self.log = runs, key, out, records, keep_checkpoints, log
         self.kept_weights = kept_weights  # where the float16 weights of the runs in pretrained.KEEP go
         self.machine_factor = machine_factor  # into each record: the machine's run time over the reference's
-        self.digest = {nb: code_digest(graph.code_file(nb)) for nb in {r.notebook for r in runs}}
+        self.science = science  # the tree whose mdc/ and notebooks/ the runs execute (None: this one)
+        self.digest, self.package = digests(runs, science), ledger.package_digest(science or ROOT)
         self.in_folder = {r.name for r in runs if is_done(out, r, key[r.name])}
         self.recorded = {r.name for r in runs if ledger.done(records, r.name, key[r.name])}
         for r in runs:
@@ -95,7 +97,7 @@ class Book:
                                    {"run": r.name, "key": self.key[r.name], "results": results})
             self.log(f"{r.name}: float16 weights kept in {kept}")
         ledger.write(self.records, r, self.key[r.name], results, self.out, self.digest[r.notebook],
-                     outcome | ({"machine_factor": self.machine_factor} if self.machine_factor else {}))
+                     outcome | ({"machine_factor": self.machine_factor} if self.machine_factor else {}), self.package)
         self.recorded.add(r.name)
 
     def free_checkpoints(self) -> None:

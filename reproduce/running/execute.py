@@ -5,7 +5,7 @@
     python -m reproduce.running.execute --figures PARAMETERS_JSON
 
 The first form executes a notebook with papermill (kernel python3, working directory the
-repository root). The second runs a pretraining command line (torchrun on GPU nodes) and
+repository root; under a study's pin, :data:`SCIENCE` names the exported tree whose ``mdc`` the kernel imports). The second runs a pretraining command line (torchrun on GPU nodes) and
 writes the results file the pretraining notebook would have written, from the JSON line
 ``mdc.train`` prints at the end. The third is the figures run (:func:`build_figures`): every artifact
 rebuilt from the ledger's records, as ``python -m reproduce --from-records`` builds them; no notebook
@@ -30,6 +30,7 @@ import time
 from mdc.base.processes import kill_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCIENCE = "MDC_SCIENCE"  # a tree first on the path of the notebook's kernel (or the command): a study's pinned mdc/
 
 
 def die_with_parent(interval_s: float = 0.5) -> None:
@@ -77,6 +78,8 @@ def main(argv=None) -> int:
         die_with_parent()
     with open(args.paths[-1]) as f:
         params = json.load(f)
+    if os.environ.get(SCIENCE):  # this process runs main's tooling; what it starts imports the pinned package
+        os.environ["PYTHONPATH"] = os.environ[SCIENCE] + os.pathsep + os.environ.get("PYTHONPATH", "")
     if args.figures:
         build_figures(params)
         return 0

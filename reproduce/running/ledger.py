@@ -146,14 +146,16 @@ def _relative(value, out: str):
     return value
 
 
-def write(records: str, run, key: str, results: dict, out: str, notebook_digest: str, outcome: dict) -> str:
-    """Write run ``run``'s record (atomically); returns its path."""
+def write(records: str, run, key: str, results: dict, out: str, notebook_digest: str, outcome: dict,
+          package: str | None = None) -> str:
+    """Write run ``run``'s record (atomically), naming the code that made it (``package``: default this tree's
+    :func:`package_digest`); returns its path."""
     if results.get("schema") != RESULTS_SCHEMA:
         raise ValueError(f"{run.name}: its results are not of schema {RESULTS_SCHEMA!r}")
     record = {
         "schema": SCHEMA, "run": run.name, "key": key, "notebook": run.notebook, "params": run.params,
         "labels": run.labels, "artifacts": list(run.artifacts), "seed": run.labels.get("seed"),
-        "code": {"notebook": notebook_digest, "package": package_digest()},
+        "code": {"notebook": notebook_digest, "package": package or package_digest()},
         "device": outcome.get("device") or device(run), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": round(outcome.get("seconds", 0.0), 1), "cpu_seconds": round(outcome.get("cpu_seconds", 0.0), 1),
         "peak_mb": round(outcome.get("peak_mb", 0.0)), "results": _relative(results, out),

@@ -50,7 +50,7 @@ from mdc.base.lock import FolderLock
 from reproduce.running import ledger
 from reproduce.running.bookkeeping import Book
 from reproduce.running.folders import RUNNER_LOCK, superseded_key
-from reproduce.graph import Run, keys, order, run_dir
+from reproduce.graph import Run, digests, keys, order, run_dir
 from reproduce.running.scheduler import Scheduler
 
 
@@ -67,6 +67,7 @@ class RunSettings:
     profile: str = ""  # picks the default estimates of runs not yet recorded
     kept_weights: str | None = None  # where the runs of reproduce.pretrained.KEEP leave float16 weights
     machine_factor: float | None = None  # this machine's run time over the reference's, written into each record
+    science: str | None = None  # a tree holding the mdc/ and notebooks/ the runs execute (a study's pinned export)
 
 
 def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), log=print) -> dict[str, dict]:
@@ -77,7 +78,7 @@ def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), lo
     makes it raise :class:`mdc.base.lock.FolderInUseError` before anything runs.
     """
     runs = order(runs)
-    key = keys(runs)
+    key = keys(runs, digests(runs, settings.science))
     only = settings.only
     if only is not None:
         unknown = set(only) - {r.name for r in runs}
@@ -89,7 +90,7 @@ def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), lo
         for folder in locked:
             held.enter_context(FolderLock(folder, RUNNER_LOCK, "a reproduction runner", hint))
         book = Book(runs, key, out, settings.records, settings.keep_checkpoints or only is not None, log,
-                    settings.kept_weights, settings.machine_factor)
+                    settings.kept_weights, settings.machine_factor, settings.science)
         skipped = [] if only is None else [r.name for r in runs if r.name not in only]
         if only is not None:
             book.needed = set(only)

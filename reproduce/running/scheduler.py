@@ -129,7 +129,8 @@ class Scheduler:
             if moved:
                 self.book.log(f"{r.name}: its folder held a run with other parameters; moved to {moved}")
             self._log(len(self.outcome) + len(self.running) + 1, "running", r.name)
-            self.running[pool.submit(attempt.run_attempt, self.book.out, r, key, self.torchrun)] = r
+            self.running[pool.submit(attempt.run_attempt, self.book.out, r, key, self.torchrun,
+                                     self.book.science)] = r
 
     def collect(self) -> None:
         """Wait for a running run to end; a run that succeeded is recorded and frees the checkpoints it can."""

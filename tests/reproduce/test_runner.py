@@ -88,9 +88,9 @@ def test_a_cluster_job_keeps_its_lock_when_it_sets_an_old_run_aside(executed, mo
     out = executed
     held, run_attempt = [], attempt.run_attempt
 
-    def spy(out_, run, key, torchrun=None):
+    def spy(out_, run, key, torchrun=None, science=None):
         held.append(os.path.isfile(os.path.join(out_, run.name, folders.RUNNER_LOCK)))
-        return run_attempt(out_, run, key, torchrun)
+        return run_attempt(out_, run, key, torchrun, science)
 
     monkeypatch.setattr(attempt, "run_attempt", spy)
     only_b = runner.RunSettings(only={"b"})

@@ -6,9 +6,10 @@
     --pin COMMIT                pin the plan to a commit (pin.json)
     --plan-seeds                seeds.json from the reference ledger, by reproduce.power
 
-A dry run, a part and the seed plan execute the plan's pinned commit (:mod:`reproduce.studies.driver.pin`) with
-this tree's seeds, ledger, run folders and weights; without a pin, a dry run and the seed plan run this tree's code
-(to plan the study) and a part is refused. ``--machine-factor`` scales the reference machine's estimates.
+Everything runs from this tree; what decides a result comes from the plan's pin (:mod:`reproduce.studies.driver.pin`):
+the keys are computed from its digests and a part executes its exported science. Without a pin a dry run keys the
+runs with this tree's code (to plan the study) and a part is refused. ``--machine-factor`` scales the reference
+machine's estimates.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from reproduce.studies.driver import pin as pinning
 from reproduce.studies.driver.part import part, setup, step, todo
 from reproduce.studies.driver.study import REFERENCE, Study, read_seeds, run_hours
 
-OUTPUTS = ("out", "records", "weights", "seeds", "reference")  # paths: made absolute for the pinned copy
+OUTPUTS = ("out", "records", "weights", "seeds", "reference")  # paths, made absolute
 
 
 def dry_run(study: Study, args) -> str:
@@ -35,7 +36,7 @@ def dry_run(study: Study, args) -> str:
     seconds = {n: s for n, (s, _) in est.items()}
     est.update({r.name: cost.left(r, key[r.name], out, est[r.name]) for r in runs if r.name in need})
     lines = [f"{study.name} study, scale {args.scale}: {len(runs)} runs ({len(runs) - len(need)} recorded), seeds "
-             f"{read_seeds(args.seeds)}, ledger {os.path.relpath(args.records, os.environ.get(pinning.PINNED, ROOT))}"]
+             f"{read_seeds(args.seeds)}, ledger {os.path.relpath(args.records, ROOT)}"]
     lines += [f"{'would run' if r.name in need else 'recorded':9s} {r.name}  ({r.notebook}; "
               f"~{est[r.name][0] / 60:.1f} min: {est[r.name][1]})" for r in runs]
     where = "the reference 2-core machine" if args.machine_factor == 1.0 else \
@@ -66,7 +67,7 @@ def main(study: Study, argv=None) -> int:
     mode.add_argument("--report", action="store_true", help="the tables and the figure from the records")
     mode.add_argument("--pin", metavar="COMMIT", help="pin the plan to this commit (writes pin.json)")
     mode.add_argument("--plan-seeds", action="store_true", help="write seeds.json from the reference (power)")
-    mode.add_argument("--step", help=argparse.SUPPRESS)
+    mode.add_argument("--step", metavar="RUN", help="one step of the plan as a part runs it (on the pin's science)")
     p.add_argument("--out", help="run folders: OUT/<scale>/ (default reproduce/runs/<study>)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time")
     p.add_argument("--machine-factor", type=float, default=1.0, metavar="F", help="this machine's run time over "
@@ -82,19 +83,10 @@ def main(study: Study, argv=None) -> int:
     args = p.parse_args(sys.argv[1:] if argv is None else list(argv))
     defaults = dict(out=os.path.join(ROOT, "reproduce", "runs", study.name), records=study.path("records"),
                     weights=study.path("weights"), seeds=study.path("seeds.json"), reference=REFERENCE)
-    args.given = {k for k in OUTPUTS if getattr(args, k)}
     for k in OUTPUTS:
         setattr(args, k, os.path.abspath(getattr(args, k) or defaults[k]))
+    args.pinned = pinning.read_pin(study) if os.path.isfile(study.path("pin.json")) else None
     return report(lambda: _main(study, args), p, debug=args.debug)
-
-
-def _pinned(args) -> list[str]:
-    """This call's arguments for the pinned copy: its mode and settings, with this tree's plan and outputs (seeds,
-    ledger, run folders, weights) as absolute paths."""
-    mode = ["--time-budget", repr(args.time_budget)] if args.time_budget else ["--plan-seeds"] * args.plan_seeds
-    out = mode + ["--scale", args.scale, "--jobs", str(args.jobs), "--machine-factor", repr(args.machine_factor)]
-    out += [a for k in OUTPUTS if k != "reference" or k in args.given for a in (f"--{k}", getattr(args, k))]
-    return out + ["--with-optional"] * args.with_optional
 
 
 def _main(study: Study, args) -> int:
@@ -102,15 +94,15 @@ def _main(study: Study, args) -> int:
         raise RunError(f"--machine-factor must be > 0, got {args.machine_factor}")
     if args.time_budget is not None and args.time_budget <= 0:
         raise RunError(f"--time-budget must be > 0 minutes, got {args.time_budget}")
-    if args.step:
-        return step(study, args)
-    if args.pin:
+    if args.step:  # one step, as a part runs it: on the pin's science, recorded with its digests
+        runs, key, by_name, _ = setup(study, args, estimates=False)
+        with pinning.science(study, args.pinned or pinning.read_pin(study)) as science:
+            print(step(study, by_name[args.step], key[args.step], args, science))
+    elif args.pin:
         print(pinning.write_pin(study, args.pin))
     elif args.report:
         print(study.report(args.records, study.path() if args.records == study.path("records") else
                            os.path.dirname(args.records.rstrip(os.sep))))
-    elif not os.environ.get(pinning.PINNED) and (args.time_budget or os.path.isfile(study.path("pin.json"))):
-        return pinning.delegate(study, pinning.read_pin(study), _pinned(args))  # the plan's code runs it
     elif args.time_budget:
         return part(study, args)
     elif args.plan_seeds:
@@ -118,6 +110,6 @@ def _main(study: Study, args) -> int:
             raise RunError(f"the {study.name} study has no seed plan to write here (its seeds.json is committed)")
         print(study.plan_seeds(args))
     else:
-        print(("" if os.environ.get(pinning.PINNED) else f"{study.name}: no pin yet: the dry run of this tree's "
-               "code; a part needs a pin\n") + dry_run(study, args))
+        print(("" if args.pinned else f"{study.name}: no pin yet: the dry run of this tree's code; a part needs a "
+               "pin\n") + dry_run(study, args))
     return 0

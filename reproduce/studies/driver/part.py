@@ -1,11 +1,14 @@
-"""A part of a study (run in the pinned copy): the runs that fit ``--time-budget`` minutes through the runner into
-``OUT/<scale>/`` with the study's ledger, then its steps, each ``python -m reproduce.studies.<name> --step NAME`` in a
-process of one thread. Checkpoints stay while a step or a kept model (``Study.keep``: float16 in ``weights/<run>/``)
-reads them; a recorded pretraining run whose checkpoint a step needs is trained again, and where it drifts into
-another model its readers are recorded again (:func:`drifted`). One package digest a ledger (:func:`one_digest`).
+"""A part of a study, from main on its pin's science (:mod:`~reproduce.studies.driver.pin`): the runs that fit
+``--time-budget`` minutes through the runner into ``OUT/<scale>/`` with the study's ledger, then its steps
+(:func:`step`), each in a process of one thread on the pinned export. Checkpoints stay while a step or a kept model
+(``Study.keep``: float16 in ``weights/<run>/``) reads them; a recorded pretraining run whose checkpoint a step needs
+is trained again, and where it drifts into another model its readers are recorded again (:func:`drifted`). One
+package digest a ledger (:func:`one_digest`); main's definitions must reproduce every record's key
+(:func:`unreproduced`).
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,21 +16,22 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from mdc.base.errors import RunError
-from mdc.eval.results import checkpoint_id, read_results, write_results
+from mdc.eval.results import checkpoint_id, read_results
 from reproduce import pretrained, registry
-from reproduce.graph import ROOT, resolve, run_dir
+from reproduce.graph import resolve, run_dir
 from reproduce.running import ledger, runner
 from reproduce.running.bookkeeping import Book, another_checkpoint
 from reproduce.running.folders import is_done
 from reproduce.studies.driver import estimate as cost
-from reproduce.studies.driver.study import (Study, plan_keys, read_seeds, reads_checkpoint, readers, step_digest,
-                                            with_deps)
+from reproduce.studies.driver import pin as pinning
+from reproduce.studies.driver.study import Study, plan_keys, read_seeds, reads_checkpoint, readers, with_deps
 
 
 def setup(study: Study, args, estimates: bool = True) -> tuple[list, dict, dict, dict]:
-    """(runs, keys, runs by name, estimates: {name: (seconds, source)}, empty unless ``estimates``)."""
+    """(runs, keys, runs by name, estimates: {name: (seconds, source)}, empty unless ``estimates``); the keys of the
+    pin's science where the study has one (``args.pinned``)."""
     runs = study.runs(args.scale, read_seeds(args.seeds), args.with_optional)
-    key, by_name = plan_keys(study, runs), {r.name: r for r in runs}
+    key, by_name = plan_keys(study, runs, args.pinned), {r.name: r for r in runs}
     ref = {r.name: r for r in registry.build(args.scale, 1)}  # the evaluation sets' sizes, for the cost model
     reference = args.reference if args.scale == "mini" else None  # the reference ledger is mini's
     steps = {kind: study.step_seconds for kind in study.steps}
@@ -47,21 +51,42 @@ def todo(study: Study, runs: list, key: dict, out: str, records: str) -> set[str
                    and r.deps[0] not in book.in_folder}
 
 
-def one_digest(records: str) -> None:
-    """A study runs on one package digest: refuse a part when the ledger holds records of another."""
+def one_digest(records: str, package: str) -> None:
+    """A study runs on one package digest (its pin's): refuse a part when the ledger holds records of another."""
     digests = {r["code"]["package"] for r in ledger.read_all(records).values()}
-    now = ledger.package_digest()
-    if digests - {now}:
-        raise RunError(f"the ledger {records} holds records of package {', '.join(sorted(digests))}, this tree is "
-                       f"{now}: the study's records come from one package digest (restore that code, or start "
+    if digests - {package}:
+        raise RunError(f"the ledger {records} holds records of package {', '.join(sorted(digests))}, the pin's is "
+                       f"{package}: the study's records come from one package digest (pin that code, or start "
                        f"another ledger with --records)")
 
 
+def unreproduced(runs: list, key: dict, records: str) -> list[str]:
+    """The recorded runs whose key main's definitions (with the pin's digests) do not give: their parameters, or a
+    run they read, are not the ones recorded."""
+    return [r.name for r in runs if (ledger.read(records, r.name) or {}).get("key", key[r.name]) != key[r.name]]
+
+
 def part(study: Study, args) -> int:
-    """One part within ``--time-budget`` minutes (module docstring); 1 where a run or step failed."""
-    one_digest(args.records)
+    """One part within ``--time-budget`` minutes (module docstring) on the pin's exported science; 1 where a run or
+    step failed."""
+    pin = args.pinned or pinning.read_pin(study)  # refused, naming the fix, without one
+    one_digest(args.records, pin["package"])
     deadline, began = time.monotonic() + 60 * args.time_budget, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     runs, key, by_name, est = setup(study, args)
+    if wrong := unreproduced(runs, key, args.records):
+        raise RunError(f"main's definitions of the {study.name} study do not reproduce {len(wrong)} recorded key(s) "
+                       f"({', '.join(wrong[:3])}{', ...' if len(wrong) > 3 else ''}): restore the parameters they "
+                       f"were recorded with; a study's records come from one plan")
+    out = os.path.join(args.out, args.scale)
+    if not todo(study, runs, key, out, args.records):
+        print(f"{study.name}: 0 runs left (build the tables: --report)")
+        return 0
+    with pinning.science(study, pin) as science:
+        return _part(study, args, science, deadline, began, (runs, key, by_name, est))
+
+
+def _part(study: Study, args, science: str, deadline: float, began: str, plan: tuple) -> int:
+    runs, key, by_name, est = plan
     out = os.path.join(args.out, args.scale)
     seconds = {n: cost.left(by_name[n], key[n], out, e)[0] for n, e in est.items()}  # a begun run: its steps left
 
@@ -74,7 +99,7 @@ def part(study: Study, args) -> int:
 
     need, start, again = choose()
     for name in again:
-        _retrain(by_name[name], runs, out)
+        _retrain(by_name[name], runs, out, science)
     if again:  # a retrain that made another checkpoint has its readers to do again
         need, start, again = choose()
     real = with_deps([by_name[n] for n in start if by_name[n].notebook not in study.steps and n not in again],
@@ -82,10 +107,10 @@ def part(study: Study, args) -> int:
     outcome = {}
     if real:
         settings = runner.RunSettings(jobs=args.jobs, records=args.records, keep_checkpoints=True, profile=args.scale,
-                                      machine_factor=args.machine_factor)  # no budget: the selection is the budget
+                                      machine_factor=args.machine_factor, science=science)  # the selection: budget
         outcome = runner.run_all(real, out, settings)
     steps = [r for r in runs if r.notebook in study.steps and r.name in need]  # this part's, and any now ready
-    failed = run_steps(study, steps, est, args, deadline, set(start))
+    failed = run_steps(study, steps, (key, est), args, deadline, set(start), science)
     keep(study, runs, key, out, args.records, args.weights)
     free(study, runs, key, out, args.records, args.weights)
     failed += [n for n, o in outcome.items() if o["status"] not in ("ok", "skipped", "left")]
@@ -110,9 +135,9 @@ def measured_in(records: str, runs: list, since: str, factor: float) -> list[str
     return names
 
 
-def _retrain(run, runs: list, out: str) -> None:
+def _retrain(run, runs: list, out: str, science: str) -> None:
     """Train a recorded pretraining run again (its folder gone) outside the ledger, for a reader the part chose."""
-    runner.run_all(with_deps([run], {r.name: r for r in runs}), out, runner.RunSettings(records=None))
+    runner.run_all(with_deps([run], {r.name: r for r in runs}), out, runner.RunSettings(records=None, science=science))
     if not os.path.isfile(os.path.join(run_dir(out, run), "results.json")):
         raise RunError(f"{run.name} was trained again for its readers but made no checkpoint")
 
@@ -142,9 +167,12 @@ def _ready(step, out: str, records: str) -> bool:
     return wanted is not None and _checkpoint(os.path.join(out, step.deps[0])) == wanted
 
 
-def run_steps(study: Study, steps: list, est: dict, args, deadline: float, chosen: set[str]) -> list[str]:
-    """The steps whose input is here, ``--jobs`` at a time: those the part ``chosen`` and those reading a run folder
-    (seconds long; the folders do not outlive the session) always, others while they fit; returns those that failed."""
+def run_steps(study: Study, steps: list, plan: tuple[dict, dict], args, deadline: float, chosen: set[str],
+              science: str) -> list[str]:
+    """The steps whose input is here, ``--jobs`` at a time (:func:`step`; ``plan``: the keys and the estimates):
+    those the part ``chosen`` and those reading a run folder (seconds long; the folders do not outlive the session)
+    always, others while they fit; returns those that failed."""
+    key, est = plan
     out = os.path.join(args.out, args.scale)
     run, used = [], 0.0
     for s in (s for s in steps if _ready(s, out, args.records)):
@@ -152,40 +180,46 @@ def run_steps(study: Study, steps: list, est: dict, args, deadline: float, chose
         if used + spend <= args.jobs * max(0.0, deadline - time.monotonic()):
             run.append(s)
             used += spend
-    flags = ["--scale", args.scale, "--out", args.out, "--records", args.records, "--seeds", args.seeds,
-             "--machine-factor", repr(args.machine_factor)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [sys.executable, "-m", f"reproduce.studies.{study.name}", *flags,
-               *(["--with-optional"] * args.with_optional)]
 
-    def one(step) -> str | None:
-        done = subprocess.run([*command, "--step", step.name], cwd=ROOT, env=env, capture_output=True, text=True)
-        print(f"{study.name}: step {step.name}: {'ok' if done.returncode == 0 else 'failed'}\n{done.stdout}"
-              + ("" if done.returncode == 0 else done.stderr[-1500:]), flush=True)
-        return None if done.returncode == 0 else step.name
+    def one(s) -> str | None:
+        try:
+            print(f"{study.name}: step {s.name}: ok\n{step(study, s, key[s.name], args, science)}", flush=True)
+        except RunError as e:
+            print(f"{study.name}: step {s.name}: failed\n{str(e)[-1500:]}", flush=True)
+            return s.name
+        return None
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         return [n for n in pool.map(one, run) if n]
 
 
-def step(study: Study, args) -> int:
-    """Execute one step in this process (``--step NAME``): its results file, then its record."""
-    runs, key, by_name, _ = setup(study, args, estimates=False)
-    run, out = by_name[args.step], os.path.join(args.out, args.scale)
-    params = resolve(run.params, out)
-    started, cpu = time.perf_counter(), time.process_time()
-    results = study.steps[run.notebook](params)
-    folder, source = run_dir(out, run), params.get("checkpoint")
-    written = write_results(os.path.join(folder, "results.json"), run.notebook, results, parameters=run.params,
-                            checkpoint=source, runtime_s=time.perf_counter() - started)
-    if source and written["checkpoint_id"] != (ledger.read(args.records, run.deps[0]) or {}).get(
+def step(study: Study, run, key: str, args, science: str) -> str:
+    """Execute one step on the pinned ``science`` in a process of one thread (:mod:`~.compute`): its results file in
+    its folder, then its record with the pin's digests (``args.pinned``); returns the step's output."""
+    out = os.path.join(args.out, args.scale)
+    folder = run_dir(out, run)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "parameters.json"), "w") as f:
+        json.dump(resolve(run.params, out), f, indent=1)
+    started, results = time.perf_counter(), os.path.join(folder, "results.json")
+    with open(os.path.join(folder, "log.txt"), "w+") as log:
+        proc = subprocess.Popen([sys.executable, "-P", pinning.COMPUTE, "step", study.name, run.notebook, f.name,
+                                 results], cwd=science, env={**pinning.science_env(science), "OMP_NUM_THREADS": "1"},
+                                stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time and peak memory
+        proc.returncode, seconds = status, time.perf_counter() - started
+        log.seek(0)
+        text = log.read()
+    if status:
+        raise RunError(f"{run.name}: {text.strip()}")
+    written = read_results(results)
+    if reads_checkpoint(run) and written["checkpoint_id"] != (ledger.read(args.records, run.deps[0]) or {}).get(
             "results", {}).get("checkpoint_id"):
-        raise RunError(f"{run.name}: {source} is not the checkpoint the record of {run.deps[0]} names")
-    outcome = {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu, "peak_mb": 0.0,
+        raise RunError(f"{run.name}: {written['checkpoint']} is not the checkpoint the record of {run.deps[0]} names")
+    outcome = {"seconds": seconds, "cpu_seconds": usage.ru_utime + usage.ru_stime, "peak_mb": usage.ru_maxrss / 1024,
                "device": ledger.cpu_device(), "machine_factor": args.machine_factor}
-    ledger.write(args.records, run, key[run.name], read_results(os.path.join(folder, "results.json")), out,
-                 step_digest(study), outcome)
-    return 0
+    ledger.write(args.records, run, key, written, out, args.pinned["steps"], outcome, args.pinned["package"])
+    return text
 
 
 def keep(study: Study, runs: list, key: dict, out: str, records: str, weights: str) -> list[str]:

@@ -1,13 +1,18 @@
-"""A study runs from its plan's pinned commit, so that ``mdc/`` keeps moving on main while its parts run for days.
-``reproduce/studies/<name>/pin.json`` names the commit and its code's digest (:func:`code_digest`); main exports the
-commit into ``reproduce/runs/pinned/<commit>/`` (ignored), refuses code there that is not the plan's, and runs the
-study's module there (:func:`delegate`) with main's seeds, ledger, run folders and weights: the keys, the records'
-package and every number come from the pinned code. ``--pin COMMIT`` writes the pin (commit the plan first).
+"""A study's pin: the science that decides its results, frozen at one commit while main moves on.
+
+``reproduce/studies/<name>/pin.json`` names the commit and the digests of what decides a result there: the package
+(``mdc/``), each notebook's code cells and the study's steps (the functions that compute an outcome without a
+notebook). A run's key and its record's code are computed from these digests alone, so the driver, runner, ledger,
+scheduler and report, which always run from main, can change without changing a key or refusing a part. A part
+executes the commit's science from an export (:func:`science`): the runner runs its notebooks with its ``mdc`` first
+on the kernel's path, a step runs in a process of its own on the export (:mod:`.compute`); the export is removed
+when the part ends. The runs' parameters are main's definitions, which must reproduce the pinned records' keys: a
+part refuses to start while one does not (:func:`reproduce.studies.driver.part.part`). ``--pin COMMIT`` writes it.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -16,43 +21,59 @@ import sys
 import tempfile
 
 from mdc.base.errors import RunError
-from reproduce.graph import ROOT
+from reproduce.graph import ROOT, code_digest
+from reproduce.running.ledger import package_digest
 
-PINNED = "MDC_STUDY_MAIN"  # main's root, set for the pinned copy's processes: the code they run is the plan's
-CODE = ("mdc/**/*.py", "reproduce/**/*.py", "notebooks/**/*.ipynb")
-LEFT_OUT = (":(exclude)reproduce/weights", ":(exclude,glob)reproduce/studies/*/weights/**",
-            ":(exclude,glob)reproduce/studies/*/records/**")  # outputs, not code: main's are written
-
-
-def code_digest(root: str) -> str:
-    """sha256 (16 hex) of the code a part executes under ``root``: :data:`CODE`, by relative path and content."""
-    h = hashlib.sha256()
-    files = {p for pattern in CODE for p in glob.glob(os.path.join(root, pattern), recursive=True)
-             if not os.path.relpath(p, root).startswith(os.path.join("reproduce", "runs", ""))}  # outputs
-    for path in sorted(files, key=lambda p: os.path.relpath(p, root)):
-        h.update(os.path.relpath(path, root).replace(os.sep, "/").encode() + b"\0")
-        with open(path, "rb") as f:
-            h.update(f.read() + b"\0")
-    return h.hexdigest()[:16]
+EXPORTED = ("mdc", "notebooks", "reproduce")  # a step's module imports its own commit's reproduce
+LEFT_OUT = (":(exclude)reproduce/weights", ":(exclude)reproduce/records", ":(exclude)reproduce/runs",
+            ":(exclude,glob)reproduce/studies/*/weights/**", ":(exclude,glob)reproduce/studies/*/records/**")
+COMPUTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compute.py")  # run as a script on an export
 
 
 def export(study, commit: str, target: str) -> str:
-    """The code of ``commit`` (:data:`CODE`'s folders but :data:`LEFT_OUT`) written to ``target``, whole or not at
-    all; refused where the commit does not hold the study."""
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    archive = subprocess.run(["git", "archive", commit, "--", "mdc", "reproduce", "notebooks", *LEFT_OUT], cwd=ROOT,
-                             capture_output=True)
+    """The science of ``commit`` (:data:`EXPORTED` but :data:`LEFT_OUT`) written to ``target``; refused where the
+    commit does not hold the study."""
+    archive = subprocess.run(["git", "archive", commit, "--", *EXPORTED, *LEFT_OUT], cwd=ROOT, capture_output=True)
     if archive.returncode:
         raise RunError(f"git archive {commit[:12]}: {archive.stderr.decode().strip()} (a shallow clone lacks older "
                        f"commits: git fetch --unshallow)")
-    work = tempfile.mkdtemp(dir=os.path.dirname(target), prefix=".export-")
-    subprocess.run(["tar", "-x", "-C", work], input=archive.stdout, check=True)
-    where = os.path.join(work, "reproduce", "studies", study.name)
-    if not (os.path.isfile(where + ".py") or os.path.isfile(os.path.join(where, "__main__.py"))):
-        shutil.rmtree(work)
-        raise RunError(f"commit {commit[:12]} has no reproduce.studies.{study.name} to run: pin one that holds it")
-    os.replace(work, target)
+    os.makedirs(target, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", target], input=archive.stdout, check=True)
+    where = os.path.join(target, "reproduce", "studies", study.name)
+    if not (os.path.isfile(where + ".py") or os.path.isfile(os.path.join(where, "__init__.py"))):
+        raise RunError(f"commit {commit[:12]} has no reproduce.studies.{study.name}: pin a commit that holds it")
     return target
+
+
+@contextlib.contextmanager
+def exported(study, commit: str):
+    """:func:`export` into a fresh folder under ``reproduce/runs/pinned/`` (ignored), removed on leaving, whole or
+    half-written."""
+    parent = os.path.join(ROOT, "reproduce", "runs", "pinned")
+    os.makedirs(parent, exist_ok=True)
+    target = tempfile.mkdtemp(dir=parent, prefix=f"{study.name}-{commit[:12]}-")
+    try:
+        yield export(study, commit, target)
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def digests(study, root: str) -> dict:
+    """What decides a result in the tree ``root``: its package's digest, each notebook's, and its study's steps'
+    (:func:`reproduce.studies.driver.compute.step_digest`, computed on that tree)."""
+    steps = subprocess.run([sys.executable, "-P", COMPUTE, "digest", study.name], cwd=root, capture_output=True, text=True,
+                           env=science_env(root))
+    if steps.returncode:
+        raise RunError(f"the steps of reproduce.studies.{study.name} in that commit cannot be read: "
+                       f"{steps.stderr.strip().splitlines()[-1:]}")
+    notebooks = sorted(glob.glob(os.path.join(root, "notebooks", "*.ipynb")))
+    return {"package": package_digest(root), "steps": steps.stdout.strip(),
+            "notebooks": {os.path.basename(p)[:-len(".ipynb")]: code_digest(p) for p in notebooks}}
+
+
+def science_env(root: str) -> dict:
+    """The environment of a process that runs ``root``'s science: that tree alone on the path."""
+    return dict(os.environ, PYTHONPATH=root)
 
 
 def read_pin(study) -> dict:
@@ -66,36 +87,28 @@ def read_pin(study) -> dict:
 
 
 def write_pin(study, commit: str) -> str:
-    """Pin the study to ``commit`` (its full hash and its code's digest, in pin.json); returns what it wrote."""
+    """Pin the study to ``commit``: its full hash and its science's digests (:func:`digests`), in pin.json."""
     found = subprocess.run(["git", "rev-parse", "--verify", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True,
                            text=True)
     if found.returncode:
         raise RunError(f"--pin {commit}: not a commit of this repository")
     full = found.stdout.strip()
-    with tempfile.TemporaryDirectory() as tmp:
-        pin = {"commit": full, "code": code_digest(export(study, full, os.path.join(tmp, "code")))}
+    with exported(study, full) as root:
+        pin = {"commit": full, **digests(study, root)}
     with open(study.path("pin.json"), "w") as f:
-        json.dump(pin, f, indent=1)
+        json.dump(pin, f, indent=1, sort_keys=True)
         f.write("\n")
-    return f"{study.name}: pinned to {full} (code {pin['code']}); commit {os.path.relpath(f.name, ROOT)}"
+    return f"{study.name}: pinned to {full} (package {pin['package']}); commit {os.path.relpath(f.name, ROOT)}"
 
 
-def pinned_copy(study, pin: dict) -> str:
-    """The pinned commit's code, exported once, checked against the plan's digest at every call."""
-    target = os.path.join(ROOT, "reproduce", "runs", "pinned", pin["commit"][:12])
-    if not os.path.isdir(target):
-        export(study, pin["commit"], target)
-    found = code_digest(target)
-    if found != pin["code"]:
-        raise RunError(f"the code in {os.path.relpath(target, ROOT)} is {found}, not the plan's {pin['code']} "
-                       f"(pin.json): remove that folder to export the pinned commit again, or pin anew")
-    return target
-
-
-def delegate(study, pin: dict, argv: list[str]) -> int:
-    """``python -m reproduce.studies.<name> ARGV`` in the pinned copy (first on the path); its exit status."""
-    code = pinned_copy(study, pin)
-    env = dict(os.environ, PYTHONPATH=code + os.pathsep + os.environ.get("PYTHONPATH", ""), **{PINNED: ROOT})
-    print(f"{study.name}: running the pinned commit {pin['commit'][:12]} (code {pin['code']})", flush=True)
-    return subprocess.run([sys.executable, "-m", f"reproduce.studies.{study.name}", *argv], cwd=code,
-                          env=env).returncode
+@contextlib.contextmanager
+def science(study, pin: dict):
+    """The pinned commit's science, exported for a part and checked against the pin's digests; removed on leaving."""
+    with exported(study, pin["commit"]) as root:
+        found = digests(study, root)
+        wrong = [k for k in ("package", "steps") if found[k] != pin[k]] + [
+            f"notebook {nb}" for nb, d in pin["notebooks"].items() if found["notebooks"].get(nb) != d]
+        if wrong:
+            raise RunError(f"commit {pin['commit'][:12]} exports other science than pin.json names ({', '.join(wrong)})"
+                           f": pin anew (--pin)")
+        yield root

@@ -5,13 +5,13 @@ notebook, a function of their parameters each, keyed by their code as a run is b
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 from dataclasses import dataclass, field
 from typing import Callable
 
 from reproduce.graph import ROOT, Run, keys
+from reproduce.studies.driver.compute import step_digest
 
 REFERENCE = os.path.join(ROOT, "reproduce", "records", "mini")  # the reference run's ledger: estimates and seeds
 
@@ -34,7 +34,7 @@ class Arm:
 @dataclass(frozen=True)
 class Study:
     """A study as the driver runs it; its folder ``reproduce/studies/<name>/`` holds the plan (PLAN.md, pin.json,
-    seeds.json, dry_run.txt), the ledger ``records/``, seed 0's float16 ``weights/`` and the report."""
+    seeds.json), the ledger ``records/``, seed 0's float16 ``weights/`` and the report."""
 
     name: str  # the folder and the module: python -m reproduce.studies.<name>
     arms: tuple[Arm, ...]
@@ -49,6 +49,11 @@ class Study:
 
     def path(self, *parts: str) -> str:
         return os.path.join(ROOT, "reproduce", "studies", self.name, *parts)
+
+
+def records_of(name: str) -> str:
+    """The ledger of the study ``name``: how one study reads another's records (reproduce.running.ledger)."""
+    return os.path.join(ROOT, "reproduce", "studies", name, "records")
 
 
 def read_seeds(path: str) -> dict:
@@ -103,17 +108,12 @@ def probe_and_binding(study: str, ref: dict, pre: Run, suites: tuple[str, ...], 
                    suites=list(suites), **sizes)]
 
 
-def step_digest(study: Study) -> str:
-    """sha256 of the steps' code and what they count with: part of a step's key."""
-    code = "".join(inspect.getsource(f) for f in (*study.steps.values(), *study.step_code))
-    return hashlib.sha256(code.encode()).hexdigest()
-
-
-def plan_keys(study: Study, runs: list[Run]) -> dict[str, str]:
+def plan_keys(study: Study, runs: list[Run], pin: dict | None = None) -> dict[str, str]:
     """Every run's key: the runner's (:func:`reproduce.graph.keys`) and, for a step, the same hash over its code
-    (:func:`step_digest`), parameters and its dependencies' keys."""
-    key = keys([r for r in runs if r.notebook not in study.steps])
-    digest = step_digest(study)
+    (:func:`~reproduce.studies.driver.compute.step_digest`), parameters and its dependencies' keys; the code's
+    digests the ``pin``'s (:mod:`~reproduce.studies.driver.pin`) where given, else this tree's."""
+    key = keys([r for r in runs if r.notebook not in study.steps], pin and pin["notebooks"])
+    digest = pin["steps"] if pin else step_digest(study)
     for r in runs:
         if r.notebook in study.steps:
             payload = json.dumps([r.notebook, digest, r.params, [key[d] for d in r.deps]], sort_keys=True)

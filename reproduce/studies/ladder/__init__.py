@@ -25,9 +25,8 @@ from reproduce import power, registry
 from reproduce.claims.stats import TASKS, difference, t_quantile
 from reproduce.graph import ROOT, Run
 from reproduce.running import ledger
-from reproduce.studies.driver.pin import PINNED
 from reproduce.studies.driver.steps import caption_words, repetition
-from reproduce.studies.driver.study import Arm, Study, pretrain_run, probe_and_binding, seeds_of
+from reproduce.studies.driver.study import Arm, Study, pretrain_run, probe_and_binding, records_of, seeds_of
 from reproduce.studies.ladder import report
 
 BINDING_SUITES = ("own_attribute", "own_sugarcrepe/swap_att", "own_sugarcrepe/swap_obj")
@@ -180,10 +179,10 @@ def plan_seeds(args) -> str:
     :data:`AFFORDED`; the other arms the floor. A sensitivity row (the probe's seed SD pooled with the words study's
     arms) decides nothing. Writes ``args.seeds``; returns the table."""
     study = os.path.dirname(args.seeds)
-    words = os.path.join(os.path.dirname(study), "words", "records")
+    words = records_of("words")
     probe = _probe_gaps(args.reference, "probe/{o}-descriptive-s{s}")
     rows = slope_rows("probe gap (mean4)", probe) + slope_rows("binding gap (own_swap)", _binding_gaps(args.reference))
-    weights = os.path.join(os.environ.get(PINNED, ROOT), "reproduce", "weights", "mini")  # main's, not an export's
+    weights = os.path.join(ROOT, "reproduce", "weights", "mini")
     rows += slope_rows("repetition gap (shape named twice)",
                        _reference_repetition(weights, os.path.join(study, "reference_repetition.json")))
     arms = [_probe_gaps(words, f"probe/words-{a}-{{o}}-descriptive-s{{s}}")

@@ -1,6 +1,7 @@
 """The study driver (reproduce/studies/driver/): the time-budget selection, a part's hand-over to the runner and its
 steps, drift across machines, the machine factor, one package digest, kept float16 weights."""
 import argparse
+import contextlib
 import itertools
 import json
 
@@ -122,11 +123,13 @@ def test_a_part_hands_the_runner_what_it_chose_without_a_second_budget(tmp_path,
     for quiet in ("keep", "free"):
         monkeypatch.setattr(part, quiet, lambda *a: None)
     monkeypatch.setattr(part, "run_steps", lambda *a: [])
+    monkeypatch.setattr(part.pinning, "science", lambda study, pin: contextlib.nullcontext("science"))
     handed = {}
     monkeypatch.setattr(part.runner, "run_all", lambda real, out, settings: handed.update(
         runs=[r.name for r in real], budget=settings.time_budget_s) or {})
     args = argparse.Namespace(records=str(tmp_path / "records"), time_budget=140 / 60, out=str(tmp_path), scale="mini",
-                              jobs=1, machine_factor=1.0, argv=[], weights=str(tmp_path / "weights"))
+                              jobs=1, machine_factor=1.0, argv=[], weights=str(tmp_path / "weights"),
+                              pinned={"package": "p0"})
     assert part.part(STUDY, args) == 0
     assert handed == {"runs": ["data/d", "pretrain/a-s0", "probe/a-s0"], "budget": None}
 
@@ -138,23 +141,23 @@ def test_the_steps_the_part_chose_run_past_its_deadline(monkeypatch):
     by_name = {r.name: r for r in runs}
     monkeypatch.setattr(part, "_ready", lambda *a: True)
     ran = []
-    monkeypatch.setattr(part.subprocess, "run", lambda command, **k: ran.append(command[-1]) or
-                        argparse.Namespace(returncode=0, stdout="", stderr=""))
+    monkeypatch.setattr(part, "step", lambda study, run, *a: ran.append(run.name) or "")
     args = argparse.Namespace(out="runs", scale="mini", records="records", seeds=STUDY.path("seeds.json"), jobs=1,
                               with_optional=False, machine_factor=1.0)
     est = {"neighbours/a-s0": (300.0, "reference"), "neighbours/b-s0": (300.0, "reference")}
     later = Run("neighbours/b-s0", "neighbours", {"checkpoint": "{run:pretrain/b-s0}"}, ("pretrain/b-s0",))
     steps = [by_name["neighbours/a-s0"], later]
-    assert part.run_steps(STUDY, steps, est, args, deadline=0.0, chosen={"neighbours/a-s0"}) == []
+    assert part.run_steps(STUDY, steps, ({s.name: "k" for s in steps}, est), args, deadline=0.0,
+                          chosen={"neighbours/a-s0"}, science="science") == []
     assert ran == ["neighbours/a-s0"]  # b's step, ready from an earlier part, waits for a part with time
 
 
 def test_a_part_refuses_a_ledger_of_another_package(tmp_path):
     study_record(tmp_path, "data/descriptive", "data", {}, 1.0, package="another")
     with pytest.raises(RunError, match="one package digest"):
-        part.one_digest(str(tmp_path))
-    study_record(tmp_path, "data/descriptive", "data", {}, 1.0, package=ledger.package_digest())
-    part.one_digest(str(tmp_path))
+        part.one_digest(str(tmp_path), "pinned")
+    study_record(tmp_path, "data/descriptive", "data", {}, 1.0, package="pinned")
+    part.one_digest(str(tmp_path), "pinned")
 
 
 def test_a_machine_factor_scales_the_reference_estimates_not_the_studys_own_records():

@@ -5,6 +5,7 @@ import copy
 import json
 import math
 import os
+import subprocess
 
 import pytest
 from conftest import study_record
@@ -187,7 +188,7 @@ def test_the_modes_exclude_each_other_so_a_dry_run_never_starts_a_part(monkeypat
 
 def test_the_dry_run_prints_every_run_and_sums_its_hours_by_arm(tmp_path, reference, monkeypatch):
     _fake_reference(tmp_path / "ref", reference)
-    args = argparse.Namespace(scale="mini", seeds=str(tmp_path / "none.json"), with_optional=False,
+    args = argparse.Namespace(scale="mini", seeds=str(tmp_path / "none.json"), with_optional=False, pinned=None,
                               records=str(tmp_path / "study"), reference=str(tmp_path / "ref"), out=str(tmp_path),
                               machine_factor=1.0)
     runs, key, by_name, est = part.setup(STUDY, args)
@@ -289,16 +290,19 @@ def test_the_report_builds_one_table_per_instrument_with_the_rules_verdicts(tmp_
 
 @pytest.mark.slow
 def test_a_smoke_part_runs_every_kind_through_the_runner_and_the_steps(tmp_path, monkeypatch):
-    """The whole study at the smoke profile's size, one seed (about 10 minutes on 2 cores), on this tree's code (as
-    the pinned copy runs it): every run recorded in one package digest, seed 0's float16 weights loadable, the
-    checkpoints freed, the report built."""
-    monkeypatch.setenv(pin.PINNED, ROOT)
+    """The whole study at the smoke profile's size, one seed (about 10 minutes on 2 cores), pinned to this tree's
+    commit: every run recorded in one package digest, seed 0's float16 weights loadable, the checkpoints freed, the
+    report built."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    with pin.exported(STUDY, head) as root:
+        pinned = {"commit": head, **pin.digests(STUDY, root)}
+    monkeypatch.setattr(cli.pinning, "read_pin", lambda study: pinned)
     (tmp_path / "seeds.json").write_text(json.dumps({"default": 1}))
     flags = ["--scale", "smoke", "--seeds", str(tmp_path / "seeds.json"), "--records", str(tmp_path / "records"),
              "--out", str(tmp_path / "runs"), "--weights", str(tmp_path / "weights")]
     assert cli.main(STUDY, [*flags, "--time-budget", "60"]) == 0
     runs = words.study_runs("smoke", study.read_seeds(str(tmp_path / "seeds.json")))
-    key = study.plan_keys(STUDY, runs)
+    key = study.plan_keys(STUDY, runs, pinned)
     assert all(ledger.done(str(tmp_path / "records"), r.name, key[r.name]) for r in runs)
     assert len({r["code"]["package"] for r in ledger.read_all(str(tmp_path / "records")).values()}) == 1
     kept = mdc.load(tmp_path / "weights" / "pretrain" / "words-hidden-mdc-descriptive-s0")
