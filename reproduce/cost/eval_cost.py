@@ -4,7 +4,7 @@ A record says how long its run took with the parameters (and the code) it ran wi
 others (more probe test images, a control added to Table 2, a lighter guidance sweep), its seconds are not
 the run's any more. Each evaluation kind here has a cost model: its work counted in units from the run's
 effective parameters, each unit weighed by its measured seconds (:data:`UNITS`, measured on the shipped
-``mini`` weights by ``reproduce/studies/eval_costs.py``), summed to modeled seconds. The estimate is the
+``mini`` weights by ``reproduce/cost/units.py``), summed to modeled seconds. The estimate is the
 record's seconds times modeled(now) / modeled(record): the machine's speed comes from the record, the units
 only weigh a kind's parts against each other. A run no record speaks for is its modeled seconds
 (:func:`planned_seconds`) times the machine's speed that the records of its kind show (``reproduce.running.ledger``).
@@ -38,7 +38,7 @@ from mdc.world.evalsets import PROBE_TEST_ITEMS, PROBE_TEST_OTHER, SUGARCREPE_FI
 from reproduce import graph
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-UNITS_FILE = os.path.join(ROOT, "reproduce", "studies", "eval_costs", "unit_seconds.json")
+UNITS_FILE = os.path.join(ROOT, "reproduce", "cost", "unit_seconds.json")
 ORDER_CAPTIONS = 5  # ARO's order task: captions per image, each an item of 5 candidates
 GROUPS = ("image", "blind", "shuffled")
 UNREADABLE = (KeyError, TypeError, ValueError, OSError)  # parameters or a record this model cannot read
@@ -46,7 +46,7 @@ UNREADABLE = (KeyError, TypeError, ValueError, OSError)  # parameters or a recor
 
 @lru_cache(maxsize=None)
 def units(path: str = UNITS_FILE) -> dict:
-    """The measured seconds per unit (``reproduce/studies/eval_costs.py`` wrote them)."""
+    """The measured seconds per unit (``reproduce/cost/units.py`` wrote them)."""
     with open(path) as f:
         return json.load(f)
 

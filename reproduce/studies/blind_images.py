@@ -3,7 +3,7 @@
 MDC's image-free score of a caption is log p(t) ~ log (1/K) sum_k p(t | i_k) over K reference images of the
 suite (``mdc.eval.suites.reference_images``: the same K + 1 images for every item of a suite, nested: K = 2's
 are the first of K = 4's), each term an ELBO of the profile's 32 paired copies, or the heuristic score. At
-``mini`` it costs K times a scoring with the image (``reproduce/studies/eval_costs.py``). This study scores the
+``mini`` it costs K times a scoring with the image (``reproduce/cost/units.py``). This study scores the
 first ``--items`` items of each suite kind (ARO's order task, the template suites, the in-distribution
 ``own`` suites) on the shipped weights at K = 1, 2 and 4 and reports, per variant, the image-free accuracy and
 the share of items whose chosen candidate (the highest score, ties to the first) is K = 4's.
@@ -20,7 +20,7 @@ import numpy as np
 
 import mdc
 from mdc.eval import compositionality as comp
-from reproduce.studies.eval_costs import KINDS, OPTIONS, sample
+from reproduce.cost.units import KINDS, OPTIONS, sample
 
 KS = (1, 2, 4)
 

@@ -17,12 +17,12 @@ reference run's seed-0 models trained on descriptive captions), one thread, as t
   compositionality (heuristic, with and without the image) per candidate and setting, by suite kind
   (a quarter of ``--items``).
 
-    OMP_NUM_THREADS=1 python -m reproduce.studies.eval_costs --evalsets DIR [--items 48] [--out FILE.json]
+    OMP_NUM_THREADS=1 python -m reproduce.cost.units --evalsets DIR [--items 48] [--out FILE.json]
 
 ``DIR``: synthetic evaluation sets (``mdc.world.evalsets.write_evalsets``; the probe's need only a few hundred
 images per task). The items are the first ``--items`` of each kind, spread evenly over its suites. The
 file it writes, keyed by notebook, is what :mod:`reproduce.cost.eval_cost` reads
-(``reproduce/studies/eval_costs/unit_seconds.json``); the machine's load average before and after goes with it.
+(``reproduce/cost/unit_seconds.json``); the machine's load average before and after goes with it.
 """
 from __future__ import annotations
 
