@@ -57,13 +57,14 @@ from reproduce import registry
 from reproduce.artifacts import compositionality_table
 from reproduce.claims import claim_rows
 from reproduce.running import ledger
-from reproduce.claims.stats import LEVEL, difference, quantiles, t_quantile
+from reproduce.claims.stats import LEVEL, difference, probe_outcomes, quantiles, t_quantile
 from reproduce.running.seed_plan import SeedPlan, write
 
 POWER = 0.80
 FLOOR_SEEDS = 3  # every run of a plan, at least
 MAX_SEEDS = 10  # a row that needs more is left at the floor
 SEARCH = 10_000  # the most seeds searched
+SEARCH_SEEDS = 10  # the seeds a ledger's records are looked for at
 # claim 3 (Table 2): MDC on par with ARC and above CLIP, each by its Table 2 scorer
 TABLE2_DIFFERENCES = ((("MDC", "elbo"), ("ARC", "exact")), (("MDC", "elbo"), ("CLIP", "cosine")))
 
@@ -87,6 +88,47 @@ def needed_seeds(e: float, s: float, v_items: float, p: float, scale: float = 1.
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if enough(mid) else (mid, hi)
     return hi
+
+
+def slope_rows(name: str, gap: dict, rungs: tuple[float, ...], seeds: int) -> list[dict]:
+    """Power rows for the slope of a gap per doubling of compute over ``rungs`` (times a run's steps): "closes" (it
+    differs from 0, at the slope that closes the gap over the rungs' span) and "holds" (two one-sided tests at +-m,
+    m half the gap's seed SD, at a true slope of 0), with the seeds for 80% power and the power at ``seeds``.
+    ``gap``: {per_seed, mean, v_items} (:func:`probe_gaps`, :func:`binding_gaps`). The per-seed slope of an OLS fit
+    over the rungs has the gap's seed SD and items' variance over Sxx = sum (log2 rung - mean)^2."""
+    x = np.log2(rungs)
+    sxx, span = float(((x - x.mean()) ** 2).sum()), float(x.max() - x.min())
+    sd, v = float(np.std(gap["per_seed"], ddof=1)), gap["v_items"] / sxx
+    rows = []
+    for test, e, p in (("closes", abs(gap["mean"]) / span, 0.975), ("holds", sd / 2, 0.95)):
+        s, z = sd / math.sqrt(sxx), NormalDist().inv_cdf(p)
+        h = math.sqrt(z**2 * v + t_quantile(p, seeds - 1) ** 2 * s**2 / seeds)
+        rows.append({"quantity": name, "test": test, "reference seeds": len(gap["per_seed"]), "gap": gap["mean"],
+                     "seed SD": sd, "slope effect": e, "margin m": sd / 2, "seeds": needed_seeds(e, s, v, p),
+                     "power": NormalDist().cdf((e - h) / math.sqrt(v + s**2 / seeds))})
+    return rows
+
+
+def probe_gaps(records: str, pattern: str) -> dict | None:
+    """The claims' difference (:func:`reproduce.claims.stats.difference`) of mean4, MDC - ARC, paired by seed, over
+    the probe records ``pattern`` (``{o}``: objective, ``{s}``: seed) in the ledger ``records``."""
+    def outcomes(o, s):
+        r = ledger.read(records, pattern.format(o=o, s=s))
+        return r and probe_outcomes(r["results"]["results"])
+
+    pairs = [(m, a) for m, a in ((outcomes("mdc", s), outcomes("arc", s)) for s in range(SEARCH_SEEDS)) if m and a]
+    return difference(pairs) if pairs else None
+
+
+def binding_gaps(records: str, items: int) -> dict:
+    """own_swap accuracy, MDC's ELBO - ARC's exact, per seed of the reference ledger ``records``, with the items'
+    variance of one seed's difference at ``items`` items a model."""
+    acc = {o: [100 * r["results"]["results"]["columns"]["own_swap"]["scores"][v]["accuracy"]
+               for s in range(SEARCH_SEEDS) if (r := ledger.read(records, f"compositionality/{o}-descriptive-own-s{s}"))]
+           for o, v in (("mdc", "elbo"), ("arc", "exact"))}
+    gaps = [m - a for m, a in zip(acc["mdc"], acc["arc"])]
+    v = sum(np.mean(acc[o]) * (100 - np.mean(acc[o])) / items for o in acc)
+    return {"per_seed": gaps, "mean": float(np.mean(gaps)), "v_items": float(v)}
 
 
 def targets(claim: claim_rows.Claim, mean: float, margin: float) -> list[tuple[str, float, float]]:

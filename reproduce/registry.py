@@ -222,6 +222,12 @@ def pretrainings(p: dict) -> list[Pretraining]:
     return specs
 
 
+def run_name(kind: str, seed: int, *tag: str) -> str:
+    """A run's name as :func:`build` gives it and its record holds it: ``<kind>/<tag joined by ->-s<seed>``, e.g.
+    ``run_name("compositionality", 0, "mdc", "descriptive", "own")`` is ``compositionality/mdc-descriptive-own-s0``."""
+    return f"{kind}/{'-'.join(tag)}-s{seed}"
+
+
 def pretrain_runs(p: dict, seed: int) -> list[Run]:
     """Every pretraining run of one seed (:func:`pretrainings`) as the runner executes it."""
     num, shard = p["data"]["num"], p["data"]["shard_size"]
@@ -231,12 +237,12 @@ def pretrain_runs(p: dict, seed: int) -> list[Run]:
         data = (f"{{run:data/{spec.style}}}/shards"
                 + ("" if spec.fraction == 1.0 else "/{000000..%06d}.tar" % (shards - 1)))
         params = dict(objective=spec.objective, model=p["model"], model_overrides=p["model_overrides"],
-                      train_data=data, seed=seed, output_dir=f"{{run:pretrain/{spec.name}-s{seed}}}",
+                      train_data=data, seed=seed, output_dir=f"{{run:{run_name('pretrain', seed, spec.name)}}}",
                       workers=p["workers"], **_train_params(p, spec.objective, spec.fraction, spec.batch_scale))
         params.update(spec.extra)
         labels = {**spec.labels, "seed": seed, "pairs": min(num, shards * shard) if spec.fraction < 1 else num,
                   "fraction": spec.fraction}
-        runs.append(Run(f"pretrain/{spec.name}-s{seed}", "pretrain", params, deps=(f"data/{spec.style}",),
+        runs.append(Run(run_name("pretrain", seed, spec.name), "pretrain", params, deps=(f"data/{spec.style}",),
                         artifacts=spec.artifacts, labels=labels, timeout_s=p["timeout_s"]))
     return runs
 
@@ -286,9 +292,9 @@ def evaluation_runs(p: dict, seed: int, pre: list[Run]) -> list[Run]:
                         deps=(r.name, "data/evalsets"), artifacts=r.artifacts + ("claims",), labels=r.labels,
                         timeout_s=p["timeout_s"]))
     for objective in ("clip", "arc", "mdc"):
-        model = f"pretrain/{objective}-descriptive-s{seed}"
+        model = run_name("pretrain", seed, objective, "descriptive")
         for part, suites in TABLE2_PARTS.items():
-            name = f"compositionality/{objective}-descriptive-{part}-s{seed}"
+            name = run_name("compositionality", seed, objective, "descriptive", part)
             others = {k for sizes in PART_SIZES.values() for k in sizes} - set(PART_SIZES.get(part, ()))
             settings = {k: v for k, v in p["compositionality"].items() if k not in others}
             runs.append(Run(name, "compositionality",
@@ -297,13 +303,14 @@ def evaluation_runs(p: dict, seed: int, pre: list[Run]) -> list[Run]:
                             deps=(model, "data/evalsets"), artifacts=("table2",),
                             labels=dict(method=objective.upper(), style="descriptive", seed=seed, part=part),
                             timeout_s=p["timeout_s"]))
-    runs.append(Run(f"captioning/alt-s{seed}", "captioning",
-                    dict(mdc_checkpoint=f"{{run:pretrain/mdc-alt-s{seed}}}",
-                         arc_checkpoint=f"{{run:pretrain/arc-alt-s{seed}}}",
+    mdc, arc, captioning = (run_name("pretrain", seed, "mdc", "alt"), run_name("pretrain", seed, "arc", "alt"),
+                            run_name("captioning", seed, "alt"))
+    runs.append(Run(captioning, "captioning",
+                    dict(mdc_checkpoint=f"{{run:{mdc}}}", arc_checkpoint=f"{{run:{arc}}}",
                          captions_json=os.path.join(evalsets, "captions", "dataset_scenes.json"),
                          image_root=os.path.join(evalsets, "captions"), seed=seed,
-                         output_dir=f"{{run:captioning/alt-s{seed}}}", **p["captioning"]),
-                    deps=(f"pretrain/mdc-alt-s{seed}", f"pretrain/arc-alt-s{seed}", "data/evalsets"),
+                         output_dir=f"{{run:{captioning}}}", **p["captioning"]),
+                    deps=(mdc, arc, "data/evalsets"),
                     artifacts=("table3", "fig6", "claims"), labels=dict(style="alt", seed=seed),  # claims: claim 8
                     timeout_s=p["timeout_s"]))
     runs.append(Run(f"guidance/alt-s{seed}", "guidance",

@@ -84,7 +84,7 @@ from reproduce.claims.caption_claims import CAPTION_CLAIMS, CaptionClaim, captio
 from reproduce.claims.caption_claims import FALLBACK_MARGIN as CAPTION_FALLBACK
 from reproduce.claims.caption_claims import SEED_SD as CAPTION_SEED_SD
 from reproduce.claims.caption_claims import margin as caption_margin
-from reproduce.claims.stats import LEVEL, SEED_SD, TASKS, difference, holm, tost_p, two_sided_p
+from reproduce.claims.stats import LEVEL, SEED_SD, TASKS, bits, difference, holm, tost_p, two_sided_p
 from reproduce.artifacts.probe_records import informative_mean, probe_top1
 from reproduce.artifacts.interval_figures import plot_forest
 from reproduce.artifacts.tables import write_table
@@ -179,7 +179,7 @@ def _outcomes(run: dict) -> dict[str, np.ndarray]:
         if r is None or "correct" not in r:
             raise ValueError(f"{run['name']}: no per-item outcomes for task {t!r} (probe results written before "
                              f"they were recorded): rerun its linear_probe")
-        out[t] = np.frombuffer(r["correct"].encode(), dtype=np.uint8) - ord("0")
+        out[t] = bits(r["correct"])
     return out
 
 

@@ -29,6 +29,16 @@ SEED_SD = 2.7  # points: seed SD of a difference with one seed (reproduce.claims
 LEVEL = 0.95
 
 
+def bits(correct: str) -> np.ndarray:
+    """A record's per-item outcomes, written as a string of 0s and 1s, as an array of 0/1 (uint8)."""
+    return np.frombuffer(correct.encode(), np.uint8) - ord("0")
+
+
+def probe_outcomes(results: dict) -> dict[str, np.ndarray]:
+    """{task: per-item 0/1} of a linear-probe record's results over :data:`TASKS` (its datasets' ``correct``)."""
+    return {t: bits(results["datasets"][f"wds/{t}"]["correct"]) for t in TASKS}
+
+
 def t_sf(x: float, df: float) -> float:
     """P(T > x) for Student's t with integer ``df`` (normal for infinite df); Abramowitz-Stegun 26.7.3-4."""
     if x < 0:

@@ -11,6 +11,7 @@ import statistics
 from mdc.base.checkpoint import latest
 from mdc.factory import model_config
 from reproduce.graph import Run, run_dir
+from reproduce.registry import run_name
 from reproduce.running import ledger
 from reproduce.running.folders import is_done, recorded_key
 
@@ -19,16 +20,15 @@ ELSEWHERE = ("reference", "no record")  # the sources of an estimate that anothe
 
 def reference_name(run: Run) -> str:
     """The reference run a study run is estimated from (the same seed; ledger.estimate falls back to others)."""
-    kind, rest = run.name.split("/", 1)
-    seed = run.labels.get("seed", 0)
+    kind, seed, labels = run.name.split("/", 1)[0], run.labels.get("seed", 0), run.labels
     if kind == "captioning":
-        return f"captioning/alt-s{seed}"
+        return run_name(kind, seed, "alt")
     if kind == "compositionality":
-        return f"compositionality/{run.labels['objective']}-descriptive-own-s{seed}"
+        return run_name(kind, seed, labels["objective"], "descriptive", "own")
     if kind == "pretrain" and not run.params.get("model_overrides", {}).get("length_visible", True):
-        return f"pretrain/{run.labels['objective']}-descriptive-s{seed}"  # the longest captions: the most positions
+        return run_name(kind, seed, labels["objective"], "descriptive")  # the longest captions: the most positions
     if kind in ("pretrain", "probe"):
-        return f"{kind}/{run.labels['objective']}-{run.labels['style']}-s{seed}"
+        return run_name(kind, seed, labels["objective"], labels["style"])
     return run.name
 
 
@@ -51,8 +51,8 @@ def caption_factor(run: Run, record: dict, reference: str) -> tuple[float, str]:
     """A captioning run's seconds over its reference record's: the record's fine-tuning (steps taken x batch x the
     alt MDC pretraining run's seconds per image) out, the run's own in (its cap over the record's, its models)."""
     r = record["results"]["results"]
-    pre = ledger.read(reference, f"pretrain/mdc-alt-s{record.get('seed') or 0}") or ledger.read(
-        reference, "pretrain/mdc-alt-s0")
+    pre = ledger.read(reference, run_name("pretrain", record.get("seed") or 0, "mdc", "alt")) or ledger.read(
+        reference, run_name("pretrain", 0, "mdc", "alt"))
     per_image = ledger.run_seconds(pre) / (pre["params"]["steps"] * pre["params"]["batch_size"])
     tuned = {o: f["steps_taken"] * f["batch_size"] * per_image for o, f in (r.get("finetune") or {}).items() if f}
     seconds = ledger.run_seconds(record)

@@ -10,7 +10,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
+from reproduce import registry
 from reproduce.graph import ROOT, Run, keys
+from reproduce.registry import run_name
 from reproduce.studies.driver.compute import step_digest
 
 REFERENCE = os.path.join(ROOT, "reproduce", "records", "mini")  # the reference run's ledger: estimates and seeds
@@ -51,9 +53,10 @@ class Study:
         return os.path.join(ROOT, "reproduce", "studies", self.name, *parts)
 
 
-def records_of(name: str) -> str:
-    """The ledger of the study ``name``: how one study reads another's records (reproduce.running.ledger)."""
-    return os.path.join(ROOT, "reproduce", "studies", name, "records")
+def records_of(name: str, studies: str = os.path.join(ROOT, "reproduce", "studies")) -> str:
+    """The ledger of the study ``name`` among ``studies``' folders: how one study reads another's records (with
+    reproduce.running.ledger), never through its code."""
+    return os.path.join(studies, name, "records")
 
 
 def read_seeds(path: str) -> dict:
@@ -98,14 +101,62 @@ def reader(t: Run, name: str, pre: Run, **params) -> Run:
     return Run(name, t.notebook, p, deps=(pre.name, "data/evalsets"), labels=labels, timeout_s=t.timeout_s)
 
 
-def probe_and_binding(study: str, ref: dict, pre: Run, suites: tuple[str, ...], items: int) -> list[Run]:
-    """The reference's probe and binding part (its ``own`` part on ``suites``, ``items`` a file) of ``pre``."""
-    objective, seed, tag = pre.labels["objective"], pre.labels["seed"], pre.name.split("/", 1)[1][len(study) + 1:]
-    own = ref[f"compositionality/{objective}-descriptive-own-s{seed}"]
+def descriptive_models(study: str, ref: dict, arm: Arm, objective: str, seed: int, suites: tuple[str, ...],
+                       items: int) -> list[Run]:
+    """The arm's pretraining on descriptive captions (:func:`pretrain_run`), its probe and its binding part (the
+    reference's ``own`` part on ``suites``, ``items`` a file)."""
+    pre = pretrain_run(study, ref[run_name("pretrain", seed, objective, "descriptive")], ref["data/descriptive"], arm,
+                       objective, "descriptive", seed)
+    tag = pre.name.split("/", 1)[1][len(study) + 1:]
+    own = ref[run_name("compositionality", seed, objective, "descriptive", "own")]
     sizes = {"own_items": items} if "own_items" in own.params else {}  # smoke: every item of its tiny sets
-    return [reader(ref[f"probe/{objective}-descriptive-s{seed}"], f"probe/{study}-{tag}", pre),
+    return [pre, reader(ref[run_name("probe", seed, objective, "descriptive")], f"probe/{study}-{tag}", pre),
             reader(own, f"compositionality/{study}-{tag.removesuffix(f'-s{seed}')}-binding-s{seed}", pre,
                    suites=list(suites), **sizes)]
+
+
+def captioned(study: str, t: Run, arm: Arm, pre: dict[str, Run], stage: str, cap: int = 1, **params) -> list[Run]:
+    """The reference's captioning run ``t`` of the arm's alt models ``pre`` (MDC, and ARC where given) at ``stage``
+    (``pretrained``: not fine-tuned; else fine-tuned to ``cap`` times its cap), ``params`` changed, and its
+    caption-word step."""
+    seed = t.labels["seed"]
+    name = f"captioning/{study}-{arm.name}-alt-{stage}-s{seed}"
+    p = {**t.params, "output_dir": f"{{run:{name}}}", "mdc_checkpoint": f"{{run:{pre['mdc'].name}}}",
+         "arc_checkpoint": f"{{run:{pre['arc'].name}}}" if "arc" in pre else "",
+         "finetune_steps": 0 if stage == "pretrained" else t.params["finetune_steps"] * cap, **params}
+    deps = tuple(d[len("{run:"):-1] for d in (p["mdc_checkpoint"], p["arc_checkpoint"]) if d) + ("data/evalsets",)
+    labels = dict(arm=arm.name, style="alt", stage=stage, seed=seed)
+    return [Run(name, "captioning", p, deps=deps, labels=labels, timeout_s=t.timeout_s * cap),
+            Run(f"caption_words/{arm.name}-alt-{stage}-s{seed}", "caption_words",
+                dict(captioning=f"{{run:{name}}}", captions_json=t.params["captions_json"]),
+                deps=(name, "data/evalsets"), labels=dict(labels))]
+
+
+def arm_runs(study: str, arms: tuple[Arm, ...], descriptive: Callable, captions: Callable) -> Callable:
+    """A study's ``Study.runs`` from its arms: the reference's data runs its arms train on and its evaluation sets,
+    then seed by seed (the order a part's selection reads), per arm, each objective the seed plan gives that seed
+    (:func:`seeds_of`) on descriptive captions, ``descriptive(ref, arm, objective, seed, scale)``, and on alt
+    captions, where MDC is among them, their pretraining runs and ``captions(ref, arm, {objective: run}, seed)``;
+    ``ref``: the reference's runs by name (``reproduce.registry.build``)."""
+    def runs(scale: str = "mini", plan: dict | None = None, with_optional: bool = False) -> list[Run]:
+        plan = plan or {"default": 3, "seeds": {}}
+        chosen = [a for a in arms if with_optional or not a.optional]
+        most = max(seeds_of(plan, a.name, o) for a in chosen for o in a.objectives)
+        ref = {r.name: r for r in registry.build(scale, most)}
+        out = [ref[f"data/{s}"] for s in ("descriptive", "alt") if any(s in a.styles for a in chosen)]
+        out.append(ref["data/evalsets"])
+        for seed in range(most):
+            for arm in chosen:
+                wanted = [o for o in arm.objectives if seed < seeds_of(plan, arm.name, o)]
+                for objective in wanted if "descriptive" in arm.styles else ():
+                    out += descriptive(ref, arm, objective, seed, scale)
+                if "alt" in arm.styles and "mdc" in wanted:
+                    pre = {o: pretrain_run(study, ref[run_name("pretrain", seed, o, "alt")], ref["data/alt"], arm, o,
+                                           "alt", seed) for o in wanted}
+                    out += [*pre.values(), *captions(ref, arm, pre, seed)]
+        return out
+
+    return runs
 
 
 def plan_keys(study: Study, runs: list[Run], pin: dict | None = None) -> dict[str, str]:

@@ -3,15 +3,17 @@ a probe's mean4 with the claims' items-and-seeds interval), verdicts against a m
 a table with a row per (arm, model), and the tables' file with its closing lines (:func:`write`)."""
 from __future__ import annotations
 
+import json
 import math
 import os
 
 import numpy as np
 
 from reproduce import pretrained
-from reproduce.claims.stats import TASKS, difference, t_quantile
+from reproduce.claims.stats import SEED_SD, TASKS, bits, difference, probe_outcomes, t_quantile
 from reproduce.running import ledger
 
+SWAPS = ("swap_att", "swap_obj")  # own_swap's subsets, equal items each: their mean is own_swap
 
 def interval(values: list[float]) -> tuple[float, float, float]:
     """(mean, low, high): the 95% Student-t interval over ``values`` (NaN bounds with fewer than two)."""
@@ -88,6 +90,33 @@ def caption_measures(cap: dict, words: dict | None, name: str) -> dict:
             "references' repeated content": 100 * words["references"]["repeated_content"] if words else None}
 
 
+def series_of(runs: list[dict], step: tuple, captions=None) -> dict[str, dict]:
+    """{table: {(arm, model): {measure: {seed: value}}}} of a study's records: the probe, the binding part (own_swap,
+    own_attribute), the study's step (``step``: its notebook, its table and its measures(results, objective)) and
+    the captions, each caption set as ``captions(arm, stage, sets)`` lists it as (row, set) (default: every set)."""
+    notebook, table, measures = step
+    out: dict[str, dict] = {"probe": {}, "binding": {}, table: {}, "captions": {}}
+    captions = captions or (lambda arm, stage, sets: [((arm, f"{stage} {name}"), name) for name in sets])
+
+    def put(name, row, seed, values):
+        for k, v in values.items():
+            out[name].setdefault(row, {}).setdefault(k, {})[seed] = v
+
+    for (arm, o, s), res in by_kind(runs, "linear_probe").items():
+        put("probe", (arm, o.upper()), s, probe_measures(res))
+    for (arm, o, s), res in by_kind(runs, "compositionality").items():
+        for column in ("own_swap", "own_attribute"):
+            put("binding", (arm, o.upper()), s, {f"{column} {k}": v for k, v in binding_measures(res, o, column).items()
+                                                 if k != "items"})
+    for (arm, o, s), res in by_kind(runs, notebook).items():
+        put(table, (arm, o.upper()), s, measures(res, o))
+    words = by_kind(runs, "caption_words")
+    for (arm, stage, s), res in by_kind(runs, "captioning").items():
+        for row, name in captions(arm, stage, list(res["metrics"])):
+            put("captions", row, s, caption_measures(res, words.get((arm, stage, s)), name))
+    return out
+
+
 def finetune_check(runs: list[dict]) -> list[str]:
     """Fine-tuning runs that hit their cap while their validation loss still improved (the rule forbids it)."""
     out = []
@@ -113,25 +142,53 @@ def write(folder: str, sections: list[str], found: dict, kept: str) -> str:
     return text
 
 
-def _correct(res: dict) -> dict:
-    return {t: np.frombuffer(res["datasets"][f"wds/{t}"]["correct"].encode(), dtype=np.uint8) - ord("0")
-            for t in TASKS}
+def binding_outcomes(res: dict, objective: str) -> dict[str, np.ndarray]:
+    """own_swap's per-item outcomes {subset: [N] 0/1} of a binding part, by the objective's Table 2 scorer."""
+    variant = "elbo" if objective == "mdc" else "exact"
+    return {s: bits(res["own_subsets"][s]["records"]["correct"][variant]) for s in SWAPS}
+
+
+# instrument -> (its per-item outcomes (results, objective) -> {part: [N] 0/1}, the parts, the items' ids or None)
+PER_ITEM = {"probe": (lambda res, objective: probe_outcomes(res), TASKS, lambda res: None),
+            "binding": (binding_outcomes, SWAPS, lambda res: {s: res["own_subsets"][s]["records"]["ids"] for s in SWAPS})}
+
+
+def contrast(records: dict, terms: list[tuple[float, str, str]], outcome, parts=None, ids=None,
+             seed_sd: float = math.nan) -> dict:
+    """sum c x outcome(arm, objective) over ``terms`` (c, arm, objective) of ``records`` ({(arm, objective, seed):
+    results}), per seed that has every term: its mean, 95% interval, per-seed values and their SD, in points. With
+    per-item outcomes over ``parts`` (:data:`PER_ITEM`) the interval is the claims' (items and seeds; ``seed_sd``
+    stands for the seeds' spread with one seed, NaN: no interval), and every record must hold the same items
+    (``ids``); with a scalar ``outcome`` (points), Student's t over seeds."""
+    seeds = sorted({s for (_, _, s) in records if all((a, o, s) in records for _, a, o in terms)})
+    out = {"mean": math.nan, "low": math.nan, "high": math.nan, "seeds": len(seeds), "per_seed": [], "sd": math.nan}
+    if not seeds:
+        return out
+    if parts:
+        if ids and len({json.dumps(ids(records[(a, o, s)])) for s in seeds for _, a, o in terms}) > 1:
+            raise ValueError(f"the records of {sorted({(a, o) for _, a, o in terms})} were scored on different "
+                             f"items; a per-item contrast needs the same items in every record")
+        pairs = []
+        for s in seeds:
+            y = [(c, outcome(records[(a, o, s)], o)) for c, a, o in terms]
+            zero = {t: np.zeros(len(y[0][1][t])) for t in parts}
+            pairs.append(tuple({t: sum((abs(c) * v[t] for c, v in y if sign * c > 0), zero[t]) for t in parts}
+                               for sign in (1, -1)))
+        d = difference(pairs, seed_sd=seed_sd, tasks=parts)
+        out.update(mean=d["mean"], low=d["low"], high=d["high"], per_seed=d["per_seed"])
+    else:
+        values = [sum(c * outcome(records[(a, o, s)], o) for c, a, o in terms) for s in seeds]
+        out.update(zip(("mean", "low", "high"), interval(values)), per_seed=values)
+    if len(seeds) > 1:
+        out["sd"] = float(np.std(out["per_seed"], ddof=1))
+    return out
 
 
 def probe_difference(runs: list[dict], plus: list[tuple], minus: list[tuple]) -> tuple[float, float, float]:
     """The summed mean4 of the probes ``plus`` minus those of ``minus`` (each an (arm, objective)), paired by seed
-    and item, in points, with the claims' 95% interval (items and seeds; NaN where no seed has them all)."""
-    probes = by_kind(runs, "linear_probe")
-    seeds = sorted({s for (_, _, s) in probes if all((*k, s) in probes for k in (*plus, *minus))})
-
-    def side(keys, s):  # per task [N]: how many of ``keys``' probes get each item right
-        decoded = [_correct(probes[(*k, s)]) for k in keys]
-        return {t: sum(c[t].astype(int) for c in decoded) for t in TASKS}
-
-    try:
-        d = difference([(side(plus, s), side(minus, s)) for s in seeds])
-    except ValueError:  # no seed on every side, or seeds probed on other items
-        return math.nan, math.nan, math.nan
+    and item (:func:`contrast`), in points, with the claims' 95% interval (NaN where no seed has them all)."""
+    d = contrast(by_kind(runs, "linear_probe"), [(1, *k) for k in plus] + [(-1, *k) for k in minus],
+                 *PER_ITEM["probe"], seed_sd=SEED_SD)
     return d["mean"], d["low"], d["high"]
 
 

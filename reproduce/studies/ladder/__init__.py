@@ -17,16 +17,14 @@ import glob
 import json
 import math
 import os
-from statistics import NormalDist
 
 import numpy as np
 
-from reproduce import power, registry
-from reproduce.claims.stats import TASKS, difference, t_quantile
+from reproduce import power
 from reproduce.graph import ROOT, Run
-from reproduce.running import ledger
+from reproduce.registry import run_name
 from reproduce.studies.driver.steps import caption_words, repetition
-from reproduce.studies.driver.study import Arm, Study, pretrain_run, probe_and_binding, records_of, seeds_of
+from reproduce.studies.driver.study import Arm, Study, arm_runs, captioned, descriptive_models, records_of
 from reproduce.studies.ladder import report
 
 BINDING_SUITES = ("own_attribute", "own_sugarcrepe/swap_att", "own_sugarcrepe/swap_obj")
@@ -50,52 +48,21 @@ KEPT = ("x2", "dense", "x4", "rotary-x4")  # seed 0's descriptive models kept in
 
 def descriptive_runs(ref: dict, arm: Arm, objective: str, seed: int, scale: str) -> list[Run]:
     """Pretraining on descriptive captions, its probe, its binding part and its repetition step."""
-    pre = pretrain_run("ladder", ref[f"pretrain/{objective}-descriptive-s{seed}"], ref["data/descriptive"], arm,
-                       objective, "descriptive", seed)
-    probe, binding = probe_and_binding("ladder", ref, pre, BINDING_SUITES, OWN_ITEMS)
+    pre, probe, binding = descriptive_models("ladder", ref, arm, objective, seed, BINDING_SUITES, OWN_ITEMS)
     step = Run(f"repetition/{probe.name.split('/', 1)[1].removeprefix('ladder-')}", "repetition",
                dict(checkpoint=f"{{run:{pre.name}}}", n_scenes=REPETITION_SCENES[scale], seed=0),
                deps=(pre.name,), labels=dict(pre.labels))
     return [pre, probe, binding, step]
 
 
-def caption_runs(ref: dict, pre: dict[str, Run], seed: int) -> list[Run]:
+def caption_runs(ref: dict, arm: Arm, pre: dict[str, Run], seed: int) -> list[Run]:
     """The 4x alt models captioned (the reference's captioning run: pretrained, and fine-tuned at its cap) and
     their caption-word steps."""
-    t, runs = ref[f"captioning/alt-s{seed}"], []
-    for stage in STAGES:
-        name = f"captioning/ladder-x4-alt-{stage}-s{seed}"
-        p = {**t.params, "output_dir": f"{{run:{name}}}", "mdc_checkpoint": f"{{run:{pre['mdc'].name}}}",
-             "arc_checkpoint": f"{{run:{pre['arc'].name}}}",
-             "finetune_steps": 0 if stage == "pretrained" else t.params["finetune_steps"]}
-        labels = dict(arm="x4", style="alt", stage=stage, seed=seed)
-        runs.append(Run(name, "captioning", p, deps=(pre["mdc"].name, pre["arc"].name, "data/evalsets"),
-                        labels=labels, timeout_s=t.timeout_s))
-        runs.append(Run(f"caption_words/x4-alt-{stage}-s{seed}", "caption_words",
-                        dict(captioning=f"{{run:{name}}}", captions_json=t.params["captions_json"]),
-                        deps=(name, "data/evalsets"), labels=dict(labels)))
-    return runs
+    return [r for stage in STAGES for r in captioned("ladder", ref[run_name("captioning", seed, "alt")], arm, pre,
+                                                     stage)]
 
 
-def study_runs(scale: str = "mini", plan: dict | None = None, with_optional: bool = False) -> list[Run]:
-    """Every run of the study (its steps included; the optional arms' where asked), seed by seed, in the order the
-    selection reads."""
-    plan = plan or {"default": 3, "seeds": {}}
-    arms = [a for a in ARMS if with_optional or not a.optional]
-    most = max(seeds_of(plan, a.name, o) for a in arms for o in a.objectives)
-    ref = {r.name: r for r in registry.build(scale, most)}
-    runs = [ref[f"data/{style}"] for style in ("descriptive", "alt") if any(style in a.styles for a in arms)]
-    runs.append(ref["data/evalsets"])
-    for seed in range(most):
-        for arm in arms:
-            wanted = [o for o in arm.objectives if seed < seeds_of(plan, arm.name, o)]
-            for objective in wanted:
-                runs += descriptive_runs(ref, arm, objective, seed, scale)
-            if "alt" in arm.styles and wanted == ["mdc", "arc"]:
-                pre = {o: pretrain_run("ladder", ref[f"pretrain/{o}-alt-s{seed}"], ref["data/alt"], arm, o, "alt",
-                                       seed) for o in wanted}
-                runs += list(pre.values()) + caption_runs(ref, pre, seed)
-    return runs
+study_runs = arm_runs("ladder", ARMS, descriptive_runs, caption_runs)  # every run, seed by seed
 
 
 def repetition_step(p: dict) -> dict:
@@ -110,29 +77,6 @@ def repetition_step(p: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ the seed plan
-def _probe_gaps(folder: str, pattern: str) -> dict | None:
-    """The claims' difference (:func:`reproduce.claims.stats.difference`) of mean4, MDC - ARC, paired by seed, over
-    the probe records ``pattern`` (``{o}``: objective, ``{s}``: seed) in ``folder``."""
-    def correct(o, s):
-        r = ledger.read(folder, pattern.format(o=o, s=s))
-        res = r and r["results"]["results"]["datasets"]
-        return res and {t: np.frombuffer(res[f"wds/{t}"]["correct"].encode(), np.uint8) - ord("0") for t in TASKS}
-    pairs = [(correct("mdc", s), correct("arc", s)) for s in range(10)]
-    pairs = [(m, a) for m, a in pairs if m and a]
-    return difference(pairs) if pairs else None
-
-
-def _binding_gaps(reference: str) -> dict:
-    """own_swap accuracy, MDC's ELBO - ARC's exact, per reference seed, with one seed's items' variance."""
-    acc = {o: [100 * r["results"]["results"]["columns"]["own_swap"]["scores"][v]["accuracy"] for s in range(10)
-               if (r := ledger.read(reference, f"compositionality/{o}-descriptive-own-s{s}"))]
-           for o, v in (("mdc", "elbo"), ("arc", "exact"))}
-    gaps = [m - a for m, a in zip(acc["mdc"], acc["arc"])]
-    items = 2 * OWN_ITEMS  # own_swap: swap_att and swap_obj at the study's items
-    v = sum(np.mean(acc[o]) * (100 - np.mean(acc[o])) / items for o in acc)
-    return {"per_seed": gaps, "mean": float(np.mean(gaps)), "v_items": float(v)}
-
-
 def _reference_repetition(weights: str, path: str) -> dict:
     """:func:`mdc.eval.repetition.descriptive_repetition` of the reference's kept descriptive MDC and ARC (seeds
     0-7, ``reproduce/weights/mini``): measured once into ``path``, the instrument's seed spread before any rung."""
@@ -155,43 +99,31 @@ def _reference_repetition(weights: str, path: str) -> dict:
     return {"per_seed": gaps, "mean": float(np.mean(gaps)), "v_items": float(v)}
 
 
-def slope_rows(name: str, gap: dict, rungs=RUNGS, seeds: int = AFFORDED) -> list[dict]:
-    """Power rows for the gap's slope per doubling of steps: "closes" (it differs from 0, at the slope that closes
-    the 1x gap over the ladder's span) and "holds" (two one-sided tests at +-m, m half the gap's seed SD, at a true
-    slope of 0), with the seeds for 80% power and the power at ``seeds``. The per-seed slope of an OLS fit over the
-    rungs has the gap's seed SD and items' variance over Sxx = sum (log2 rung - mean)^2."""
-    x = np.log2(rungs)
-    sxx, span = float(((x - x.mean()) ** 2).sum()), float(x.max() - x.min())
-    sd, v = float(np.std(gap["per_seed"], ddof=1)), gap["v_items"] / sxx
-    rows = []
-    for test, e, p in (("closes", abs(gap["mean"]) / span, 0.975), ("holds", sd / 2, 0.95)):
-        s, z = sd / math.sqrt(sxx), NormalDist().inv_cdf(p)
-        h = math.sqrt(z**2 * v + t_quantile(p, seeds - 1) ** 2 * s**2 / seeds)
-        rows.append({"quantity": name, "test": test, "reference seeds": len(gap["per_seed"]), "gap": gap["mean"],
-                     "seed SD": sd, "slope effect": e, "margin m": sd / 2, "seeds": power.needed_seeds(e, s, v, p),
-                     "power": NormalDist().cdf((e - h) / math.sqrt(v + s**2 / seeds))})
-    return rows
-
-
 def plan_seeds(args) -> str:
-    """Seeds per ladder model before any rung is read (:func:`slope_rows` per instrument, from the reference):
+    """Seeds per ladder model before any rung is read (:func:`reproduce.power.slope_rows` per instrument over
+    :data:`RUNGS` at :data:`AFFORDED` seeds, from the reference):
     the most any resolvable row (at most ``power.MAX_SEEDS``) asks, at least ``power.FLOOR_SEEDS``, and at most
     :data:`AFFORDED`; the other arms the floor. A sensitivity row (the probe's seed SD pooled with the words study's
     arms) decides nothing. Writes ``args.seeds``; returns the table."""
     study = os.path.dirname(args.seeds)
-    words = records_of("words")
-    probe = _probe_gaps(args.reference, "probe/{o}-descriptive-s{s}")
-    rows = slope_rows("probe gap (mean4)", probe) + slope_rows("binding gap (own_swap)", _binding_gaps(args.reference))
+    words = records_of("words", os.path.dirname(study))
+    probe = power.probe_gaps(args.reference, "probe/{o}-descriptive-s{s}")
+
+    def slope(name, gap):
+        return power.slope_rows(name, gap, RUNGS, AFFORDED)
+
+    rows = slope("probe gap (mean4)", probe)  # own_swap: swap_att and swap_obj, the study's items each
+    rows += slope("binding gap (own_swap)", power.binding_gaps(args.reference, 2 * OWN_ITEMS))
     weights = os.path.join(ROOT, "reproduce", "weights", "mini")
-    rows += slope_rows("repetition gap (shape named twice)",
-                       _reference_repetition(weights, os.path.join(study, "reference_repetition.json")))
-    arms = [_probe_gaps(words, f"probe/words-{a}-{{o}}-descriptive-s{{s}}")
+    rows += slope("repetition gap (shape named twice)",
+                  _reference_repetition(weights, os.path.join(study, "reference_repetition.json")))
+    arms = [power.probe_gaps(words, f"probe/words-{a}-{{o}}-descriptive-s{{s}}")
             for a in ("paper", "rotary", "quarter", "x2")]
     pooled = [g - np.mean(d["per_seed"]) for d in (probe, *arms) for g in d["per_seed"]]
     dof = sum(len(d["per_seed"]) - 1 for d in (probe, *arms))
     sensitivity = {**probe, "per_seed": list(np.asarray(pooled) * math.sqrt((len(pooled) - 1) / dof))}
     rows += [{**r, "quantity": "probe gap, seed SD pooled with the words study's arms (sensitivity)"}
-             for r in slope_rows("", sensitivity)]
+             for r in slope("", sensitivity)]
     asked = max([power.FLOOR_SEEDS] + [r["seeds"] for r in rows if "sensitivity" not in r["quantity"]
                                        and r["seeds"] is not None and r["seeds"] <= power.MAX_SEEDS])
     k = min(asked, AFFORDED)

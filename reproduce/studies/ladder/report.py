@@ -28,23 +28,25 @@ import numpy as np
 
 from mdc.eval.positive_controls import control_margin
 from reproduce import registry
-from reproduce.claims.stats import TASKS, difference
 from reproduce.cost import paper_cost
 from reproduce.running import ledger
-from reproduce.studies.driver.tables import (binding_measures, by_kind, caption_measures, interval, probe_measures,
-                                             render, span, verdict, write)
+from reproduce.studies.driver import tables
+from reproduce.studies.driver.study import records_of
+from reproduce.studies.driver.tables import binding_measures, by_kind, render, span, verdict, write
 
-SWAPS = ("swap_att", "swap_obj")  # own_swap's subsets, equal items each: their mean is own_swap
 ORDER = ("x1", "x0.5", "x2", "x4", "dense", "rotary-x1", "rotary-x4")  # x1 first: the tables' reference arm
 RUNG_ARMS = ("x0.5", "x1", "x2")  # the ladder whose slope the rules judge (PLAN.md)
 OPTIONAL_RUNGS = ("x4",)  # run only with --with-optional: shown beside the ladder, outside its slope
 PARTNER = {"dense": "x1", "rotary-x1": "x1", "rotary-x4": "x4"}  # a side arm's learned-position rung
 MINI_STEPS = 2240
 PAPER_RUN = "pretrain/vit-b-32-mdc-descriptive-s0"  # the crossover's GPU-hours: one paper-profile MDC pretraining
-# instrument: (notebook, per-item outcome tasks or None, the gap's measure, seeds.json's quantity)
-INSTRUMENTS = {"probe": ("linear_probe", TASKS, "mean4", "probe gap (mean4)"),
-               "binding": ("compositionality", SWAPS, "own_swap own", "binding gap (own_swap)"),
-               "repetition": ("repetition", None, "shape_twice", "repetition gap (shape named twice)")}
+# instrument: (notebook, the gap's measure, seeds.json's quantity)
+INSTRUMENTS = {"probe": ("linear_probe", "mean4", "probe gap (mean4)"),
+               "binding": ("compositionality", "own_swap own", "binding gap (own_swap)"),
+               "repetition": ("repetition", "shape_twice", "repetition gap (shape named twice)")}
+# instrument: its outcome per record and seed (per item where it records them: tables.PER_ITEM; else points)
+OUTCOMES = {"probe": tables.PER_ITEM["probe"], "binding": tables.PER_ITEM["binding"],
+            "repetition": (lambda res, objective: 100 * res["views"]["own"]["shape_twice"],)}
 
 
 def rung(arm: str) -> float | None:
@@ -60,50 +62,9 @@ def repetition_measures(res: dict) -> dict:
             "pairs_exist, another image": pct(other["pairs_exist"])}
 
 
-def outcomes(instrument: str, res: dict, objective: str):
-    """Per-item outcomes {task: [N] 0/1} of one record, or its scalar (points) where the instrument has none."""
-    if instrument == "probe":
-        return {t: np.frombuffer(res["datasets"][f"wds/{t}"]["correct"].encode(), np.uint8) - ord("0") for t in TASKS}
-    if instrument == "binding":
-        variant = "elbo" if objective == "mdc" else "exact"
-        return {s: np.frombuffer(res["own_subsets"][s]["records"]["correct"][variant].encode(), np.uint8) - ord("0")
-                for s in SWAPS}
-    return 100 * res["views"]["own"]["shape_twice"]
-
-
-def item_ids(instrument: str, res: dict):
-    """The items' ids where a record names them (own_swap's subsets), else None (the probe's fixed test set)."""
-    return {s: res["own_subsets"][s]["records"]["ids"] for s in SWAPS} if instrument == "binding" else None
-
-
 def contrast(data: dict, instrument: str, terms: list[tuple[float, str, str]]) -> dict:
-    """sum c x outcome(arm, objective) over ``terms`` (c, arm, objective), per seed that has every term: its mean,
-    95% interval (module docstring; NaN with one seed), per-seed values and their SD, in points."""
-    records = data[instrument]
-    seeds = sorted({s for (_, _, s) in records if all((a, o, s) in records for _, a, o in terms)})
-    out = {"mean": math.nan, "low": math.nan, "high": math.nan, "seeds": len(seeds), "per_seed": [], "sd": math.nan}
-    if not seeds:
-        return out
-    tasks = INSTRUMENTS[instrument][1]
-    if tasks:
-        ids = {json.dumps(item_ids(instrument, records[(a, o, s)])) for s in seeds for _, a, o in terms}
-        if len(ids) > 1:
-            raise ValueError(f"{instrument}: the records of {sorted({(a, o) for _, a, o in terms})} were scored on "
-                             f"different items; a per-item contrast needs the same items in every record")
-        pairs = []
-        for s in seeds:
-            y = [(c, outcomes(instrument, records[(a, o, s)], o)) for c, a, o in terms]
-            zero = {t: np.zeros(len(y[0][1][t])) for t in tasks}
-            pairs.append(tuple({t: sum((abs(c) * v[t] for c, v in y if sign * c > 0), zero[t]) for t in tasks}
-                               for sign in (1, -1)))
-        d = difference(pairs, seed_sd=math.nan, tasks=tasks)  # one seed: no seeds' spread, so no interval
-        out.update(mean=d["mean"], low=d["low"], high=d["high"], per_seed=d["per_seed"])
-    else:
-        values = [sum(c * outcomes(instrument, records[(a, o, s)], o) for c, a, o in terms) for s in seeds]
-        out.update(zip(("mean", "low", "high"), interval(values)), per_seed=values)
-    if len(seeds) > 1:
-        out["sd"] = float(np.std(out["per_seed"], ddof=1))
-    return out
+    """:func:`reproduce.studies.driver.tables.contrast` of one instrument's records (module docstring)."""
+    return tables.contrast(data[instrument], terms, *OUTCOMES[instrument])
 
 
 def slope(data: dict, instrument: str, arms: list[str]) -> tuple[dict, float]:
@@ -146,7 +107,7 @@ def paper_hours() -> float:
 def gap_table(data: dict, instrument: str, rows: dict) -> str:
     """Per arm MDC - ARC (a side arm against its partner rung's ARC) and, for a side arm, its MDC minus the
     partner's; then the slope, its verdict, the first rung whose interval holds 0 and any crossover."""
-    _, _, measure, quantity = INSTRUMENTS[instrument]
+    _, measure, quantity = INSTRUMENTS[instrument]
     ref_gap, m = rows.get(quantity, (math.nan, math.nan))
     models = {(a, o) for (a, o, _) in data[instrument]}
     ladder = [a for a in RUNG_ARMS if {(a, "mdc"), (a, "arc")} <= models]
@@ -205,26 +166,9 @@ def control_binds(data: dict, arm: str) -> str:
 
 def series_of(runs: list[dict]) -> tuple[dict, dict]:
     """({instrument: {(arm, objective, seed): results}}, {table: {(arm, model): {measure: {seed: value}}}})."""
-    data = {i: by_kind(runs, nb) for i, (nb, *_) in INSTRUMENTS.items()}
-    series: dict[str, dict] = {"probe": {}, "binding": {}, "repetition": {}, "captions": {}}
-
-    def put(table, row, seed, values):
-        for k, v in values.items():
-            series[table].setdefault(row, {}).setdefault(k, {})[seed] = v
-
-    for (arm, o, s), res in data["probe"].items():
-        put("probe", (arm, o.upper()), s, probe_measures(res))
-    for (arm, o, s), res in data["binding"].items():
-        for column in ("own_swap", "own_attribute"):
-            put("binding", (arm, o.upper()), s, {f"{column} {k}": v for k, v in binding_measures(res, o, column).items()
-                                                 if k != "items"})
-    for (arm, o, s), res in data["repetition"].items():
-        put("repetition", (arm, o.upper()), s, repetition_measures(res))
-    words = by_kind(runs, "caption_words")
-    for (arm, stage, s), res in by_kind(runs, "captioning").items():
-        for name in ("mdc-ref", "arc-beam6-ref"):
-            put("captions", (arm, f"{stage} {name}"), s, caption_measures(res, words.get((arm, stage, s)), name))
-    return data, series
+    return {i: by_kind(runs, nb) for i, (nb, *_) in INSTRUMENTS.items()}, tables.series_of(
+        runs, ("repetition", "repetition", lambda res, objective: repetition_measures(res)),
+        lambda arm, stage, sets: [((arm, f"{stage} {name}"), name) for name in ("mdc-ref", "arc-beam6-ref")])
 
 
 def figure(data: dict, path: str) -> str:
@@ -244,7 +188,7 @@ def figure(data: dict, path: str) -> str:
         top.set_ylim(*ylim(lines.values()))
         bottom.set_ylim(*ylim([gaps], gap=True))
         bottom.axhline(0, color="grey", lw=0.8)
-        top.set_title(f"{instrument}: {INSTRUMENTS[instrument][2]} (points)", fontsize=9)
+        top.set_title(f"{instrument}: {INSTRUMENTS[instrument][1]} (points)", fontsize=9)
         top.legend(fontsize=7)
         bottom.set_ylabel("MDC - ARC, 95% interval", fontsize=8)
         bottom.set_xscale("log", base=2)
@@ -306,7 +250,7 @@ def build(records: str, folder: str) -> str:
     found = ledger.read_all(records)
     runs = ledger.for_build(found)
     data, series = series_of(runs)
-    words = os.path.join(os.path.dirname(folder), "words", "records")  # the 1x captions' reference (paper arm)
+    words = records_of("words", os.path.dirname(folder))  # the 1x captions' reference (paper arm)
     for (arm, model), values in (series_of(ledger.for_build(ledger.read_all(words)))[1]["captions"].items()
                                  if os.path.isdir(words) else ()):
         if arm == "paper" and model.split(" ")[0] in ("pretrained", "finetuned"):

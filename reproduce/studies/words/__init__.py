@@ -11,9 +11,9 @@ The seed plan (seeds.json) and reference_neighbours.json were made before the fi
 """
 from __future__ import annotations
 
-from reproduce import registry
 from reproduce.graph import Run
-from reproduce.studies.driver.study import Arm, Study, pretrain_run, probe_and_binding, seeds_of
+from reproduce.registry import run_name
+from reproduce.studies.driver.study import Arm, Study, arm_runs, captioned, descriptive_models
 from reproduce.studies.driver.steps import caption_words, repetition
 from reproduce.studies.words import report
 
@@ -39,9 +39,7 @@ ARMS = (  # PLAN.md's table says what each changes
 
 def descriptive_runs(ref: dict, arm: Arm, objective: str, seed: int, scale: str) -> list[Run]:
     """Pretraining on descriptive captions, its probe, its binding part and its neighbour step."""
-    pre = pretrain_run("words", ref[f"pretrain/{objective}-descriptive-s{seed}"], ref["data/descriptive"], arm,
-                       objective, "descriptive", seed)
-    probe, binding = probe_and_binding("words", ref, pre, BINDING_SUITES, OWN_ITEMS)
+    pre, probe, binding = descriptive_models("words", ref, arm, objective, seed, BINDING_SUITES, OWN_ITEMS)
     step = Run(f"neighbours/{probe.name.split('/', 1)[1].removeprefix('words-')}", "neighbours",
                dict(checkpoint=f"{{run:{pre.name}}}", data_dir="{run:data/evalsets}", n_items=NEIGHBOUR_ITEMS[scale],
                     seed=0, binding=list(BINDING_SUITES) if objective == "mdc" else [],
@@ -51,48 +49,16 @@ def descriptive_runs(ref: dict, arm: Arm, objective: str, seed: int, scale: str)
 
 
 def caption_runs(ref: dict, arm: Arm, pre: dict[str, Run], seed: int) -> list[Run]:
-    """The arm's captioning runs on alt captions (pretrained; fine-tuned; the paper arm's MDC also fine-tuned at
-    t ~ U[0, 1]) and their caption-word steps."""
-    t = ref[f"captioning/alt-s{seed}"]
-    stages = [(s, {}) for s in STAGES]
-    if arm.name == "paper":
-        stages.append(("finetuned-t0-1", {"finetune_t_interval": [0.0, 1.0], "arc_checkpoint": ""}))
-    runs = []
-    for stage, extra in stages:
-        name = f"captioning/words-{arm.name}-alt-{stage}-s{seed}"
-        p = {**t.params, "output_dir": f"{{run:{name}}}", "mdc_checkpoint": f"{{run:{pre['mdc'].name}}}",
-             "arc_checkpoint": f"{{run:{pre['arc'].name}}}" if "arc" in pre else "",
-             "finetune_steps": 0 if stage == "pretrained" else t.params["finetune_steps"] * FINETUNE_CAP}
-        if not dict(arm.overrides).get("length_visible", True):
-            p["lengths"] = [10, 15, 20, None]  # None: the model's own length
-        p.update(extra)
-        deps = tuple(d.removeprefix("{run:").removesuffix("}") for d in (p["mdc_checkpoint"], p["arc_checkpoint"])
-                     if d) + ("data/evalsets",)
-        labels = dict(arm=arm.name, style="alt", stage=stage, seed=seed)
-        runs.append(Run(name, "captioning", p, deps=deps, labels=labels, timeout_s=t.timeout_s * FINETUNE_CAP))
-        runs.append(Run(f"caption_words/{arm.name}-alt-{stage}-s{seed}", "caption_words",
-                        dict(captioning=f"{{run:{name}}}", captions_json=t.params["captions_json"]),
-                        deps=(name, "data/evalsets"), labels=dict(labels)))
-    return runs
+    """The arm's captioning runs on alt captions (pretrained; fine-tuned to :data:`FINETUNE_CAP` times the
+    reference's cap; the paper arm's MDC also fine-tuned at t ~ U[0, 1]) and their caption-word steps."""
+    own = {} if dict(arm.overrides).get("length_visible", True) else {"lengths": [10, 15, 20, None]}  # None: its own
+    stages = [(s, own) for s in STAGES] + [("finetuned-t0-1", {"finetune_t_interval": [0.0, 1.0], "arc_checkpoint": ""})
+                                           ] * (arm.name == "paper")
+    t = ref[run_name("captioning", seed, "alt")]
+    return [r for stage, extra in stages for r in captioned("words", t, arm, pre, stage, FINETUNE_CAP, **extra)]
 
 
-def study_runs(scale: str = "mini", plan: dict | None = None, with_optional: bool = False) -> list[Run]:
-    """Every run of the study (its steps included), seed by seed, in the order the selection reads."""
-    plan = plan or {"default": 3, "seeds": {}}
-    chosen = tuple(a for a in ARMS if with_optional or not a.optional)
-    most = max(seeds_of(plan, a.name, o) for a in chosen for o in a.objectives)
-    ref = {r.name: r for r in registry.build(scale, most)}
-    runs = [ref["data/descriptive"], ref["data/alt"], ref["data/evalsets"]]
-    for seed in range(most):
-        for arm in chosen:
-            wanted = [o for o in arm.objectives if seed < seeds_of(plan, arm.name, o)]
-            for objective in wanted:
-                runs += descriptive_runs(ref, arm, objective, seed, scale)
-            if "alt" in arm.styles and "mdc" in wanted:
-                pre = {o: pretrain_run("words", ref[f"pretrain/{o}-alt-s{seed}"], ref["data/alt"], arm, o, "alt", seed)
-                       for o in wanted}
-                runs += list(pre.values()) + caption_runs(ref, arm, pre, seed)
-    return runs
+study_runs = arm_runs("words", ARMS, descriptive_runs, caption_runs)  # every run, seed by seed
 
 
 def neighbours_step(p: dict) -> dict:

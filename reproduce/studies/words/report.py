@@ -20,8 +20,8 @@ import numpy as np
 
 from mdc.eval.positive_controls import control_margin
 from reproduce.running import ledger
-from reproduce.studies.driver.tables import (by_kind, binding_measures, caption_measures, interval, paired,
-                                             probe_difference, probe_measures, render, span, verdict, write)
+from reproduce.studies.driver import tables
+from reproduce.studies.driver.tables import by_kind, interval, paired, probe_difference, render, span, verdict, write
 
 MARGIN_FRACTION = 0.10
 WORDS_RATIO = {"mdc": "0.75", "arc": "teacher_forced"}
@@ -62,29 +62,13 @@ def probe_gap(runs: list[dict]) -> str:
 
 
 def series_of(runs: list[dict]) -> dict[str, dict]:
-    """{instrument: {(arm, model): {measure: {seed: value}}}} from the records."""
-    out: dict[str, dict] = {"probe": {}, "binding": {}, "words": {}, "captions": {}}
-
-    def put(instrument, row, seed, values):
-        for k, v in values.items():
-            out[instrument].setdefault(row, {}).setdefault(k, {})[seed] = v
-
-    for (arm, o, s), res in by_kind(runs, "linear_probe").items():
-        put("probe", (arm, o.upper()), s, probe_measures(res))
-    for (arm, o, s), res in by_kind(runs, "compositionality").items():
-        for column in ("own_swap", "own_attribute"):
-            put("binding", (arm, o.upper()), s, {f"{column} {k}": v for k, v in binding_measures(res, o, column).items()
-                                                 if k != "items"})
-    for (arm, o, s), res in by_kind(runs, "neighbours").items():
-        put("words", (arm, o.upper()), s, words_measures(res, o))
-    words = by_kind(runs, "caption_words")
-    for (arm, stage, s), res in by_kind(runs, "captioning").items():
-        counts = words.get((arm, stage, s))
+    """{instrument: {(arm, model): {measure: {seed: value}}}} from the records; the paper arm's MDC fine-tuned at
+    t ~ U[0, 1] in a row of its own, the model's own length named so."""
+    def captions(arm, stage, sets):
         arm, stage = T01[1:] if stage == T01[0] else (arm, stage)  # its own row, against the paper's fine-tune
-        for name in res["metrics"]:
-            label = "own length" if name == "mdc-None" else name
-            put("captions", (arm, f"{stage} {label}"), s, caption_measures(res, counts, name))
-    return out
+        return [((arm, f"{stage} {'own length' if name == 'mdc-None' else name}"), name) for name in sets]
+
+    return tables.series_of(runs, ("neighbours", "words", words_measures), captions)
 
 
 def judges(series: dict) -> dict:

@@ -9,8 +9,10 @@ import pytest
 from conftest import study_record
 
 from reproduce import power, registry
+from reproduce.claims.stats import TASKS
 from reproduce.running import ledger
 from reproduce.studies import ladder
+from reproduce.studies.driver import tables
 from reproduce.studies.driver.study import plan_keys
 from reproduce.studies.ladder import report
 
@@ -91,13 +93,13 @@ def test_seed_zero_of_the_top_rungs_and_dense_is_kept_and_steps_are_keyed(runs):
 
 def test_the_slope_rows_scale_the_gaps_noise_by_the_rungs_spread():
     gap = {"per_seed": [-4.0, -5.0, -6.0], "mean": -5.0, "v_items": 0.1}
-    closes, holds = ladder.slope_rows("probe", gap, rungs=(0.25, 0.5, 1, 2, 4), seeds=3)
+    closes, holds = power.slope_rows("probe", gap, rungs=(0.25, 0.5, 1, 2, 4), seeds=3)
     assert closes["slope effect"] == pytest.approx(5.0 / 4) and holds["margin m"] == pytest.approx(0.5)
     sxx = float(((np.log2([0.25, 0.5, 1, 2, 4])) ** 2).sum())  # 10: centred on 1x
     assert closes["seeds"] == power.needed_seeds(5.0 / 4, 1.0 / math.sqrt(sxx), 0.1 / sxx, 0.975)
     assert holds["seeds"] == power.needed_seeds(0.5, 1.0 / math.sqrt(sxx), 0.1 / sxx, 0.95)
     k = holds["seeds"]  # the power it prints is reproduce.power's: 80% at the seeds it asks, less with one fewer
-    fewer, enough = (ladder.slope_rows("probe", gap, (0.25, 0.5, 1, 2, 4), seeds=n)[1]["power"] for n in (k - 1, k))
+    fewer, enough = (power.slope_rows("probe", gap, (0.25, 0.5, 1, 2, 4), seeds=n)[1]["power"] for n in (k - 1, k))
     assert k > 3 and holds["power"] <= fewer < 0.8 <= enough
 
 
@@ -124,7 +126,7 @@ def _ladder_records(folder, arc_binds=True):
             x = math.log2(report.rung(report.PARTNER.get(arm, arm)))
             lab = {"arm": arm, "objective": o, "style": "descriptive", "seed": seed}
             right = (560 + 5 * x if o == "arc" or arm == "rotary-x4" else 500 + 20 * x) + seed
-            top = {f"wds/{t}": {"top1": right / ITEMS, "correct": _bits(int(right))} for t in report.TASKS}
+            top = {f"wds/{t}": {"top1": right / ITEMS, "correct": _bits(int(right))} for t in TASKS}
             study_record(folder, f"probe/ladder-{arm}-{o}-descriptive-s{seed}", "linear_probe", {}, 1.0,
                          {"datasets": top}, seed, lab)
             v = "elbo" if o == "mdc" else "exact"
@@ -132,7 +134,7 @@ def _ladder_records(folder, arc_binds=True):
             other = 0.5 if arc_binds or o == "mdc" else own
             scores = {v: {"accuracy": own}, f"{v}_shuffled": {"accuracy": other}, f"{v}_blind": {"accuracy": 0.5}}
             subsets = {s: {"records": {"correct": {v: _bits(int(60 * own), 60)}, "ids": list(range(60))}}
-                       for s in report.SWAPS}
+                       for s in tables.SWAPS}
             columns = {c: {"items": 120, "scores": scores} for c in ("own_swap", "own_attribute")}
             study_record(folder, f"compositionality/ladder-{arm}-{o}-descriptive-binding-s{seed}", "compositionality",
                          {}, 1.0, {"columns": columns, "own_subsets": subsets}, seed, lab)
@@ -179,7 +181,7 @@ def test_contrasts_are_gaps_and_slopes_per_seed_with_the_claims_interval(tmp_pat
     assert rep["mean"] == pytest.approx(59.0) and rep["per_seed"] == pytest.approx([58, 59, 60])
     moved = data["binding"][("x2", "arc", 1)]["own_subsets"]["swap_obj"]["records"]
     moved["ids"] = moved["ids"][1:] + [60]  # one seed's ARC scored on other items: no per-item contrast
-    with pytest.raises(ValueError, match="binding: the records of .* were scored on different items"):
+    with pytest.raises(ValueError, match="the records of .* were scored on different items"):
         report.contrast(data, "binding", [(1, "x2", "mdc"), (-1, "x2", "arc")])
     assert report.judge_slope({"low": 0.1, "high": 2.0}, -4.7, 0.5) == "closes"
     assert report.judge_slope({"low": -0.3, "high": 0.4}, -4.7, 0.5) == "holds"
