@@ -123,8 +123,9 @@ def probe_gaps(records: str, pattern: str) -> dict | None:
 def binding_gaps(records: str, items: int) -> dict:
     """own_swap accuracy, MDC's ELBO - ARC's exact, per seed of the reference ledger ``records``, with the items'
     variance of one seed's difference at ``items`` items a model."""
-    acc = {o: [100 * r["results"]["results"]["columns"]["own_swap"]["scores"][v]["accuracy"]
-               for s in range(SEARCH_SEEDS) if (r := ledger.read(records, f"compositionality/{o}-descriptive-own-s{s}"))]
+    found = {o: [ledger.read(records, registry.run_name("compositionality", s, o, "descriptive", "own"))
+                 for s in range(SEARCH_SEEDS)] for o in ("mdc", "arc")}
+    acc = {o: [100 * r["results"]["results"]["columns"]["own_swap"]["scores"][v]["accuracy"] for r in found[o] if r]
            for o, v in (("mdc", "elbo"), ("arc", "exact"))}
     gaps = [m - a for m, a in zip(acc["mdc"], acc["arc"])]
     v = sum(np.mean(acc[o]) * (100 - np.mean(acc[o])) / items for o in acc)

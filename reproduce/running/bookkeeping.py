@@ -38,7 +38,7 @@ def another_checkpoint(out: str, records: str | None, r: Run) -> tuple[str, str]
 class Book:
     """What is done and where: run folders, the ledger, the records to write and the checkpoints to free."""
 
-    def __init__(self, runs, key, out, records, keep_checkpoints, log, kept_weights=None, machine_factor=None,
+    def __init__(self, runs, key, out, records, keep_checkpoints, log, *, kept_weights=None, machine_factor=None,
                  science=None):
         self.runs, self.key, self.out, self.records, self.keep, self.log = runs, key, out, records, keep_checkpoints, log
         self.kept_weights = kept_weights  # where the float16 weights of the runs in pretrained.KEEP go

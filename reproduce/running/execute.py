@@ -5,7 +5,8 @@
     python -m reproduce.running.execute --figures PARAMETERS_JSON
 
 The first form executes a notebook with papermill (kernel python3, working directory the
-repository root; under a study's pin, :data:`SCIENCE` names the exported tree whose ``mdc`` the kernel imports). The second runs a pretraining command line (torchrun on GPU nodes) and
+repository root; under a study's pin, :data:`SCIENCE` names the exported tree whose ``mdc`` the
+kernel imports). The second runs a pretraining command line (torchrun on GPU nodes) and
 writes the results file the pretraining notebook would have written, from the JSON line
 ``mdc.train`` prints at the end. The third is the figures run (:func:`build_figures`): every artifact
 rebuilt from the ledger's records, as ``python -m reproduce --from-records`` builds them; no notebook

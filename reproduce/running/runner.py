@@ -90,7 +90,8 @@ def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), lo
         for folder in locked:
             held.enter_context(FolderLock(folder, RUNNER_LOCK, "a reproduction runner", hint))
         book = Book(runs, key, out, settings.records, settings.keep_checkpoints or only is not None, log,
-                    settings.kept_weights, settings.machine_factor, settings.science)
+                    kept_weights=settings.kept_weights, machine_factor=settings.machine_factor,
+                    science=settings.science)
         skipped = [] if only is None else [r.name for r in runs if r.name not in only]
         if only is not None:
             book.needed = set(only)

@@ -2,8 +2,9 @@
 compute.py ...``, cwd the tree: :mod:`reproduce.studies.driver.pin`), so that a step executes its pinned commit's
 code and nothing of main's; it imports only the standard library here.
 
-    compute.py digest STUDY                                the steps' digest (:func:`step_digest`)
-    compute.py step STUDY KIND PARAMETERS_JSON RESULTS_JSON  one step: its results file, as a notebook writes one
+    compute.py digest STUDY                                       the steps' digest (:func:`step_digest`)
+    compute.py step STUDY KIND PARAMETERS_JSON RESULTS_JSON DIGEST  one step: its results file, as a notebook
+                                                                    writes one, where the steps' digest is DIGEST
 """
 import hashlib
 import inspect
@@ -27,7 +28,10 @@ def main(argv: list[str]) -> int:
         return 0
     from mdc.eval.results import write_results  # the tree's own package, as its notebooks write theirs
 
-    kind, parameters, results = rest
+    kind, parameters, results, pinned = rest
+    if (found := step_digest(study)) != pinned:
+        print(f"the steps of reproduce.studies.{name} here are {found}, not the pin's {pinned}", file=sys.stderr)
+        return 1
     with open(parameters) as f:
         p = json.load(f)
     started = time.perf_counter()

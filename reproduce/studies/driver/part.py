@@ -34,7 +34,7 @@ def setup(study: Study, args, estimates: bool = True) -> tuple[list, dict, dict,
     key, by_name = plan_keys(study, runs, args.pinned), {r.name: r for r in runs}
     ref = {r.name: r for r in registry.build(args.scale, 1)}  # the evaluation sets' sizes, for the cost model
     reference = args.reference if args.scale == "mini" else None  # the reference ledger is mini's
-    steps = {kind: study.step_seconds for kind in study.steps}
+    steps = {kind: study.step_estimate for kind in study.steps}
     est = {r.name: cost.on_machine(cost.estimate(r, by_name, args.records, reference, steps, args.scale, ref),
                                    args.machine_factor) for r in runs} if estimates else {}
     return runs, key, by_name, est
@@ -198,19 +198,20 @@ def step(study: Study, run, key: str, args, science: str) -> str:
     its folder, then its record with the pin's digests (``args.pinned``); returns the step's output."""
     out = os.path.join(args.out, args.scale)
     folder = run_dir(out, run)
+    params, results = os.path.join(folder, "parameters.json"), os.path.join(folder, "results.json")
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "parameters.json"), "w") as f:
+    with open(params, "w") as f:
         json.dump(resolve(run.params, out), f, indent=1)
-    started, results = time.perf_counter(), os.path.join(folder, "results.json")
+    started = time.perf_counter()
     with open(os.path.join(folder, "log.txt"), "w+") as log:
-        proc = subprocess.Popen([sys.executable, "-P", pinning.COMPUTE, "step", study.name, run.notebook, f.name,
-                                 results], cwd=science, env={**pinning.science_env(science), "OMP_NUM_THREADS": "1"},
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, "-P", pinning.COMPUTE, "step", study.name, run.notebook, params,
+                                 results, args.pinned["steps"]], cwd=science, stdout=log, stderr=subprocess.STDOUT,
+                                env={**pinning.science_env(science), "OMP_NUM_THREADS": "1"})
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time and peak memory
-        proc.returncode, seconds = status, time.perf_counter() - started
+        proc.returncode, seconds = os.waitstatus_to_exitcode(status), time.perf_counter() - started
         log.seek(0)
         text = log.read()
-    if status:
+    if proc.returncode:
         raise RunError(f"{run.name}: {text.strip()}")
     written = read_results(results)
     if reads_checkpoint(run) and written["checkpoint_id"] != (ledger.read(args.records, run.deps[0]) or {}).get(

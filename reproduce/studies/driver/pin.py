@@ -5,8 +5,8 @@
 notebook). A run's key and its record's code are computed from these digests alone, so the driver, runner, ledger,
 scheduler and report, which always run from main, can change without changing a key or refusing a part. A part
 executes the commit's science from an export (:func:`science`): the runner runs its notebooks with its ``mdc`` first
-on the kernel's path, a step runs in a process of its own on the export (:mod:`.compute`); the export is removed
-when the part ends. The runs' parameters are main's definitions, which must reproduce the pinned records' keys: a
+on the kernel's path, a step runs in a process of its own on the export (:mod:`.compute`, which checks the steps'
+digest); the export is removed when the part ends. The runs' parameters are main's definitions, which must reproduce the pinned records' keys: a
 part refuses to start while one does not (:func:`reproduce.studies.driver.part.part`). ``--pin COMMIT`` writes it.
 """
 from __future__ import annotations
@@ -61,13 +61,18 @@ def exported(study, commit: str):
 def digests(study, root: str) -> dict:
     """What decides a result in the tree ``root``: its package's digest, each notebook's, and its study's steps'
     (:func:`reproduce.studies.driver.compute.step_digest`, computed on that tree)."""
-    steps = subprocess.run([sys.executable, "-P", COMPUTE, "digest", study.name], cwd=root, capture_output=True, text=True,
-                           env=science_env(root))
+    steps = subprocess.run([sys.executable, "-P", COMPUTE, "digest", study.name], cwd=root, env=science_env(root),
+                           capture_output=True, text=True)
     if steps.returncode:
         raise RunError(f"the steps of reproduce.studies.{study.name} in that commit cannot be read: "
                        f"{steps.stderr.strip().splitlines()[-1:]}")
+    return {**code_digests(root), "steps": steps.stdout.strip()}
+
+
+def code_digests(root: str) -> dict:
+    """The digests of the package and of each notebook's code cells in the tree ``root``."""
     notebooks = sorted(glob.glob(os.path.join(root, "notebooks", "*.ipynb")))
-    return {"package": package_digest(root), "steps": steps.stdout.strip(),
+    return {"package": package_digest(root),
             "notebooks": {os.path.basename(p)[:-len(".ipynb")]: code_digest(p) for p in notebooks}}
 
 
@@ -103,10 +108,11 @@ def write_pin(study, commit: str) -> str:
 
 @contextlib.contextmanager
 def science(study, pin: dict):
-    """The pinned commit's science, exported for a part and checked against the pin's digests; removed on leaving."""
+    """The pinned commit's science, exported for a part and checked against the pin's package and notebook digests
+    (a step checks its own: :mod:`.compute`); removed on leaving."""
     with exported(study, pin["commit"]) as root:
-        found = digests(study, root)
-        wrong = [k for k in ("package", "steps") if found[k] != pin[k]] + [
+        found = code_digests(root)
+        wrong = ["package"] * (found["package"] != pin["package"]) + [
             f"notebook {nb}" for nb, d in pin["notebooks"].items() if found["notebooks"].get(nb) != d]
         if wrong:
             raise RunError(f"commit {pin['commit'][:12]} exports other science than pin.json names ({', '.join(wrong)})"

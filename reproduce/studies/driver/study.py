@@ -43,11 +43,16 @@ class Study:
     runs: Callable[[str, dict, bool], list[Run]]  # (scale, seed plan, with optional arms) -> every run, in plan order
     steps: dict[str, Callable[[dict], dict]] = field(default_factory=dict)  # step kind -> its function
     step_code: tuple[Callable, ...] = ()  # what the steps count with: hashed into their keys
-    step_seconds: Callable[[Run], float] = lambda run: 60.0  # a step's estimate at mini without a record
+    step_seconds: dict = field(default_factory=dict)  # a step's seconds at mini with no record: by kind or objective
     keep: Callable[[Run], bool] = lambda run: False  # the pretraining runs kept in float16 once recorded
     report: Callable[[str, str], str] | None = None  # (records, folder) -> the tables' text, written in folder
     plan_seeds: Callable | None = None  # (args) -> its table: seeds.json (args.seeds) from the reference, by power
     budget_run_hours: float = 30.0
+
+    def step_estimate(self, run: Run) -> float:
+        """A step's seconds at mini with no record: its kind's in :attr:`step_seconds`, else its model's objective's,
+        else a minute."""
+        return self.step_seconds.get(run.notebook, self.step_seconds.get(run.labels.get("objective"), 60.0))
 
     def path(self, *parts: str) -> str:
         return os.path.join(ROOT, "reproduce", "studies", self.name, *parts)

@@ -150,7 +150,8 @@ def binding_outcomes(res: dict, objective: str) -> dict[str, np.ndarray]:
 
 # instrument -> (its per-item outcomes (results, objective) -> {part: [N] 0/1}, the parts, the items' ids or None)
 PER_ITEM = {"probe": (lambda res, objective: probe_outcomes(res), TASKS, lambda res: None),
-            "binding": (binding_outcomes, SWAPS, lambda res: {s: res["own_subsets"][s]["records"]["ids"] for s in SWAPS})}
+            "binding": (binding_outcomes, SWAPS,
+                        lambda res: {s: res["own_subsets"][s]["records"]["ids"] for s in SWAPS})}
 
 
 def contrast(records: dict, terms: list[tuple[float, str, str]], outcome, parts=None, ids=None,

@@ -146,8 +146,7 @@ def plan_seeds(args) -> str:
 STUDY = Study(
     "ladder", ARMS, study_runs, steps={"repetition": repetition_step, "caption_words": caption_words},
     step_code=(repetition,),
-    step_seconds=lambda run: STEP_SECONDS["caption_words" if run.notebook == "caption_words"
-                                          else run.labels.get("objective", "mdc")],
+    step_seconds=STEP_SECONDS,
     keep=lambda run: not run.labels.get("seed") and run.labels.get("arm") in KEPT
     and run.labels.get("style") == "descriptive",
     report=report.build, plan_seeds=plan_seeds, budget_run_hours=45.0)

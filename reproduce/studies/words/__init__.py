@@ -85,7 +85,6 @@ def neighbours_step(p: dict) -> dict:
 STUDY = Study(
     "words", ARMS, study_runs, steps={"neighbours": neighbours_step, "caption_words": caption_words},
     step_code=(repetition,),
-    step_seconds=lambda run: STEP_SECONDS["caption_words" if run.notebook == "caption_words"
-                                          else run.labels.get("objective", "mdc")],
+    step_seconds=STEP_SECONDS,
     keep=lambda run: not run.labels.get("seed") and run.labels.get("style") == "descriptive",
     report=report.build, budget_run_hours=30.0)

@@ -16,7 +16,7 @@ from reproduce import registry
 from reproduce.graph import ROOT, keys
 from reproduce.running import ledger
 from reproduce.studies import ladder, words
-from reproduce.studies.driver import cli, pin
+from reproduce.studies.driver import cli, compute, pin
 from reproduce.studies.driver.study import Study, plan_keys, read_seeds
 
 TOY = '''"""A toy study: a notebook run and a step reading it, each saying which code ran it."""
@@ -152,6 +152,13 @@ def test_main_reproduces_the_keys_of_its_ledgers_with_their_pins_digests():
         assert len(records) == count and {n: r["key"] for n, r in records.items()} == {n: key[n] for n in records}
         assert {r["code"]["package"] for r in records.values()} == {pinned["package"]}
         assert {r["code"]["notebook"] for r in records.values() if r["notebook"] in study.steps} == {pinned["steps"]}
+
+
+def test_a_step_refuses_steps_that_are_not_the_pins(capsys):
+    """The words study's pin predates the shared driver: its steps as this tree has them are not the pinned ones."""
+    assert compute.main(["step", "words", "neighbours", "unread.json", "unwritten.json", pin.read_pin(words.STUDY)[
+        "steps"]]) == 1
+    assert "not the pin's a14a0aee4b22" in capsys.readouterr().err
 
 
 def test_an_export_that_fails_leaves_nothing_behind():

@@ -20,7 +20,7 @@ from reproduce.studies.driver import estimate as cost
 from reproduce.studies.words import report as words_report
 
 STUDY = words.STUDY
-STEPS = {kind: STUDY.step_seconds for kind in STUDY.steps}
+STEPS = {kind: STUDY.step_estimate for kind in STUDY.steps}
 
 DEFAULT = {"default": 3, "seeds": {}}
 
