@@ -52,8 +52,9 @@ def caption_runs(ref: dict, arm: Arm, pre: dict[str, Run], seed: int) -> list[Ru
     """The arm's captioning runs on alt captions (pretrained; fine-tuned to :data:`FINETUNE_CAP` times the
     reference's cap; the paper arm's MDC also fine-tuned at t ~ U[0, 1]) and their caption-word steps."""
     own = {} if dict(arm.overrides).get("length_visible", True) else {"lengths": [10, 15, 20, None]}  # None: its own
-    stages = [(s, own) for s in STAGES] + [("finetuned-t0-1", {"finetune_t_interval": [0.0, 1.0], "arc_checkpoint": ""})
-                                           ] * (arm.name == "paper")
+    stages = [(s, own) for s in STAGES]
+    if arm.name == "paper":  # its MDC also fine-tuned at t ~ U[0, 1], alone
+        stages.append(("finetuned-t0-1", {"finetune_t_interval": [0.0, 1.0], "arc_checkpoint": ""}))
     t = ref[run_name("captioning", seed, "alt")]
     return [r for stage, extra in stages for r in captioned("words", t, arm, pre, stage, FINETUNE_CAP, **extra)]
 
