@@ -6,8 +6,9 @@ notebook). A run's key and its record's code are computed from these digests alo
 scheduler and report, which always run from main, can change without changing a key or refusing a part. A part
 executes the commit's science from an export (:func:`science`): the runner runs its notebooks with its ``mdc`` first
 on the kernel's path, a step runs in a process of its own on the export (:mod:`.compute`, which checks the steps'
-digest); the export is removed when the part ends. The runs' parameters are main's definitions, which must reproduce the pinned records' keys: a
-part refuses to start while one does not (:func:`reproduce.studies.driver.part.part`). ``--pin COMMIT`` writes it.
+digest); the export is removed when the part ends. The runs' parameters are main's definitions, which must reproduce
+the pinned records' keys: a part refuses to start while one does not (:func:`reproduce.studies.driver.part.part`).
+``--pin COMMIT`` writes the pin.
 """
 from __future__ import annotations
 
@@ -112,9 +113,10 @@ def science(study, pin: dict):
     (a step checks its own: :mod:`.compute`); removed on leaving."""
     with exported(study, pin["commit"]) as root:
         found = code_digests(root)
-        wrong = ["package"] * (found["package"] != pin["package"]) + [
-            f"notebook {nb}" for nb, d in pin["notebooks"].items() if found["notebooks"].get(nb) != d]
+        wrong = [f"notebook {nb}" for nb, d in pin["notebooks"].items() if found["notebooks"].get(nb) != d]
+        if found["package"] != pin["package"]:
+            wrong.insert(0, "package")
         if wrong:
-            raise RunError(f"commit {pin['commit'][:12]} exports other science than pin.json names ({', '.join(wrong)})"
-                           f": pin anew (--pin)")
+            raise RunError(f"commit {pin['commit'][:12]} exports other science than pin.json names "
+                           f"({', '.join(wrong)}): pin anew (--pin)")
         yield root
