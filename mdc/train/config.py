@@ -35,7 +35,8 @@ class TrainConfig:
     ``config.json``). ``resume`` continues only the same run: any difference outside
     ``RESUME_FREE`` (bookkeeping that does not change what is trained: resume, force_resume,
     save_every, log_every, keep_last, tensorboard, progress, compile, compile_mode and output_dir, so that a run
-    folder may be moved) is refused with a ``ValueError`` naming each field and both values;
+    folder may be moved; resume_from and stop_at, so that one run may be trained in pieces) is refused with a
+    ``ValueError`` naming each field and both values;
     ``force_resume`` continues anyway and logs the differences.
     """
 
@@ -86,6 +87,11 @@ class TrainConfig:
     keep_last: int | None = option(None, "keep only the K newest checkpoints (default: all)", metavar="K", ge=1)
     log_every: int = option(1, "metrics.jsonl / TensorBoard line every N steps", ge=1)
     resume: bool = option(False, "continue from checkpoints/latest.json if present (the same run only)")
+    resume_from: str | None = option(None, "continue the same run from this checkpoint (or run) folder of another "
+                                           "output_dir, where output_dir has none of its own (with --resume)",
+                                     metavar="FOLDER")
+    stop_at: int | None = option(None, "end the run after this step of its schedule (a checkpoint there); "
+                                       "--resume-from continues it in another folder", ge=1)
     force_resume: bool = option(False, "resume even if the checkpoint's run configuration differs (logs the "
                                        "differences)")
     # execution
@@ -181,6 +187,8 @@ def _fill_length(c: TrainConfig, paper: dict, world_size: int) -> None:
         raise ConfigError(f"warmup_steps {c.warmup_steps} >= steps {c.steps}: the learning rate would never "
                           f"peak nor decay; give a shorter warm-up with --warmup-steps (e.g. "
                           f"{max(1, round(0.05 * c.steps))}) or train longer", "warmup_steps", "steps")
+    if c.stop_at is not None and c.stop_at > c.steps:
+        raise ConfigError(f"stop_at {c.stop_at} is past the schedule's last step {c.steps}", "stop_at", "steps")
 
 
 # model_overrides may not set what has an option of its own (or is the objective).
@@ -263,7 +271,7 @@ def model_options(c: TrainConfig) -> dict:
 
 # TrainConfig fields that may differ between a run and its resumption (see TrainConfig).
 RESUME_FREE = ("resume", "force_resume", "save_every", "log_every", "keep_last", "tensorboard", "progress",
-               "compile", "compile_mode", "output_dir")
+               "compile", "compile_mode", "output_dir", "resume_from", "stop_at")
 
 
 def run_config(cfg: TrainConfig, world: int) -> dict:

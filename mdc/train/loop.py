@@ -167,11 +167,15 @@ def _build(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, torch.opt
 
 def _resume(cfg: TrainConfig, model, optimizer, scheduler, rank: int, world: int) -> tuple[dict | None, str | None]:
     """(trainer state, its checkpoint) after loading the run's last checkpoint into the model, optimizer and
-    schedule; (None, None) when the run starts (no --resume, or nothing saved yet)."""
-    last_ckpt = checkpoint.latest(cfg.output_dir) if cfg.resume else None
+    schedule: output_dir's newest (with --resume), else ``resume_from``'s; (None, None) when the run starts."""
+    given = _resume_from(cfg)
+    last_ckpt = (checkpoint.latest(cfg.output_dir) if cfg.resume else None) or given
     if not last_ckpt:
         return None, None
     state = checkpoint.load_trainer_state(last_ckpt)
+    if state["step"] > _last_step(cfg) or (state["step"] == _last_step(cfg) and last_ckpt == given):
+        raise ValueError(f"{last_ckpt} is at step {state['step']}: nothing to train up to stop_at "
+                         f"{_last_step(cfg)}")
     if state["world_size"] != world:
         raise ValueError(f"{last_ckpt} was written by {state['world_size']} processes; resuming exactly "
                          f"needs the same number, not {world}")
@@ -183,6 +187,23 @@ def _resume(cfg: TrainConfig, model, optimizer, scheduler, rank: int, world: int
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     return state, last_ckpt
+
+
+def _resume_from(cfg: TrainConfig) -> str | None:
+    """The checkpoint ``resume_from`` names (a checkpoint folder, or a run folder's newest), with its trainer
+    state; None without it."""
+    if not cfg.resume_from:
+        return None
+    found = checkpoint.latest(cfg.resume_from) or cfg.resume_from
+    if not os.path.isfile(os.path.join(found, "trainer.pt")):
+        raise ValueError(f"resume_from {cfg.resume_from}: {found} holds no trainer.pt (weights alone, e.g. kept "
+                         f"float16 weights): continuing a run exactly needs a checkpoint mdc.train wrote")
+    return found
+
+
+def _last_step(cfg: TrainConfig) -> int:
+    """The step this run ends after: ``stop_at``, else the schedule's last."""
+    return cfg.stop_at or cfg.steps
 
 
 def _open_stream(cfg: TrainConfig, model, state: dict | None, rank: int, world: int,
@@ -251,8 +272,9 @@ class _Run:
 
 
 def _run_steps(run: _Run) -> None:
-    """Steps until ``steps``, a checkpoint every ``save_every`` and at the end; rank 0 logs. A collective that
-    fails because a peer is gone or silent becomes a :class:`PeerLostError` naming the step and checkpoint."""
+    """Steps until ``steps`` (or ``stop_at``), a checkpoint every ``save_every`` and at the end; rank 0 logs. A
+    collective that fails because a peer is gone or silent becomes a :class:`PeerLostError` naming the step and
+    checkpoint."""
     from tqdm.auto import tqdm
 
     cfg = run.cfg
@@ -261,10 +283,10 @@ def _run_steps(run: _Run) -> None:
                desc=f"{cfg.objective} {cfg.model}", dynamic_ncols=True)
     run.model.train()
     try:
-        while run.step < cfg.steps:
+        while run.step < _last_step(cfg):
             lr = _step(run)
-            logged = run.step % cfg.log_every == 0 or run.step == cfg.steps
-            saved = run.step % cfg.save_every == 0 or run.step == cfg.steps
+            logged = run.step % cfg.log_every == 0 or run.step == _last_step(cfg)
+            saved = run.step % cfg.save_every == 0 or run.step == _last_step(cfg)
             if logged or saved:  # the loop's one read of the device: the loss, its finiteness, the counts
                 report = read(run)
                 if run.rank == 0:

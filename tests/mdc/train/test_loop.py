@@ -11,6 +11,7 @@ import torch
 
 import mdc
 from mdc.base import optim
+from mdc.base.errors import ConfigError
 from mdc.data.writer import write_tar
 from mdc.world.scenes import write_shards
 from mdc.train import NonFiniteLossError, TrainConfig, train
@@ -204,3 +205,34 @@ def test_progress_false_draws_no_bar_and_resumes_the_same_run(shards, tmp_path, 
     assert "mdc tiny" not in err and "it/s" not in err
     out = train(**run_args(shards, tmp_path, steps=2, workers=0, progress=True, resume=True))
     assert out["steps"] == 2  # a bookkeeping field: the same run continues
+
+
+def test_a_run_stopped_at_a_step_and_continued_elsewhere_is_the_uninterrupted_run(shards, tmp_path):
+    """``stop_at`` ends a run mid-schedule; ``resume_from`` continues it into another folder: the pieces together
+    are the run trained in one go, bit for bit (each piece's folder holds its own checkpoint and metrics)."""
+    args = run_args(shards, tmp_path / "whole", steps=10, save_every=5, workers=0)
+    whole = train(**args)
+    first = train(**dict(args, output_dir=str(tmp_path / "first"), stop_at=4))
+    assert first["steps"] == 4 and first["checkpoint"].endswith("step_000004")
+    second = train(**dict(args, output_dir=str(tmp_path / "second"), resume_from=str(tmp_path / "first"), stop_at=7))
+    third = train(**dict(args, output_dir=str(tmp_path / "third"), resume_from=second["checkpoint"], resume=True))
+    assert (second["steps"], third["steps"]) == (7, 10)
+    full, pieced = latest_weights(tmp_path / "whole"), latest_weights(tmp_path / "third")
+    assert all(torch.equal(full[name], pieced[name]) for name in full)
+    assert [json.loads(line)["step"] for line in open(tmp_path / "third" / "metrics.jsonl")] == [8, 9, 10]
+    assert whole["final_loss"] == third["final_loss"]
+
+
+def test_resume_from_refuses_another_run_weights_alone_and_a_stop_already_passed(shards, tmp_path):
+    args = run_args(shards, tmp_path / "a", steps=6, save_every=3, workers=0)
+    train(**dict(args, stop_at=3))
+    with pytest.raises(ValueError, match="lr: checkpoint 0.001, now 0.002"):
+        train(**dict(args, output_dir=str(tmp_path / "b"), resume_from=str(tmp_path / "a"), lr=2e-3))
+    with pytest.raises(ValueError, match="at step 3.*stop_at 2"):
+        train(**dict(args, output_dir=str(tmp_path / "c"), resume_from=str(tmp_path / "a"), stop_at=2))
+    weights = tmp_path / "weights"
+    mdc.load(str(tmp_path / "a")).save(str(weights))
+    with pytest.raises(ValueError, match="trainer.pt"):
+        train(**dict(args, output_dir=str(tmp_path / "d"), resume_from=str(weights)))
+    with pytest.raises(ConfigError, match="stop_at"):
+        TrainConfig(**dict(args, stop_at=7)).resolved(1)
