@@ -50,11 +50,17 @@ MINI_IMAGES = 2240 * 64  # a mini pretraining run's images, which DEFAULT_SECOND
 REFERENCE_SPEED = "at the reference machine's speed"  # an estimate from a record that says what machine made it
 
 
+def trained_steps(params: dict, labels: dict | None) -> int:
+    """The steps a pretraining run trains: up to its ``stop_at`` (else its schedule's end) from the step where it
+    continues another run's checkpoint (its label ``from_step``, else 0)."""
+    return (params.get("stop_at") or params.get("steps") or 0) - (labels or {}).get("from_step", 0)
+
+
 def _default_seconds(run, profile: str) -> float:
     seconds = float(DEFAULT_SECONDS.get(profile, {}).get(run.notebook, 0))
     if profile == "mini" and run.notebook == "pretrain":
         p = run.params
-        images = (p.get("steps") or 0) * (p.get("batch_size") or 0)
+        images = trained_steps(p, run.labels) * (p.get("batch_size") or 0)
         seconds *= (images / MINI_IMAGES if images else 1) * (1.5 if run.labels.get("style") == "descriptive" else 1)
     part = run.labels.get("part")
     if profile == "mini" and run.notebook == "compositionality" and run.labels.get("method") == "MDC":
@@ -180,7 +186,8 @@ def run_seconds(record: dict) -> float:
     seconds = float(record.get("seconds") or 0.0)
     r = (record.get("results") or {}).get("results") or {}
     if record.get("notebook") == "pretrain" and r.get("images_per_s") and r.get("steps") and r.get("global_batch"):
-        seconds = max(seconds, r["steps"] * r["global_batch"] / r["images_per_s"])
+        steps = r["steps"] - (record.get("labels") or {}).get("from_step", 0)  # a piece: its own steps
+        seconds = max(seconds, steps * r["global_batch"] / r["images_per_s"])
     return seconds
 
 

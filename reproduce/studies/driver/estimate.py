@@ -35,8 +35,8 @@ def reference_name(run: Run) -> str:
 def pretrain_factor(run: Run, record: dict, reference: str) -> tuple[float, str]:
     """A pretraining run's seconds over its reference record's: images (steps x batch), and with the caption length
     hidden the context over the longest descriptive caption (the positions the decoder reads: an upper bound)."""
-    images = run.params["steps"] * run.params["batch_size"]
-    then = record["params"]["steps"] * record["params"]["batch_size"]
+    images = ledger.trained_steps(run.params, run.labels) * run.params["batch_size"]
+    then = ledger.trained_steps(record["params"], record.get("labels")) * record["params"]["batch_size"]
     factor, notes = images / then, [f"images x {images / then:.2f}"]
     if not run.params.get("model_overrides", {}).get("length_visible", True):
         data = ledger.read(reference, "data/descriptive") or {}
@@ -115,8 +115,9 @@ def left(run: Run, key: str, out: str, est: tuple[float, str]) -> tuple[float, s
     newest = latest(folder) if begun else None
     if newest is None:
         return est
-    done, steps = int(os.path.basename(newest).removeprefix("step_")), run.params["steps"]
-    return est[0] * max(0.0, 1 - done / steps), f"{est[1]}; resumes at step {done:,} of {steps:,}"
+    done, start = int(os.path.basename(newest).removeprefix("step_")), run.labels.get("from_step", 0)
+    stop = run.params.get("stop_at") or run.params["steps"]
+    return est[0] * max(0.0, (stop - done) / (stop - start)), f"{est[1]}; resumes at step {done:,} of {stop:,}"
 
 
 def machine_ratio(outcome: dict[str, dict], est: dict[str, tuple[float, str]], factor: float = 1.0
@@ -135,7 +136,8 @@ def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s:
     """(runs to start, runs left) within ``budget_s`` of wall time at ``jobs`` at a time: the runs no run to do reads
     (the evaluations), in plan order, each with the runs to do it reads, while W / jobs + (1 - 1 / jobs) L (W their
     run-seconds, L their longest chain) fits: Graham's bound on any schedule that keeps ``jobs`` busy. A pretraining
-    run starts only with every reader it has to do, so no checkpoint is trained for nothing or trained again."""
+    run starts only with every reader it has to do, so no checkpoint is trained for nothing or trained again; the
+    next piece of a run trained in pieces (``resume_from``) is no such reader: each piece is chosen with its own."""
     by_name = {r.name: r for r in runs}
     inputs = {d for r in runs if r.name in todo for d in r.deps}  # read by a run to do: chosen with its reader
     chosen: set[str] = set()
@@ -148,7 +150,8 @@ def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s:
             if x in todo and x not in out and x not in chosen:
                 out.add(x)
                 grow += by_name[x].deps  # and a checkpoint's readers: the next part may run on another machine
-                grow += [r.name for r in runs if x in r.deps and by_name[x].notebook == "pretrain"]
+                grow += [r.name for r in runs if x in r.deps and by_name[x].notebook == "pretrain"
+                         and not r.params.get("resume_from")]  # a run's next piece: a part of its own
         return out
 
     def chain(name: str) -> float:

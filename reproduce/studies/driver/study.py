@@ -21,7 +21,9 @@ REFERENCE = os.path.join(ROOT, "reproduce", "records", "mini")  # the reference 
 @dataclass(frozen=True)
 class Arm:
     """One arm: the objectives and caption styles it trains, its ModelConfig overrides and notebook parameters
-    (pairs), its steps as a multiple of the recipe's (the warm-up scaled alike), its share of the pairs."""
+    (pairs), its steps as a multiple of the recipe's (the warm-up scaled alike), its share of the pairs. A run
+    trained in pieces has an arm a piece: each ends at ``stop`` (a multiple of the recipe's steps, on the schedule
+    of ``steps``) and continues the run of the arm it comes ``after``."""
 
     name: str
     objectives: tuple[str, ...]
@@ -31,6 +33,8 @@ class Arm:
     params: tuple[tuple[str, object], ...] = ()  # pretraining notebook parameters (e.g. t_interval)
     fraction: float = 1.0
     optional: bool = False  # built only when asked (--with-optional)
+    stop: float | None = None  # where this piece of the run ends (None: the schedule's end)
+    after: "Arm | None" = None  # the piece this one continues (from its checkpoint at after.stop)
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,10 @@ def seeds_of(plan: dict, arm: str, objective: str) -> int:
 
 def pretrain_run(study: str, t: Run, data: Run, arm: Arm, objective: str, style: str, seed: int) -> Run:
     """``t`` (the reference's ``pretrain/<objective>-<style>-s<seed>``) as the arm trains it: its overrides, its
-    steps and warm-up scaled (cosine to the end), its fraction of the pairs (the first shards)."""
+    steps and warm-up scaled (cosine to the end), its fraction of the pairs (the first shards); a piece of a run
+    stops at its ``stop`` and continues its ``after`` piece's checkpoint."""
     name = f"pretrain/{study}-{arm.name}-{objective}-{style}-s{seed}"
+    deps = (data.name,)
     p = dict(t.params, output_dir=f"{{run:{name}}}")
     p["model_overrides"] = {**p.get("model_overrides", {}), **dict(arm.overrides)}
     p.update(dict(arm.params))
@@ -96,7 +102,13 @@ def pretrain_run(study: str, t: Run, data: Run, arm: Arm, objective: str, style:
         pairs = min(pairs, shards * data.params["shard_size"])
     labels = dict(arm=arm.name, method=objective.upper(), objective=objective, style=style, seed=seed, pairs=pairs,
                   fraction=arm.fraction, steps=p["steps"])
-    return Run(name, "pretrain", p, deps=(data.name,), labels=labels, timeout_s=t.timeout_s * max(1, arm.steps))
+    if arm.stop is not None:
+        p["stop_at"] = round(t.params["steps"] * arm.stop)
+        labels.update(stop_at=p["stop_at"], from_step=round(t.params["steps"] * arm.after.stop) if arm.after else 0)
+    if arm.after:
+        before = f"pretrain/{study}-{arm.after.name}-{objective}-{style}-s{seed}"
+        p["resume_from"], deps = f"{{run:{before}}}", deps + (before,)
+    return Run(name, "pretrain", p, deps=deps, labels=labels, timeout_s=t.timeout_s * max(1, arm.steps))
 
 
 def reader(t: Run, name: str, pre: Run, **params) -> Run:

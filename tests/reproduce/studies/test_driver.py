@@ -266,3 +266,63 @@ def test_caption_words_reads_a_captioning_run_and_its_references(tmp_path):
     (tmp_path / "captions.json").write_text(json.dumps({"images": images}))
     out = steps.caption_words({"captioning": str(tmp_path), "captions_json": str(tmp_path / "captions.json")})
     assert out["sets"]["mdc-10"]["repeated_content"] == pytest.approx(1 / 3) and out["references"]["repeated"] == 0
+
+
+def _pieces():
+    """One run trained in two pieces (at1: steps 0-100 of a 400-step schedule; at2 continues it to 200), each read
+    by a probe."""
+    first = Run("pretrain/at1-s0", "pretrain", {"steps": 400, "stop_at": 100, "batch_size": 8}, ("data/d",),
+                labels={"from_step": 0})
+    second = Run("pretrain/at2-s0", "pretrain", {"steps": 400, "stop_at": 200, "batch_size": 8,
+                                                 "resume_from": "{run:pretrain/at1-s0}"}, ("data/d", first.name),
+                 labels={"from_step": 100})
+    runs = [Run("data/d", "data", {}), first, Run("probe/at1-s0", "linear_probe", {}, (first.name,)), second,
+            Run("probe/at2-s0", "linear_probe", {}, (second.name,))]
+    return runs, {"data/d": 10.0, first.name: 100.0, "probe/at1-s0": 20.0, second.name: 100.0, "probe/at2-s0": 20.0}
+
+
+def test_a_run_in_pieces_starts_piece_by_piece_each_with_its_readers():
+    """A piece that continues a run does not make the run before it one indivisible chain: a part may train the
+    first piece and its readers and leave the next to a later part (which trains the first again if its folder
+    is gone)."""
+    runs, seconds = _pieces()
+    todo = {r.name for r in runs}
+    assert cost.select(runs, seconds, todo, budget_s=140, jobs=1)[0] == ["data/d", "pretrain/at1-s0", "probe/at1-s0"]
+    assert cost.select(runs, seconds, todo, budget_s=260, jobs=1)[1] == []
+
+
+def test_a_piece_is_estimated_and_resumed_by_the_steps_it_trains(tmp_path):
+    runs, _ = _pieces()
+    second = runs[3]
+    assert ledger.trained_steps(second.params, second.labels) == 100
+    reference = tmp_path / "reference"
+    study_record(reference, "pretrain/mdc-descriptive-s0", "pretrain", {"steps": 50, "batch_size": 8}, 60.0,
+                 labels={"objective": "mdc", "style": "descriptive"})
+    assert cost.pretrain_factor(second, ledger.read(str(reference), "pretrain/mdc-descriptive-s0"),
+                                str(reference))[0] == 2.0  # 100 steps of 8 over 50 of 8, not 400 or 200
+    folder = tmp_path / "out" / "pretrain" / "at2-s0"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "latest.json").write_text(json.dumps({"path": "step_000175"}))
+    (folder / "run.json").write_text(json.dumps({"key": "k1", "started": 0.0}))
+    assert cost.left(second, "k1", str(tmp_path / "out"), (600.0, "x"))[0] == pytest.approx(150.0)  # 25 of 100 left
+    record = {"notebook": "pretrain", "seconds": 10.0, "labels": second.labels,
+              "results": {"results": {"steps": 200, "global_batch": 8, "images_per_s": 8.0}}}
+    assert ledger.run_seconds(record) == 100.0  # its 100 steps' images over its speed, not the stop step's 200
+
+
+def test_an_arm_that_continues_another_trains_the_next_piece_of_its_run():
+    """Arms ``after`` another train one schedule in pieces: the same run's parameters, its stop, the checkpoint it
+    continues (read as a dependency) and the step it starts from."""
+    from reproduce import registry
+    from reproduce.studies.driver.study import Arm, pretrain_run
+
+    ref = {r.name: r for r in registry.build("mini", 1)}
+    first = Arm("at1", ("mdc",), ("descriptive",), steps=8, stop=1)
+    second = Arm("at2", ("mdc",), ("descriptive",), steps=8, stop=2, after=first)
+    a, b = (pretrain_run("s", ref["pretrain/mdc-descriptive-s0"], ref["data/descriptive"], arm, "mdc", "descriptive", 0)
+            for arm in (first, second))
+    assert (a.params["steps"], a.params["stop_at"], b.params["stop_at"]) == (17920, 2240, 4480)
+    assert "resume_from" not in a.params and b.params["resume_from"] == "{run:pretrain/s-at1-mdc-descriptive-s0}"
+    assert b.deps == ("data/descriptive", a.name) and (a.labels["from_step"], b.labels["from_step"]) == (0, 2240)
+    assert {k: v for k, v in a.params.items() if k not in ("stop_at", "output_dir")} == {
+        k: v for k, v in b.params.items() if k not in ("stop_at", "resume_from", "output_dir")}
