@@ -1,4 +1,5 @@
-"""Steps more than one study runs: repeated words of a captioning run's caption sets (:func:`caption_words`)."""
+"""Steps more than one study runs: repeated words of a captioning run's caption sets (:func:`caption_words`), and
+shapes named twice in descriptive captions at each scene's true length (:func:`repetition_step`)."""
 from __future__ import annotations
 
 import json
@@ -31,3 +32,14 @@ def caption_words(p: dict) -> dict:
     references = [s["raw"] for im in images if im.get("split") == "test" for s in im["sentences"]]
     return {"sets": {name: repetition(caps.values()) for name, caps in sets.items()},
             "references": repetition(references)}
+
+
+def repetition_step(p: dict) -> dict:
+    """Repetition of descriptive captions at each scene's true length (:mod:`mdc.eval.repetition`)."""
+    import mdc
+    from mdc.eval.repetition import descriptive_repetition, format_repetition
+    from mdc.factory import checkpoint_folder
+
+    out = descriptive_repetition(mdc.load(checkpoint_folder(p["checkpoint"])).eval(), p["n_scenes"], p["seed"])
+    print(format_repetition(out))  # the instrument's table with its controls, in the part's log
+    return out

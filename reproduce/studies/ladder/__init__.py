@@ -23,7 +23,7 @@ import numpy as np
 from reproduce import power
 from reproduce.graph import ROOT, Run
 from reproduce.registry import run_name
-from reproduce.studies.driver.steps import caption_words, repetition
+from reproduce.studies.driver.steps import caption_words, repetition, repetition_step
 from reproduce.studies.driver.study import Arm, Study, arm_runs, captioned, descriptive_models, records_of
 from reproduce.studies.ladder import report
 
@@ -63,17 +63,6 @@ def caption_runs(ref: dict, arm: Arm, pre: dict[str, Run], seed: int) -> list[Ru
 
 
 study_runs = arm_runs("ladder", ARMS, descriptive_runs, caption_runs)  # every run, seed by seed
-
-
-def repetition_step(p: dict) -> dict:
-    """Repetition of descriptive captions at each scene's true length (:mod:`mdc.eval.repetition`)."""
-    import mdc
-    from mdc.eval.repetition import descriptive_repetition, format_repetition
-    from mdc.factory import checkpoint_folder
-
-    out = descriptive_repetition(mdc.load(checkpoint_folder(p["checkpoint"])).eval(), p["n_scenes"], p["seed"])
-    print(format_repetition(out))  # the instrument's table with its controls, in the part's log
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ the seed plan
