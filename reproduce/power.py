@@ -109,6 +109,34 @@ def slope_rows(name: str, gap: dict, rungs: tuple[float, ...], seeds: int) -> li
     return rows
 
 
+def change_rows(name: str, change: dict, margin: float, seeds: int) -> list[dict]:
+    """Power rows for a change of one quantity between two points of compute (paired by seed): "flat" (two
+    one-sided tests at +-``margin`` at a true change of 0) and "moves" (it differs from 0 at a true change of
+    ``margin``), with the seeds for 80% power and the power at ``seeds``. ``change``: {per_seed, mean, v_items}
+    (:func:`probe_changes`)."""
+    sd, v = float(np.std(change["per_seed"], ddof=1)), change["v_items"]
+    rows = []
+    for test, p in (("flat", 0.95), ("moves", 0.975)):
+        z = NormalDist().inv_cdf(p)
+        h = math.sqrt(z**2 * v + t_quantile(p, seeds - 1) ** 2 * sd**2 / seeds)
+        rows.append({"quantity": name, "test": test, "reference seeds": len(change["per_seed"]),
+                     "change": change["mean"], "seed SD": sd, "margin m": margin,
+                     "seeds": needed_seeds(margin, sd, v, p),
+                     "power": NormalDist().cdf((margin - h) / math.sqrt(v + sd**2 / seeds))})
+    return rows
+
+
+def probe_changes(records: str, before: str, after: str, objective: str) -> dict | None:
+    """The claims' difference (:func:`reproduce.claims.stats.difference`) of mean4, ``after`` - ``before`` (probe
+    record patterns, ``{o}``: objective, ``{s}``: seed), of one objective, paired by seed, in the ledger ``records``."""
+    def outcomes(pattern, s):
+        r = ledger.read(records, pattern.format(o=objective, s=s))
+        return r and probe_outcomes(r["results"]["results"])
+
+    pairs = [(a, b) for a, b in ((outcomes(after, s), outcomes(before, s)) for s in range(SEARCH_SEEDS)) if a and b]
+    return difference(pairs) if pairs else None
+
+
 def probe_gaps(records: str, pattern: str) -> dict | None:
     """The claims' difference (:func:`reproduce.claims.stats.difference`) of mean4, MDC - ARC, paired by seed, over
     the probe records ``pattern`` (``{o}``: objective, ``{s}``: seed) in the ledger ``records``."""
