@@ -15,8 +15,8 @@ fits a part and is read where it ends. Per piece:
   captioning run without fine-tuning: CIDEr-D at the references' length with another image's references) with the
   step ``caption_words/...`` (repeated content words).
 
-Beside the pieces, the end points of the 4x schedule the ladder did not keep (arm ``x4``): MDC and ARC on alt and
-CLIP on descriptive, read the same way. The descriptive MDC and ARC at 4x on their own schedule are the ladder's.
+Beside the pieces, the end points of the 4x schedule the ladder did not keep (arm ``x4``, its first half the piece
+``x4-half``, read by nothing else): MDC and ARC on alt and CLIP on descriptive, read the same way. The descriptive MDC and ARC at 4x on their own schedule are the ladder's.
 The training loss at each milestone is each piece's own (its record's ``losses``).
 """
 from __future__ import annotations
@@ -52,15 +52,23 @@ def pieces(objectives: tuple[str, ...], style: str) -> tuple[Arm, ...]:
     return tuple(arms)
 
 
-ARMS = pieces(("mdc", "arc", "clip"), "descriptive") + pieces(("mdc", "arc"), "alt") + (
-    Arm("x4", ("mdc", "arc"), ("alt",), steps=4),
-    Arm("x4", ("clip",), ("descriptive",), steps=4),
-)
+def end_point(objectives: tuple[str, ...], style: str) -> tuple[Arm, Arm]:
+    """The 4x schedule in two pieces (each fits a part), read where it ends."""
+    half = Arm("x4-half", objectives, (style,), steps=4, stop=2)
+    return half, Arm("x4", objectives, (style,), steps=4, stop=4, after=half)
+
+
+ARMS = (pieces(("mdc", "arc", "clip"), "descriptive") + pieces(("mdc", "arc"), "alt")
+        + end_point(("mdc", "arc"), "alt") + end_point(("clip",), "descriptive"))
+UNREAD = ("x4-half",)  # pieces read by their next piece alone
 
 
 def descriptive_runs(ref: dict, arm: Arm, objective: str, seed: int, scale: str) -> list[Run]:
     """A descriptive model: CLIP's pretraining and probe; MDC's and ARC's with their binding part and repetition
     step."""
+    if arm.name in UNREAD:
+        return [pretrain_run("curves", ref[run_name("pretrain", seed, objective, "descriptive")],
+                             ref["data/descriptive"], arm, objective, "descriptive", seed)]
     if objective == "clip":
         pre = pretrain_run("curves", ref[run_name("pretrain", seed, objective, "descriptive")],
                            ref["data/descriptive"], arm, objective, "descriptive", seed)
@@ -75,6 +83,8 @@ def descriptive_runs(ref: dict, arm: Arm, objective: str, seed: int, scale: str)
 
 def alt_runs(ref: dict, arm: Arm, pre: dict[str, Run], seed: int) -> list[Run]:
     """The alt models' probes, and their captions without fine-tuning with the caption-word step."""
+    if arm.name in UNREAD:
+        return []
     probes = [reader(ref[run_name("probe", seed, o, "alt")], f"probe/{r.name.split('/', 1)[1]}", r)
               for o, r in pre.items()]
     return probes + captioned("curves", ref[run_name("captioning", seed, "alt")], arm, pre, "pretrained")

@@ -139,7 +139,12 @@ def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s:
     run starts only with every reader it has to do, so no checkpoint is trained for nothing or trained again; the
     next piece of a run trained in pieces (``resume_from``) is no such reader: each piece is chosen with its own."""
     by_name = {r.name: r for r in runs}
-    inputs = {d for r in runs if r.name in todo for d in r.deps}  # read by a run to do: chosen with its reader
+
+    def continues(r: Run) -> bool:  # the next piece of a run trained in pieces
+        return r.notebook == "pretrain" and bool(r.params.get("resume_from"))
+
+    # read by a run to do: chosen with its reader (a piece read by its next piece alone: on its own)
+    inputs = {d for r in runs if r.name in todo and not continues(r) for d in r.deps}
     chosen: set[str] = set()
     used = longest = 0.0
 
@@ -151,7 +156,7 @@ def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s:
                 out.add(x)
                 grow += by_name[x].deps  # and a checkpoint's readers: the next part may run on another machine
                 grow += [r.name for r in runs if x in r.deps and by_name[x].notebook == "pretrain"
-                         and not r.params.get("resume_from")]  # a run's next piece: a part of its own
+                         and not continues(r)]  # a run's next piece: a part of its own
         return out
 
     def chain(name: str) -> float:

@@ -60,10 +60,12 @@ def test_every_piece_has_its_worlds_instruments_and_the_4x_end_points_theirs(run
         assert captions.params["mdc_checkpoint"] == f"{{run:pretrain/curves-at{m}-mdc-alt-s1}}"
         assert f"caption_words/at{m}-alt-pretrained-s1" in runs
     ends = {n for n in runs if n.startswith("pretrain/curves-x4")}
-    assert ends == {"pretrain/curves-x4-clip-descriptive-s0"} | {
-        f"pretrain/curves-x4-{o}-alt-s{s}" for o in ("mdc", "arc") for s in (0, 1)}
-    assert runs["pretrain/curves-x4-mdc-alt-s0"].params["steps"] == 8960
-    assert "stop_at" not in runs["pretrain/curves-x4-mdc-alt-s0"].params
+    assert ends == {f"pretrain/curves-{a}-clip-descriptive-s0" for a in ("x4", "x4-half")} | {
+        f"pretrain/curves-{a}-{o}-alt-s{s}" for a in ("x4", "x4-half") for o in ("mdc", "arc") for s in (0, 1)}
+    end, half = runs["pretrain/curves-x4-mdc-alt-s0"], runs["pretrain/curves-x4-half-mdc-alt-s0"]
+    assert (end.params["steps"], end.params["stop_at"], half.params["stop_at"]) == (8960, 8960, 4480)
+    assert end.params["resume_from"] == f"{{run:{half.name}}}" and end.labels["from_step"] == 4480
+    assert not [r for r in runs.values() if half.name in r.deps and r.name != end.name]  # read at its end alone
     assert {"probe/curves-x4-mdc-alt-s1", "captioning/curves-x4-alt-pretrained-s1",
             "probe/curves-x4-clip-descriptive-s0"} <= set(runs)
 

@@ -326,3 +326,12 @@ def test_an_arm_that_continues_another_trains_the_next_piece_of_its_run():
     assert b.deps == ("data/descriptive", a.name) and (a.labels["from_step"], b.labels["from_step"]) == (0, 2240)
     assert {k: v for k, v in a.params.items() if k not in ("stop_at", "output_dir")} == {
         k: v for k, v in b.params.items() if k not in ("stop_at", "resume_from", "output_dir")}
+
+
+def test_a_piece_that_only_the_next_piece_reads_is_chosen_alone():
+    """The first half of a schedule read by nothing but its second half (a run longer than a part, read at its
+    end) is a part's work of its own."""
+    runs, seconds = _pieces()
+    runs = [r for r in runs if r.name != "probe/at1-s0"]
+    todo = {r.name for r in runs}
+    assert cost.select(runs, seconds, todo, budget_s=140, jobs=1)[0] == ["data/d", "pretrain/at1-s0"]
