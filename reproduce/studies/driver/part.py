@@ -69,7 +69,7 @@ def unreproduced(runs: list, key: dict, records: str) -> list[str]:
 def part(study: Study, args) -> int:
     """One part within ``--time-budget`` minutes (module docstring) on the pin's exported science; 1 where a run or
     step failed."""
-    pin = args.pinned or pinning.read_pin(study)  # refused, naming the fix, without one
+    args.pinned = pin = args.pinned or pinning.read_pin(study)  # refused, naming the fix, without one
     one_digest(args.records, pin["package"])
     deadline, began = time.monotonic() + 60 * args.time_budget, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     runs, key, by_name, est = setup(study, args)
