@@ -35,8 +35,9 @@ import sys
 
 from mdc.base.cli import ArgumentParser, report
 from mdc.base.errors import ConfigError, RunError, must
-from reproduce import registry
+from reproduce import preflight, registry
 from reproduce.cost import cost_table, paper_cost
+from reproduce.graph import keys, run_dir
 from reproduce.running import bookkeeping, cluster, ledger, runner, seed_plan
 
 
@@ -123,6 +124,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
     if args.from_records:
         return _from_records(runs, records, figures, args)
+    if args.profile == "paper" and not args.dry_run and (lines := preflight.missing(_to_run(runs, records, args))):
+        raise ConfigError("the data of the selected runs is not ready (docs/paper_scale.md, \"Data\"); nothing "
+                          "was started:\n" + "\n".join(lines))
     if args.slurm:
         path = cluster.slurm_scripts(runs, out, args.slurm, args.profile, gpus=args.gpus_per_node or 8,
                                     nodes=args.nodes)
@@ -140,8 +144,12 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     failed = {n: o for n, o in outcome.items() if o["status"] not in ("ok", "skipped", "left")}
     if failed:
         print(f"\n{len(failed)} run(s) did not complete:", file=sys.stderr)
+        by_name = {r.name: r for r in runs}
         for name, o in failed.items():
-            print(f"- {name}: {o['status']}\n{o['error'][-800:]}", file=sys.stderr)
+            log = os.path.join(run_dir(out, by_name[name]), "log.txt")
+            cause = preflight.last_error(o["error"])
+            print(f"- {name}: {o['status']}\n{o['error'][-800:]}\n  {cause or 'no error line'} (the whole log: {log})",
+                  file=sys.stderr)
         return 1
     left = [n for n, o in outcome.items() if o["status"] == "left"]
     if args.dry_run and args.profile == "paper":  # what it would cost (reproduce/cost/paper_cost.py)
@@ -156,6 +164,14 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"\nall {len(outcome)} runs complete; tables and figures in {figures}; records in {records}; "
               f"per-run times in {os.path.join(out, 'runs.csv')}")
     return 0
+
+
+def _to_run(runs: list, records: str, args: argparse.Namespace) -> list:
+    """The runs this call would start: ``--run``'s, else those without a record of their key."""
+    if args.run:
+        return [r for r in runs if r.name == args.run]
+    key = keys(runs)
+    return [r for r in runs if not ledger.done(records, r.name, key[r.name])]
 
 
 def _planned_runs(args: argparse.Namespace, records: str) -> list:

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
+import sys
 
 from reproduce.graph import ROOT, Run, order, resolve, run_dir
+
+
+def torchrun() -> str:
+    """The torchrun of this interpreter's environment (beside it), else the one on PATH, else the bare name."""
+    beside = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    return beside if os.path.isfile(beside) else shutil.which("torchrun") or "torchrun"
 
 
 def torchrun_command(run: Run, out: str, gpus: int, nodes: int = 1) -> str:
@@ -18,7 +26,7 @@ def torchrun_command(run: Run, out: str, gpus: int, nodes: int = 1) -> str:
              "seed": p.get("seed"), "workers": p.get("workers"), "save-every": p.get("save_every"),
              "samples-per-epoch": p.get("samples_per_epoch"), "mask-ratio": p.get("mask_ratio"),
              "global-batch": p.get("global_batch"), "keep-last": p.get("keep_last")}
-    parts = ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={gpus}"]
+    parts = [torchrun(), f"--nnodes={nodes}", f"--nproc_per_node={gpus}"]
     parts += ["--rdzv_backend=c10d", "--rdzv_endpoint=$MASTER_ADDR:29500", f"--rdzv_id={run.name.replace('/', '-')}"] \
         if nodes > 1 else ["--standalone"]
     parts += ["-m", "mdc.train", "--resume"]
@@ -57,7 +65,8 @@ def slurm_scripts(runs: list[Run], out: str, folder: str, profile: str, gpus: in
         head += [f"#SBATCH --account={account}"] if account else []
         head += [f"#SBATCH --partition={partition}"] if partition else []
         body = ['export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-                f"python -m reproduce --profile {profile} --out {shlex.quote(os.path.dirname(out))} "
+                f"{shlex.quote(os.path.realpath(sys.executable))} -m reproduce --profile {profile} "
+                f"--out {shlex.quote(os.path.dirname(out))} "
                 f"--run {shlex.quote(r.name)}" + (f" --gpus-per-node {gpus} --nodes {nodes}" if r.gpus else "")]
         if r.gpus and nodes > 1:
             body[-1] = "srun " + body[-1]

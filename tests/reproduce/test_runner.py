@@ -232,7 +232,7 @@ def test_slurm_scripts_chain_dependencies(tmp_path):
     assert "#SBATCH --gres=gpu:8" in body and "--run pretrain/vit-b-32-mdc-alt-s0" in body
     run = next(r for r in runs if r.name == "pretrain/vit-b-32-mdc-alt-s0")
     cmd = cluster.torchrun_command(run, str(tmp_path), gpus=8, nodes=2)
-    assert cmd.startswith("torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d")
+    assert cmd.startswith(f"{cluster.torchrun()} --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d")
     assert "-m mdc.train --resume" in cmd and "--preset vit-b-32" in cmd and "--objective mdc" in cmd
 
 
