@@ -60,8 +60,10 @@ smoke: $(STAMP)
 # seed plan reproduce/presets/mini-seeds.json, 3 to 8 seeds a run). RECORDS=<a new folder> runs on this
 # machine, JOBS at a time, one thread each: SEEDS seeds of every run (about 9 run-hours, 5 hours of wall time,
 # per seed on 2 cores at JOBS=2), or SEED_PLAN=<file> the seeds per run of a plan (the power table's:
-# python -m reproduce.power --write-plan FILE); neither given, 3 seeds.
+# python -m reproduce.power --write-plan FILE); neither given, 3 seeds. TIME_BUDGET=<minutes> runs a part: no
+# run starts that would not end within it; the same command continues.
 SEEDS ?=
+TIME_BUDGET ?=
 JOBS ?= 2
 RECORDS ?= reproduce/records/mini
 SEED_PLAN ?=
@@ -69,7 +71,7 @@ LEDGER_SEEDS := $(if $(filter reproduce/records/mini,$(RECORDS)),,--seeds 3)
 SEEDS_FLAG := $(if $(SEED_PLAN),--seed-plan $(SEED_PLAN),$(if $(SEEDS),--seeds $(SEEDS),$(LEDGER_SEEDS)))
 reproduce: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m reproduce --profile mini --jobs $(JOBS) --records $(RECORDS) $(SEEDS_FLAG) \
-		$(if $(filter reproduce/records/mini,$(RECORDS)),--from-records)
+		$(if $(TIME_BUDGET),--time-budget $(TIME_BUDGET)) $(if $(filter reproduce/records/mini,$(RECORDS)),--from-records)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

@@ -383,7 +383,7 @@ def build_from_records(records: dict[str, dict], out: str, paper_dir: str = PAPE
             continue
         files[name] = artifact.builder(runs, paper_dir, out)
         feeding = {n: r for n, r in records.items() if name in r["artifacts"]}
-        line = ledger.provenance(feeding)
+        line = ledger.provenance(feeding, of=len(records))
         for path in files[name] if feeding else ():  # Tables 6-8 are the presets: no run feeds them
             if path.endswith(".md"):
                 with open(path, "a") as f:

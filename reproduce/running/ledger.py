@@ -277,15 +277,18 @@ def for_build(records: dict[str, dict]) -> list[dict]:
              "artifacts": r["artifacts"], "record": r["results"]} for name, r in records.items()]
 
 
-def provenance(records: dict[str, dict]) -> str:
+def provenance(records: dict[str, dict], of: int | None = None) -> str:
     """One line naming the code the records came from: its package digest(s), with a count per digest
-    when they differ (records of different package versions are listed, never silently mixed)."""
+    when they differ (records of different package versions are listed, never silently mixed); ``of``, the
+    records of the whole ledger, where these are the part of it that feeds one artifact."""
     by_digest: dict[str, list[str]] = {}
     for name, r in sorted(records.items()):
         by_digest.setdefault(r["code"]["package"], []).append(name)
+    count = (f"{len(records)} of the ledger's {of} run records (those that feed it)" if of and of != len(records)
+             else f"{len(records)} run records")
     if len(by_digest) <= 1:
         digest = next(iter(by_digest), "none")
-        return f"From {len(records)} run records of package {digest}."
+        return f"From {count} of package {digest}."
     parts = "; ".join(f"package {d}: {len(names)} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
                       for d, names in sorted(by_digest.items(), key=lambda kv: -len(kv[1])))
-    return f"From {len(records)} run records of {len(by_digest)} package versions: {parts}."
+    return f"From {count} of {len(by_digest)} package versions: {parts}."

@@ -56,3 +56,12 @@ def test_timm_and_open_clip_import_after_mdc():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_make_reproduce_passes_a_time_budget_to_a_new_ledger():
+    """``make reproduce RECORDS=<folder> TIME_BUDGET=<minutes>`` runs a part, as the README says."""
+    out = subprocess.run(["make", "-n", "reproduce", "RECORDS=build/new", "TIME_BUDGET=150", "STAMP="], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert "--records build/new --seeds 3 --time-budget 150" in " ".join(out.replace("\\\n", " ").split())
+    plain = subprocess.run(["make", "-n", "reproduce", "STAMP="], cwd=ROOT, capture_output=True, text=True).stdout
+    assert "--time-budget" not in plain and "--from-records" in plain

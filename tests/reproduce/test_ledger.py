@@ -199,6 +199,8 @@ def test_checkpoints_go_once_every_reader_is_recorded(toy, keep):
 def test_provenance_lists_records_of_different_package_versions(first_ledger):
     found = ledger.read_all(first_ledger[1])
     assert ledger.provenance(found) == f"From 3 run records of package {ledger.package_digest()}."
+    assert ledger.provenance(found, of=181) == (f"From 3 of the ledger's 181 run records (those that feed it) of "
+                                                f"package {ledger.package_digest()}.")
     found["eval/c"] = {**found["eval/c"], "code": {**found["eval/c"]["code"], "package": "0" * 16}}
     line = ledger.provenance(found)
     assert "2 package versions" in line and f"package {'0' * 16}: 1 (eval/c)" in line

@@ -133,8 +133,8 @@ def gap_table(data: dict, instrument: str, rows: dict) -> str:
     if instrument == "binding" and control_binds(data, "x1") != "binds":
         word = "control failed (the 1x ARC does not bind)"
     lines += ["", f"Slope per doubling of steps over {', '.join(ladder) or 'no rung'} ({b['seeds']} seeds with every "
-                  f"rung): {span(b['mean'], b['low'], b['high'])}; the reference's 1x gap {ref_gap:+.1f}, margin "
-                  f"m = {m:.2f}: **{word}**. First rung whose gap interval contains 0: {first or 'none'}."]
+                  f"rung): {span(b['mean'], b['low'], b['high'])}; the reference ledger's 1x gap (the seed plan's "
+                  f"input, not the x1 rung's) {ref_gap:+.1f}, margin m = {m:.2f}: **{word}**. First rung whose gap interval contains 0: {first or 'none'}."]
     if word == "closes" and b["mean"]:
         x, hours = 2 ** (-a0 / b["mean"]), paper_hours()
         lines.append(f"Extrapolated crossover (assumes the multiple carries across scale): {x:.1f}x mini's steps "
