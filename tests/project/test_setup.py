@@ -65,3 +65,15 @@ def test_make_reproduce_passes_a_time_budget_to_a_new_ledger():
     assert "--records build/new --seeds 3 --time-budget 150" in " ".join(out.replace("\\\n", " ").split())
     plain = subprocess.run(["make", "-n", "reproduce", "STAMP="], cwd=ROOT, capture_output=True, text=True).stdout
     assert "--time-budget" not in plain and "--from-records" in plain
+
+
+def test_the_readmes_python_snippet_runs_as_written():
+    """The README's first Python block, executed as a newcomer would paste it: captions at the references'
+    lengths, one ELBO per caption."""
+    text = (ROOT / "README.md").read_text()
+    snippet = text.split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict = {}
+    exec(compile(snippet, "README.md", "exec"), scope)
+    assert len(scope["captions"]) == 4 and all(isinstance(c, str) and c for c in scope["captions"])
+    assert [len(scope["tok"].encode(c)) for c in scope["captions"]] == scope["lengths"]
+    assert scope["scores"].shape[0] == 4 and bool(scope["loss"].isfinite())
