@@ -138,8 +138,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         records=records, time_budget_s=None if args.time_budget is None else args.time_budget * 60,
         keep_checkpoints=args.keep_checkpoints or bool(args.only),  # --only: a partial graph
         profile=args.profile, kept_weights=_kept_weights(args, records))
-    if args.dry_run:
-        runner.dry_run(runs, out, settings, flops=_flops if args.profile != "paper" else None)
+    if args.dry_run and args.profile != "paper":  # the paper profile's plan is its cost (below)
+        runner.dry_run(runs, out, settings, flops=_flops)
     outcome = {} if args.dry_run else runner.run_all(runs, out, settings)
     failed = {n: o for n, o in outcome.items() if o["status"] not in ("ok", "skipped", "left")}
     if failed:

@@ -44,6 +44,11 @@ def render(costs: list[Cost], mfu: float, out: str = "") -> str:
     lines += ["", f"== total: {len(costs)} runs, {total['total']:,.0f} GPU-hours at MFU {100 * mfu:g}% "
                   f"(= {total['total'] / gpus / 24:,.1f} days on one node of {gpus} H100s); per artifact: "
                   + ", ".join(f"{a} {total[a]:,.0f}" for a in artifacts)]
+    shared = [c for c in costs if c.notebook != "figures" and len(c.artifacts) > 1]
+    if shared:
+        lines.append(f"   {len(shared)} runs feed more than one artifact and count in each artifact's figure above, so "
+                     f"those figures sum to {sum(total[a] for a in artifacts):,.0f} GPU-hours; the total counts "
+                     f"each run once")
     if unset:
         lines.append(f"   data variables not set: {', '.join(unset)} (reproduce/registry.py: PAPER_ENV)")
     return "\n".join(lines)

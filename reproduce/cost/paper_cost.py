@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import functools
 import os
-import shlex
 from dataclasses import dataclass, field
 
 from mdc.factory import get_tokenizer
 from mdc.base.optim import preset_values
 from mdc.world.scenes import scene_captions
-from reproduce.running.cluster import torchrun_command
+from reproduce.running.cluster import run_command, torchrun_command
 from reproduce.graph import Run
 from reproduce.cost.model_cost import CONTEXT, OBJECTIVES, forward_flops, num_params, training_pass
 from reproduce.paper_profile import PER_GPU_BATCH, data_vars
@@ -195,9 +194,7 @@ def plan(runs: list[Run], out: str, environ=None) -> list[Cost]:
     by_name = {r.name: r for r in runs}
     costs = []
     for r in runs:
-        command = (torchrun_command(r, out, r.gpus) if r.gpus else
-                   f"python -m reproduce --profile paper --out {shlex.quote(os.path.dirname(out) or '.')} "
-                   f"--run {shlex.quote(r.name)}")
+        command = torchrun_command(r, out, r.gpus) if r.gpus else run_command(r, out, "paper")
         cost = Cost(r.name, r.notebook, tuple(r.artifacts), command,
                     {v: bool(environ.get(v)) for v in data_vars(r)})
         if r.notebook == "pretrain":

@@ -16,6 +16,12 @@ def torchrun() -> str:
     return beside if os.path.isfile(beside) else shutil.which("torchrun") or "torchrun"
 
 
+def run_command(run: Run, out: str, profile: str) -> str:
+    """``python -m reproduce ... --run NAME``, this project's interpreter, for one run of ``out``'s graph."""
+    return (f"{shlex.quote(os.path.realpath(sys.executable))} -m reproduce --profile {profile} "
+            f"--out {shlex.quote(os.path.dirname(out) or '.')} --run {shlex.quote(run.name)}")
+
+
 def torchrun_command(run: Run, out: str, gpus: int, nodes: int = 1) -> str:
     """The pretraining run as ``torchrun ... -m mdc.train`` flags (paper scale: real shards given)."""
     p = resolve(run.params, out)
@@ -65,9 +71,7 @@ def slurm_scripts(runs: list[Run], out: str, folder: str, profile: str, gpus: in
         head += [f"#SBATCH --account={account}"] if account else []
         head += [f"#SBATCH --partition={partition}"] if partition else []
         body = ['export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-                f"{shlex.quote(os.path.realpath(sys.executable))} -m reproduce --profile {profile} "
-                f"--out {shlex.quote(os.path.dirname(out))} "
-                f"--run {shlex.quote(r.name)}" + (f" --gpus-per-node {gpus} --nodes {nodes}" if r.gpus else "")]
+                run_command(r, out, profile) + (f" --gpus-per-node {gpus} --nodes {nodes}" if r.gpus else "")]
         if r.gpus and nodes > 1:
             body[-1] = "srun " + body[-1]
         with open(script, "w") as f:

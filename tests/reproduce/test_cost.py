@@ -2,7 +2,9 @@
 meta-device FLOPs checked against the real loss and the analytic count, activation memory against CPU autocast,
 the plan's table and totals."""
 import json
+import os
 import re
+import sys
 
 import pytest
 import torch
@@ -100,7 +102,7 @@ def test_paper_dry_run_prints_the_costed_plan(tmp_path, monkeypatch, capsys):
     assert not list(tmp_path.iterdir())  # a dry run writes nothing
     assert "MFU 50%" in text and "== table4: 4 runs" in text
     assert "MDC_CC12M set, MDC_CC12M_SAMPLES set" in text and "MDC_RECAP10M UNSET" in text
-    assert "$ torchrun --nnodes=1 --nproc_per_node=8 --standalone -m mdc.train" in text
+    assert f"$ {cluster.torchrun()} --nnodes=1 --nproc_per_node=8 --standalone -m mdc.train" in text
     assert "--train-data /data/cc12m/{00000..01242}.tar" in text.replace("'", "")
     assert f"--run probe/vit-b-32-mdc-wot-alt-s0" in text
     rows = re.findall(r"^  (\S+)\s+(\d+)\s+(\S+)\s+(\S+)\s+.*?\s([\d.,]+)$", text, re.M)
@@ -120,6 +122,23 @@ def test_paper_dry_run_prints_the_costed_plan(tmp_path, monkeypatch, capsys):
     assert alt.params == model_cost.num_params("vit-b-32", "mdc") and 150e6 < alt.params < 250e6
     assert 1 < alt.act_bytes / 2**30 < 40 and alt.micro_batch == 128 and alt.gpus == 8
     assert costs["figures"].flops == 0 and costs["figures"].gpus == 0
+
+
+def test_the_paper_dry_run_is_one_cost_whose_lines_sum_to_its_total(tmp_path, capsys):
+    """No line of the synthetic profiles' estimates (minutes, run-hours) beside the GPU-hours; the per-artifact
+    figures, which count a run once for each artifact it feeds, are explained against the total, which counts it
+    once; the notebooks' commands name this interpreter."""
+    assert main(["--profile", "paper", "--dry-run", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "~0 min" not in text and "run-hours" not in text
+    rows = dict(re.findall(r"^  (\S+)\s+\d+\s+\S+\s+\S+\s+.*?\s([\d.,]+)$", text, re.M))
+    total = float(re.search(r"== total: (\d+) runs, ([\d,.]+) GPU-hours", text).group(2).replace(",", ""))
+    assert total == pytest.approx(sum(float(h.replace(",", "")) for h in rows.values()), abs=1)
+    shared = re.search(r"(\d+) runs feed more than one artifact .* sum to ([\d,]+) GPU-hours", text)
+    per_artifact = re.search(r"per artifact: (.*)$", text, re.M).group(1)
+    figures = [int(x.replace(",", "")) for x in re.findall(r"\w+ ([\d,]+)", per_artifact)]
+    assert int(shared.group(2).replace(",", "")) == pytest.approx(sum(figures), abs=len(figures))  # each rounded
+    assert f"$ {os.path.realpath(sys.executable)} -m reproduce --profile paper" in text
 
 
 def test_mfu_is_checked(capsys):
