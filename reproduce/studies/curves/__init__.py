@@ -29,7 +29,7 @@ from reproduce.graph import Run
 from reproduce.registry import run_name
 from reproduce.studies.driver.steps import caption_words, repetition, repetition_step
 from reproduce.studies.driver.study import (Arm, Study, arm_runs, captioned, descriptive_models, pretrain_run, reader,
-                                            records_of)
+                                            records_of, repetition_run)
 
 MILESTONES = (1, 2, 3, 4, 6, 8)  # times mini's steps where a piece ends, on the 8x schedule
 SCHEDULE = 8  # the pieces' schedule, times mini's steps
@@ -66,19 +66,14 @@ UNREAD = ("x4-half",)  # pieces read by their next piece alone
 def descriptive_runs(ref: dict, arm: Arm, objective: str, seed: int, scale: str) -> list[Run]:
     """A descriptive model: CLIP's pretraining and probe; MDC's and ARC's with their binding part and repetition
     step."""
-    if arm.name in UNREAD:
-        return [pretrain_run("curves", ref[run_name("pretrain", seed, objective, "descriptive")],
-                             ref["data/descriptive"], arm, objective, "descriptive", seed)]
-    if objective == "clip":
+    if arm.name in UNREAD or objective == "clip":
         pre = pretrain_run("curves", ref[run_name("pretrain", seed, objective, "descriptive")],
                            ref["data/descriptive"], arm, objective, "descriptive", seed)
-        tag = pre.name.split("/", 1)[1]
-        return [pre, reader(ref[run_name("probe", seed, objective, "descriptive")], f"probe/{tag}", pre)]
+        probe = reader(ref[run_name("probe", seed, objective, "descriptive")], f"probe/{pre.name.split('/', 1)[1]}",
+                       pre)
+        return [pre] if arm.name in UNREAD else [pre, probe]
     pre, probe, binding = descriptive_models("curves", ref, arm, objective, seed, BINDING_SUITES, OWN_ITEMS)
-    step = Run(f"repetition/{probe.name.split('/', 1)[1].removeprefix('curves-')}", "repetition",
-               dict(checkpoint=f"{{run:{pre.name}}}", n_scenes=REPETITION_SCENES[scale], seed=0),
-               deps=(pre.name,), labels=dict(pre.labels))
-    return [pre, probe, binding, step]
+    return [pre, probe, binding, repetition_run("curves", pre, REPETITION_SCENES[scale])]
 
 
 def alt_runs(ref: dict, arm: Arm, pre: dict[str, Run], seed: int) -> list[Run]:

@@ -132,6 +132,14 @@ def descriptive_models(study: str, ref: dict, arm: Arm, objective: str, seed: in
                    suites=list(suites), **sizes)]
 
 
+def repetition_run(study: str, pre: Run, n_scenes: int) -> Run:
+    """The step ``repetition/<pre's tag>``: ``pre``'s descriptive captions at each scene's true length on
+    ``n_scenes`` fresh scenes (:func:`~reproduce.studies.driver.steps.repetition_step`)."""
+    return Run(f"repetition/{pre.name.split('/', 1)[1].removeprefix(f'{study}-')}", "repetition",
+               dict(checkpoint=f"{{run:{pre.name}}}", n_scenes=n_scenes, seed=0), deps=(pre.name,),
+               labels=dict(pre.labels))
+
+
 def captioned(study: str, t: Run, arm: Arm, pre: dict[str, Run], stage: str, cap: int = 1, **params) -> list[Run]:
     """The reference's captioning run ``t`` of the arm's alt models ``pre`` (MDC, and ARC where given) at ``stage``
     (``pretrained``: not fine-tuned; else fine-tuned to ``cap`` times its cap), ``params`` changed, and its

@@ -24,7 +24,8 @@ from reproduce import power
 from reproduce.graph import ROOT, Run
 from reproduce.registry import run_name
 from reproduce.studies.driver.steps import caption_words, repetition, repetition_step
-from reproduce.studies.driver.study import Arm, Study, arm_runs, captioned, descriptive_models, records_of
+from reproduce.studies.driver.study import (Arm, Study, arm_runs, captioned, descriptive_models, records_of,
+                                            repetition_run)
 from reproduce.studies.ladder import report
 
 BINDING_SUITES = ("own_attribute", "own_sugarcrepe/swap_att", "own_sugarcrepe/swap_obj")
@@ -49,10 +50,7 @@ KEPT = ("x2", "dense", "x4", "rotary-x4")  # seed 0's descriptive models kept in
 def descriptive_runs(ref: dict, arm: Arm, objective: str, seed: int, scale: str) -> list[Run]:
     """Pretraining on descriptive captions, its probe, its binding part and its repetition step."""
     pre, probe, binding = descriptive_models("ladder", ref, arm, objective, seed, BINDING_SUITES, OWN_ITEMS)
-    step = Run(f"repetition/{probe.name.split('/', 1)[1].removeprefix('ladder-')}", "repetition",
-               dict(checkpoint=f"{{run:{pre.name}}}", n_scenes=REPETITION_SCENES[scale], seed=0),
-               deps=(pre.name,), labels=dict(pre.labels))
-    return [pre, probe, binding, step]
+    return [pre, probe, binding, repetition_run("ladder", pre, REPETITION_SCENES[scale])]
 
 
 def caption_runs(ref: dict, arm: Arm, pre: dict[str, Run], seed: int) -> list[Run]:
