@@ -124,9 +124,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
     if args.from_records:
         return _from_records(runs, records, figures, args)
-    if args.profile == "paper" and not args.dry_run and (lines := preflight.missing(_to_run(runs, records, args))):
-        raise ConfigError("the data of the selected runs is not ready (docs/paper_scale.md, \"Data\"); nothing "
-                          "was started:\n" + "\n".join(lines))
+    if args.profile == "paper" and not args.dry_run:
+        _preflight(_to_run(runs, records, args))
     if args.slurm:
         path = cluster.slurm_scripts(runs, out, args.slurm, args.profile, gpus=args.gpus_per_node or 8,
                                     nodes=args.nodes)
@@ -143,13 +142,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     outcome = {} if args.dry_run else runner.run_all(runs, out, settings)
     failed = {n: o for n, o in outcome.items() if o["status"] not in ("ok", "skipped", "left")}
     if failed:
-        print(f"\n{len(failed)} run(s) did not complete:", file=sys.stderr)
-        by_name = {r.name: r for r in runs}
-        for name, o in failed.items():
-            log = os.path.join(run_dir(out, by_name[name]), "log.txt")
-            cause = preflight.last_error(o["error"])
-            print(f"- {name}: {o['status']}\n{o['error'][-800:]}\n  {cause or 'no error line'} (the whole log: {log})",
-                  file=sys.stderr)
+        _say_failed(failed, runs, out)
         return 1
     left = [n for n, o in outcome.items() if o["status"] == "left"]
     if args.dry_run and args.profile == "paper":  # what it would cost (reproduce/cost/paper_cost.py)
@@ -164,6 +157,24 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"\nall {len(outcome)} runs complete; tables and figures in {figures}; records in {records}; "
               f"per-run times in {os.path.join(out, 'runs.csv')}")
     return 0
+
+
+def _preflight(runs: list) -> None:
+    """Refuse (ConfigError, exit 2) before anything starts where the data ``runs`` read is not there."""
+    if lines := preflight.missing(runs):
+        raise ConfigError("the data of the selected runs is not ready (docs/paper_scale.md, \"Data\"); nothing "
+                          "was started:\n" + "\n".join(lines))
+
+
+def _say_failed(failed: dict, runs: list, out: str) -> None:
+    """Each failed run: its status, its log's tail, its last error line and the whole log's path."""
+    print(f"\n{len(failed)} run(s) did not complete:", file=sys.stderr)
+    by_name = {r.name: r for r in runs}
+    for name, o in failed.items():
+        log = os.path.join(run_dir(out, by_name[name]), "log.txt")
+        cause = preflight.last_error(o["error"])
+        print(f"- {name}: {o['status']}\n{o['error'][-800:]}\n  {cause or 'no error line'} (the whole log: {log})",
+              file=sys.stderr)
 
 
 def _to_run(runs: list, records: str, args: argparse.Namespace) -> list:

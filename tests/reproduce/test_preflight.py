@@ -101,3 +101,14 @@ def test_the_data_table_of_paper_scale_md_covers_every_variable_with_the_artifac
             need.setdefault(var, set()).update(r.artifacts)
     for var in ("MDC_CC3M", "MDC_SUGARCREPE", "MDC_COCO_KARPATHY", "MDC_RECAP_SUBSETS"):
         assert all(a in rows[var] for a in need[var]), var
+
+
+def test_a_failed_run_is_reported_with_its_cause_and_its_logs_path(tmp_path, capsys):
+    from reproduce.__main__ import _say_failed
+
+    run = next(r for r in registry.build("paper", 1) if r.name == CC3M_RUN)
+    log = "[rank0]: ValueError: train_data: 1 of 1 shards do not exist\nChildFailedError: \n"
+    _say_failed({run.name: {"status": "failed", "error": log}}, [run], str(tmp_path))
+    err = capsys.readouterr().err
+    assert "ValueError: train_data: 1 of 1 shards do not exist (the whole log: " in err
+    assert str(tmp_path / "pretrain" / "vit-b-32-mdc-t0.0-1.0-cc3m-s0" / "log.txt") in err
