@@ -64,14 +64,13 @@ from webdataset.utils import make_seed, pytorch_worker_info
 from mdc.base.options import with_options
 from mdc.data.accounting import SKIP_REASONS, LoadStats, SkipStats, StreamPosition, Uncounted  # noqa: F401 (re-exported)
 from mdc.data.shards import fast_forward, open_at, shard_samples, shuffled
-from mdc.data.transforms import ImageTransform, image_transform
+from mdc.data.transforms import CorruptImageError, ImageTransform, image_transform
 from mdc.tokenizer import TextStats, trim_padding
 
 logger = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "npy")
 MAX_CAPTION_CHARS = 10_000
-DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)  # what PIL raises for bad bytes
 @dataclass(frozen=True)
 class StreamOptions:
     """How :func:`make_dataset` and :func:`make_loader` read a shard stream (one default each)."""
@@ -267,8 +266,8 @@ class ImageCaptionDataset(IterableDataset):
             side = max(image.size)  # as stored (a JPEG may decode smaller: draft)
             try:  # the pixels are decoded here
                 item = (self.transform(image, crop_rng), caption)
-            except DECODE_ERRORS as exn:  # bad bytes, not a fault of the transform's (that one propagates)
-                stats.record("corrupt_image", sample["__url__"], sample["__key__"], repr(exn))
+            except CorruptImageError as exn:  # bad bytes, not a fault of the transform's (that one propagates)
+                stats.record("corrupt_image", sample["__url__"], sample["__key__"], str(exn))
                 continue
             if not self.batch_size:
                 yield item[0], self.tokenizer([caption])[0]

@@ -11,6 +11,21 @@ from PIL import Image
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)  # what PIL raises for bad bytes
+
+
+class CorruptImageError(ValueError):
+    """An image's bytes do not decode (PIL's error is its cause): the sample's fault, not the transform's."""
+
+
+def decoded(image: Image.Image) -> Image.Image:
+    """``image`` with its pixels decoded now (after any draft), bad bytes raising :class:`CorruptImageError`; what
+    the transform does next raises as it is."""
+    try:
+        image.load()
+    except DECODE_ERRORS as exn:
+        raise CorruptImageError(repr(exn)) from exn
+    return image
 
 
 class ImageTransform:
@@ -24,7 +39,8 @@ class ImageTransform:
     call, else from the transform's own generator seeded by ``seed``. ``uint8``: the resized pixels as a
     ByteTensor [3, size, size], left for :func:`normalize` (the same floats, bit for bit). ``draft`` (train): a
     JPEG not yet decoded is decoded at the smallest DCT scale its crop allows (:func:`draft`), the crop box the
-    same as without it.
+    same as without it. Bytes that do not decode raise :class:`CorruptImageError` (:func:`decoded`); any other error
+    is the transform's.
     """
 
     def __init__(self, image_size: int, train: bool, crop_scale: tuple[float, float] | None = (0.9, 1.0),
@@ -36,7 +52,7 @@ class ImageTransform:
     def __call__(self, image: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
         s = self.size
         if not self.train:
-            image = image.convert("RGB")
+            image = decoded(image).convert("RGB")
             w, h = image.size
             scale = s / min(w, h)
             new = (max(s, round(w * scale)), max(s, round(h * scale)))
@@ -45,12 +61,12 @@ class ImageTransform:
             left, top = (new[0] - s) // 2, (new[1] - s) // 2
             image = image.crop((left, top, left + s, top + s))
         elif self.crop_scale is None and image.size == (s, s):
-            image = image.convert("RGB")
+            image = decoded(image).convert("RGB")
         else:
             box = (0, 0, *image.size) if self.crop_scale is None else self._crop_box(
                 image.size, rng if rng is not None else self.rng)
             image, box = draft(image, box, s) if self.draft else (image, box)
-            image = image.convert("RGB").resize((s, s), Image.BICUBIC, box=box)
+            image = decoded(image).convert("RGB").resize((s, s), Image.BICUBIC, box=box)
         pixels = torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)  # [3, S, S]
         return pixels if self.uint8 else normalize(pixels)
 

@@ -90,6 +90,19 @@ def test_a_fault_of_the_transform_is_not_counted_as_a_corrupt_image(tmp_path, ph
         list(iterate_batches(loader, SkipStats()))
 
 
+def test_a_value_error_of_the_transform_after_decoding_propagates(tmp_path, photos, monkeypatch):
+    """PIL raises ValueError for some bad bytes, and a transform's own bug may raise it too: only the decode is
+    read as the image's fault."""
+    def broken(image, *args, **kwargs):
+        raise ValueError("a bug in the resize, not bad bytes")
+
+    monkeypatch.setattr(Image.Image, "resize", broken)
+    loader = make_loader(_shard(tmp_path / "000000.tar", photos), get_tokenizer(context_length=16), 32, 2,
+                         num_workers=0, uint8=True)
+    with pytest.raises(ValueError, match="a bug in the resize"):
+        list(iterate_batches(loader, SkipStats()))
+
+
 @pytest.mark.parametrize("workers", [0, 1])
 def test_each_batch_carries_its_workers_work(tmp_path, photos, workers):
     url = _shard(tmp_path / "000000.tar", photos * 2)
