@@ -86,6 +86,7 @@ class StreamOptions:
     fast_resume: bool = True  # resume by reading tar headers up to the resume point (False: replay the pass)
     trim_multiple: int | None = None  # each batch's tokens cut to its longest caption, rounded up to this (training)
     uint8: bool = False  # images as resized uint8 pixels, normalised where they are used (transforms.normalize)
+    draft: bool = True  # a JPEG decoded at the smallest DCT scale its training crop allows (transforms.draft)
 
     def __post_init__(self):
         if isinstance(self.resume, Mapping):  # a saved state_dict()
@@ -304,7 +305,8 @@ def make_dataset(urls: str | Sequence[str], tokenizer: Callable, image_size: int
     one is a ValueError naming it). Skips are counted into ``stats`` in the iterating process. With
     ``batch_size`` it yields loader batches ``(images, tokens, meta)`` (see the module docstring)."""
     o = with_options(StreamOptions, options, kw, "stream")
-    transform = image_transform(image_size, o.train, crop_scale=o.crop_scale, seed=o.seed, uint8=o.uint8)
+    transform = image_transform(image_size, o.train, crop_scale=o.crop_scale, seed=o.seed, uint8=o.uint8,
+                                draft=o.draft)
     return ImageCaptionDataset(urls, tokenizer, transform, o, stats=stats, batch_size=batch_size)
 
 

@@ -82,6 +82,8 @@ class TrainConfig:
     seed: int = option(0, "seed of the initial weights, the masks and noise, and the data order", ge=0)
     workers: int = option(2, "DataLoader workers per process (0: load in the training process)", ge=0)
     shuffle_buffer: int = option(1000, "samples in each worker's shuffle buffer (1: no shuffling)", ge=1)
+    draft_decode: bool = option(True, "decode a JPEG at the smallest DCT scale its training crop allows (PIL's "
+                                      "draft mode); off (--no-draft-decode) decodes every JPEG whole")
     # checkpoints and logs
     save_every: int = option(1000, "checkpoint every N steps (and at the end)", ge=1)
     keep_last: int | None = option(None, "keep only the K newest checkpoints (default: all)", metavar="K", ge=1)

@@ -136,6 +136,7 @@ class DataStream:
                              shuffle_buffer=c.shuffle_buffer, partial=False, resume=position,
                              trim_multiple=16 if c.compile else 1,  # compiled: a handful of caption lengths
                              uint8=True,  # a quarter of the bytes to copy; the loop normalises on the device
+                             draft=c.draft_decode,
                              pin_memory=torch.cuda.is_available())
         self.position = StreamPosition.from_state_dict(position) if position else StreamPosition(c.workers)
         self._starting = True  # the next batch is this loader's first: its workers start (take_wait counts it apart)

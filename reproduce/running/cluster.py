@@ -43,6 +43,8 @@ def torchrun_command(run: Run, out: str, gpus: int, nodes: int = 1) -> str:
         parts += ["--t-interval", *map(str, p["t_interval"])]
     if p.get("time_weighting") is False:
         parts.append("--no-time-weighting")
+    if p.get("draft_decode") is False:
+        parts.append("--no-draft-decode")
     if p.get("compile_mode"):  # the step compiled whole (reduce-overhead: replayed as CUDA graphs)
         parts += ["--compile", "--compile-mode", p["compile_mode"]]
     return " ".join(shlex.quote(x) if not x.startswith("--rdzv_endpoint") else x for x in parts)

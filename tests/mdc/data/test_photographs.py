@@ -113,3 +113,15 @@ def test_each_batch_carries_its_workers_work(tmp_path, photos, workers):
     assert load.rate(workers) == pytest.approx(max(workers, 1) * 6 / load.seconds)
     taken = load.take()
     assert taken.images == 6 and (load.batches, load.images, load.seconds) == (0, 0, 0.0)
+
+
+def test_draft_decoding_is_an_option_on_by_default_and_recorded(tmp_path, photos):
+    from mdc.data.pipeline import make_dataset
+    from mdc.train.config import TrainConfig, run_config
+
+    url = _shard(tmp_path / "000000.tar", photos)
+    tok = get_tokenizer(context_length=16)
+    assert make_dataset(url, tok, 32).transform.draft and not make_dataset(url, tok, 32, draft=False).transform.draft
+    args = dict(train_data=url, output_dir=str(tmp_path / "run"), steps=2, warmup_steps=0)
+    assert TrainConfig(**args).draft_decode is True
+    assert run_config(TrainConfig(**args, draft_decode=False).resolved(1), 1)["draft_decode"] is False
