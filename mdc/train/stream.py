@@ -148,11 +148,12 @@ class DataStream:
         while True:
             first, start = self._starting, time.perf_counter()
             batch = next(self._batches, None)
-            have = self._all_have(batch is not None)
+            waited = time.perf_counter() - start  # the loader's alone: the ranks' agreement below is rank skew
             if first:
-                self.started += time.perf_counter() - start
+                self.started += waited
             else:
-                self.waited += time.perf_counter() - start
+                self.waited += waited
+            have = self._all_have(batch is not None)
             self._starting = False
             if have:
                 self._fresh = False

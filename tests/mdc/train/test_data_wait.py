@@ -82,3 +82,26 @@ def test_a_resumed_run_counts_its_workers_start_apart(shard, tmp_path, caplog, m
     resumed = [r for r in rows if r["step"] > 4]
     assert resumed[0]["data_start_s"] > 0.1 and all(r["data_wait"] < progress.DATA_WAIT_WARN for r in resumed)
     assert not warned, resumed
+
+
+def test_the_data_wait_is_the_loaders_alone_not_the_ranks_agreement(monkeypatch):
+    """The ranks agree that each has a batch (an all-reduce); time another rank makes this one wait there is rank
+    skew, not data wait. A clock that moves one second a reading, and ten in the agreement, tells them apart
+    whatever the machine's load."""
+    from mdc.train import stream
+
+    now = [0.0]
+
+    def tick():
+        now[0] += 1.0
+        return now[0]
+
+    def agree(have):  # another rank 10 s behind
+        now[0] += 10.0
+        return have
+
+    monkeypatch.setattr(stream.time, "perf_counter", tick)
+    data = object.__new__(stream.DataStream)
+    data._starting, data._fresh, data.waited, data.started = False, False, 0.0, 0.0
+    data._batches, data._all_have = iter([("pixels", "tokens")]), agree
+    assert data.next() == ("pixels", "tokens") and data.take_wait() == (1.0, 0.0)
