@@ -106,6 +106,11 @@ class TrainConfig:
     progress: bool = option(True, "a progress bar (rank 0); off (--no-progress) keeps notebooks' stored "
                                   "outputs short")
 
+    def captures_graphs(self) -> bool:
+        """Does the step replay CUDA graphs? inductor captures them with ``reduce-overhead`` and with
+        ``max-autotune`` alike."""
+        return self.compile and self.compile_mode in ("reduce-overhead", "max-autotune")
+
     def resolved(self, world_size: int) -> "TrainConfig":
         """A copy with every default filled in from the preset and checked against the world size.
 

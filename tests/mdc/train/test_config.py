@@ -153,3 +153,18 @@ def test_only_local_shards_are_checked(tmp_path):
     check_shards(f"{tmp_path}/000000.tar::pipe:cat {tmp_path}/x.tar::https://example.org/{{0..3}}.tar")
     with pytest.raises(ConfigError, match=r"train_data: 1 of 2 shards do not exist, the first: '.*000001.tar'"):
         check_shards(f"{tmp_path}/{{000000..000001}}.tar")
+
+
+def test_every_mode_that_replays_cuda_graphs_is_handled_as_graphs():
+    """inductor's max-autotune also captures CUDA graphs: its step is marked like reduce-overhead's; a graphed
+    step under several processes says in one line at start what its figures were measured on."""
+    from mdc.train.loop import graphs_note
+
+    base = dict(train_data="x.tar", output_dir="out")
+    assert not TrainConfig(**base).captures_graphs()
+    assert not TrainConfig(**base, compile=True).captures_graphs()
+    for mode in ("reduce-overhead", "max-autotune"):
+        cfg = TrainConfig(**base, compile=True, compile_mode=mode)
+        assert cfg.captures_graphs() and graphs_note(cfg, 1) is None
+        assert "never measured across several" in graphs_note(cfg, 8) and "8 processes" in graphs_note(cfg, 8)
+    assert graphs_note(TrainConfig(**base), 8) is None
