@@ -160,9 +160,9 @@ def graphs_note(cfg: TrainConfig, world: int) -> str | None:
     """One line, at the start of a graphed step under several processes, on what its figures rest on."""
     if world == 1 or not cfg.captures_graphs():
         return None
-    return (f"the step replays CUDA graphs ({cfg.compile_mode}) under DDP across {world} processes: its speed (18-23% "
-            f"MFU) and its exact resume were measured on one GPU, never measured across several; without --compile "
-            f"(or --compile-mode default) the step is eager (or compiled without graphs)")
+    return (f"the step replays CUDA graphs ({cfg.compile_mode}) under DDP across {world} processes: its speed "
+            f"(18-23% MFU) and its exact resume were measured on one GPU, never measured across several; without "
+            f"--compile (or with --compile-mode default) the step is eager (or compiled without graphs)")
 
 
 def _build(cfg: TrainConfig, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer, object]:
