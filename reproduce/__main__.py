@@ -9,7 +9,7 @@
     python -m reproduce --profile mini --dry-run            # what would run, what is done
     python -m reproduce --profile paper --gpus-per-node 8   # GPU node; data paths from MDC_* variables
     python -m reproduce --profile paper --slurm slurm/      # write one sbatch script per run + submit.sh
-    python -m reproduce --profile paper --dry-run [--mfu 0.4]  # the plan costed: commands, data, GPU-hours
+    python -m reproduce --profile paper --dry-run [--step eager]  # the plan costed: commands, data, GPU-hours
     python -m reproduce --profile mini --seeds 3 --time-budget 150   # a part: stop starting runs after 150 min
     python -m reproduce --profile mini --from-records               # every artifact from the ledger alone
     python -m reproduce --profile mini --seeds 1 --overwrite-figures # let a build with fewer seeds replace figures/
@@ -35,7 +35,7 @@ import sys
 
 from mdc.base.cli import ArgumentParser, report
 from mdc.base.errors import ConfigError, RunError, must
-from reproduce import preflight, registry
+from reproduce import paper_profile, preflight, registry
 from reproduce.cost import cost_table, paper_cost
 from reproduce.graph import keys, run_dir
 from reproduce.running import bookkeeping, cluster, ledger, runner, seed_plan
@@ -46,8 +46,11 @@ def check(args: argparse.Namespace) -> None:
     for name, least in (("seeds", 1), ("jobs", 1), ("nodes", 1), ("gpus_per_node", 0)):
         if getattr(args, name) is not None and getattr(args, name) < least:
             raise must(name, getattr(args, name), f">= {least}")
-    if not 0 < args.mfu <= 1:
+    if args.mfu is not None and not 0 < args.mfu <= 1:
         raise must("mfu", args.mfu, "in (0, 1]")
+    if args.step is not None and args.profile != "paper":
+        raise ConfigError("step chooses the paper profile's pretraining step; the synthetic profiles train eager",
+                          "step")
     if args.nodes > 1 and not (args.gpus_per_node or args.slurm):
         raise ConfigError("nodes needs gpus_per_node or slurm", "nodes", "gpus_per_node", "slurm")
     if args.time_budget is not None and args.time_budget <= 0:
@@ -84,8 +87,10 @@ def main(argv=None) -> int:
     p.add_argument("--gpus-per-node", type=int, default=0, help="pretraining runs under torchrun with this many GPUs")
     p.add_argument("--nodes", type=int, default=1, help="nodes per pretraining run (torchrun rendezvous)")
     p.add_argument("--slurm", metavar="DIR", help="write sbatch scripts and submit.sh to DIR instead of running")
-    p.add_argument("--mfu", type=float, default=paper_cost.MFU,
-                   help="paper --dry-run: model FLOPs utilisation assumed for GPU-hours (of an H100's bf16 peak)")
+    p.add_argument("--step", choices=list(paper_profile.STEPS), help="paper profile: the pretraining step, eager, "
+                   "compiled whole, or compiled and replayed as CUDA graphs (the default)")
+    p.add_argument("--mfu", type=float, help="paper --dry-run: model FLOPs utilisation assumed for GPU-hours (of an "
+                   "H100's bf16 peak; default: the step's measured one, reproduce.cost.paper_cost.STEP_MFU)")
     p.add_argument("--records", help="the ledger: one record per finished run (default: reproduce/records/mini for "
                    "mini, else OUT/<profile>/records)")
     p.add_argument("--from-records", action="store_true", help="build every artifact from the records alone")
@@ -128,7 +133,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         _preflight(_to_run(runs, records, args))
     if args.slurm:
         path = cluster.slurm_scripts(runs, out, args.slurm, args.profile, gpus=args.gpus_per_node or 8,
-                                    nodes=args.nodes)
+                                     nodes=args.nodes, step=args.step)
         print(f"wrote {len(runs)} job scripts; submit them with: bash {path}")
         return 0
     settings = runner.RunSettings(
@@ -146,7 +151,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         return 1
     left = [n for n, o in outcome.items() if o["status"] == "left"]
     if args.dry_run and args.profile == "paper":  # what it would cost (reproduce/cost/paper_cost.py)
-        print("\n" + cost_table.render(paper_cost.plan(runs, out), args.mfu))
+        mfu = args.mfu or paper_cost.STEP_MFU[_step(args)]
+        print("\n" + cost_table.render(paper_cost.plan(runs, out, step=args.step), mfu))
     if left:
         print(f"\ntime budget reached: {len(left)} of {len(outcome)} runs left ({', '.join(left[:3])}"
               f"{', ...' if len(left) > 3 else ''}); records in {records}; continue with: "
@@ -177,6 +183,11 @@ def _say_failed(failed: dict, runs: list, out: str) -> None:
               file=sys.stderr)
 
 
+def _step(args: argparse.Namespace) -> str:
+    """The paper profile's pretraining step: ``--step``, else CUDA graphs."""
+    return args.step or "graphs"
+
+
 def _to_run(runs: list, records: str, args: argparse.Namespace) -> list:
     """The runs this call would start: ``--run``'s, else those without a record of their key."""
     if args.run:
@@ -189,7 +200,7 @@ def _planned_runs(args: argparse.Namespace, records: str) -> list:
     """The profile's runs for ``--seeds``, ``--seed-plan`` or the seeds the ledger holds (one line naming the
     plan where it came from a file or the ledger)."""
     if args.profile == "paper":
-        return registry.build("paper", args.seeds or 1)
+        return registry.build("paper", args.seeds or 1, _step(args))
     if args.seeds is not None:
         return registry.build(args.profile, args.seeds)
     if args.seed_plan:

@@ -4,10 +4,11 @@ Data paths come from the environment (``reproduce.registry.PAPER_ENV`` lists the
 data is not configured fails with a message naming the variable. Pretraining uses the presets
 of ``mdc.base.optim`` (Tables 6-8) with the paper's per-GPU batch of 128 (64 for ViT-L/14, with
 accumulation), and executes under torchrun when ``python -m reproduce`` gets ``--gpus-per-node``, its step compiled
-whole and replayed as CUDA graphs (``MDC_EAGER_STEP=1``: the eager step).
+whole and replayed as CUDA graphs (``--step``: :data:`STEPS`).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -20,7 +21,8 @@ BACKBONES = ("vit-b-32", "vit-b-16", "vit-l-14")
 DATA = {"alt": ("MDC_CC12M", "CC12M"), "descriptive": ("MDC_RECAP10M", "Recap-DataComp-10M")}
 PER_GPU_BATCH = {"vit-b-32": 128, "vit-b-16": 128, "vit-l-14": 64}
 DAY = 24 * 3600
-EAGER_VAR = "MDC_EAGER_STEP"  # set (not 0): pretraining runs the eager step instead of CUDA graphs (compile_mode)
+# the pretraining step -> its compile_mode: eager, compiled whole, or compiled and replayed as CUDA graphs (the default)
+STEPS = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}
 PROBE_VARS = ("MDC_PROBE_ROOTS",)
 COMPOSITIONALITY_VARS = ("MDC_SUGARCREPE", "MDC_COCO_VAL2017", "MDC_ARO", "MDC_VG_IMAGES", "MDC_COCO_ORDER",
                          "MDC_COCO_IMAGES", "MDC_FLICKR_ORDER", "MDC_FLICKR_IMAGES")
@@ -55,29 +57,24 @@ def data_vars(run: Run) -> tuple[str, ...]:
     return {"probe": PROBE_VARS, "compositionality": COMPOSITIONALITY_VARS, "captioning": CAPTIONING_VARS}.get(kind, ())
 
 
-def compile_mode() -> str | None:
-    """The pretraining step's ``compile_mode`` parameter: "reduce-overhead", or None (eager) where MDC_EAGER_STEP
-    is set to anything but 0."""
-    return None if os.environ.get(EAGER_VAR, "0") not in ("", "0") else "reduce-overhead"
-
-
-def _pretrain(name, backbone, objective, style, seed, artifacts, labels, **extra) -> Run:
+def _pretrain(name, backbone, objective, style, seed, artifacts, labels, step="graphs", **extra) -> Run:
     var, data = DATA[style]
     params = dict(objective=objective, model=backbone, preset=backbone, train_data=env(var),
                   samples_per_epoch=int(os.environ.get(f"{var}_SAMPLES", "0")) or None, epochs=None, steps=None,
                   batch_size=PER_GPU_BATCH[backbone], workers=8, save_every=2000, keep_last=3, seed=seed,
                   output_dir=f"{{run:pretrain/{name}-s{seed}}}", lr=None, weight_decay=None,
-                  compile_mode=compile_mode(), **extra)
+                  compile_mode=STEPS[step], **extra)
     return Run(f"pretrain/{name}-s{seed}", "pretrain", params, artifacts=tuple(artifacts),
                labels={**labels, "data": data, "backbone": backbone, "seed": seed}, timeout_s=7 * DAY, gpus=8)
 
 
-def build_paper(seeds: int = 1) -> list[Run]:
-    """Runs of the paper profile (every backbone for Table 1; ViT-B/16 for the rest)."""
+def build_paper(seeds: int = 1, step: str = "graphs") -> list[Run]:
+    """Runs of the paper profile (every backbone for Table 1; ViT-B/16 for the rest), pretraining with ``step``
+    (:data:`STEPS`)."""
     probe_roots = json.loads(os.environ.get("MDC_PROBE_ROOTS", "{}"))
     runs = _data_runs()
     for seed in range(seeds):
-        pre = _pretrain_runs(seed)
+        pre = _pretrain_runs(seed, step)
         runs += pre + _evaluation_runs(pre, seed, probe_roots)
     return runs
 
@@ -96,35 +93,36 @@ def _data_runs() -> list[Run]:
     return runs
 
 
-def _pretrain_runs(seed: int) -> list[Run]:
+def _pretrain_runs(seed: int, step: str) -> list[Run]:
     """Every pretraining run of one seed: Table 1's backbones, objectives and caption styles (and CLIP-LB),
-    then Table 4's, Table 5's, Fig. 4's and Fig. 5's ablations on ViT-B/32."""
+    then Table 4's, Table 5's, Fig. 4's and Fig. 5's ablations on ViT-B/32, each with ``step``."""
+    pretrain = functools.partial(_pretrain, step=step)
     pre = []
     for backbone in BACKBONES:
         for style in ("alt", "descriptive"):
             for objective in ("clip", "arc", "mdc"):
                 arts = ["table1"] + (["table2"] if backbone == "vit-b-16" and style == "alt" else [])
                 arts += ["table3", "fig6"] if backbone == "vit-b-16" and style == "alt" and objective != "clip" else []
-                pre.append(_pretrain(f"{backbone}-{objective}-{style}", backbone, objective, style, seed, arts,
+                pre.append(pretrain(f"{backbone}-{objective}-{style}", backbone, objective, style, seed, arts,
                                      dict(method=objective.upper(), style=style)))
             if style == "descriptive":  # CLIP-LB: twice the global batch
-                pre.append(_pretrain(f"{backbone}-cliplb-{style}", backbone, "clip", style, seed, ["table1"],
+                pre.append(pretrain(f"{backbone}-cliplb-{style}", backbone, "clip", style, seed, ["table1"],
                                      dict(method="CLIP-LB", style=style), global_batch=2048))
     for style in ("alt", "descriptive"):  # Table 4 (ViT-B/32)
-        pre.append(_pretrain(f"vit-b-32-mdc-wot-{style}", "vit-b-32", "mdc", style, seed, ["table4"],
+        pre.append(pretrain(f"vit-b-32-mdc-wot-{style}", "vit-b-32", "mdc", style, seed, ["table4"],
                              dict(method="MDC (w/o t)", style=style), time_weighting=False))
     for lo, hi in ((0.0, 1.0), (0.3, 0.8), (0.4, 0.9), (0.5, 1.0)):
-        run = _pretrain(f"vit-b-32-mdc-t{lo:.1f}-{hi:.1f}-cc3m", "vit-b-32", "mdc", "alt", seed, ["table5"],
+        run = pretrain(f"vit-b-32-mdc-t{lo:.1f}-{hi:.1f}-cc3m", "vit-b-32", "mdc", "alt", seed, ["table5"],
                         dict(method="MDC", style="alt", t_interval=[lo, hi]), t_interval=[lo, hi])
         run.params["train_data"] = env("MDC_CC3M")
         run.params["samples_per_epoch"] = int(os.environ.get("MDC_CC3M_SAMPLES", "0")) or None
         pre.append(run)
     for ratio in (0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0):
-        pre.append(_pretrain(f"vit-b-32-bert-r{ratio:.2f}-alt", "vit-b-32", "mdc", "alt", seed, ["fig4"],
+        pre.append(pretrain(f"vit-b-32-bert-r{ratio:.2f}-alt", "vit-b-32", "mdc", "alt", seed, ["fig4"],
                              dict(method="BERT", style="alt", mask_ratio=ratio), mask_ratio=ratio))
     subsets = recap_subsets()
     for pairs, shards in sorted(subsets.items(), key=lambda kv: int(kv[0])):
-        run = _pretrain(f"vit-b-32-mdc-recap{int(pairs) // 10**6}m", "vit-b-32", "mdc", "descriptive", seed,
+        run = pretrain(f"vit-b-32-mdc-recap{int(pairs) // 10**6}m", "vit-b-32", "mdc", "descriptive", seed,
                         ["fig5"], dict(method="MDC", style="descriptive", pairs=int(pairs)))
         run.params.update(train_data=shards, samples_per_epoch=int(pairs))
         pre.append(run)

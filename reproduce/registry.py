@@ -247,10 +247,11 @@ def pretrain_runs(p: dict, seed: int) -> list[Run]:
     return runs
 
 
-def build(profile: str, seeds: int = 1) -> list[Run]:
-    """All runs of a profile for ``seeds`` seeds (0 .. seeds-1)."""
+def build(profile: str, seeds: int = 1, step: str = "graphs") -> list[Run]:
+    """All runs of a profile for ``seeds`` seeds (0 .. seeds-1); the paper profile's pretraining with ``step``
+    (``reproduce.paper_profile.STEPS``)."""
     if profile == "paper":
-        return build_paper(seeds)
+        return build_paper(seeds, step)
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES) + ['paper']}")
     p = PROFILES[profile]

@@ -42,13 +42,14 @@ from reproduce.cost.model_cost import CONTEXT, OBJECTIVES, forward_flops, num_pa
 from reproduce.paper_profile import PER_GPU_BATCH, data_vars
 
 H100_BF16 = 989e12  # FLOP/s, H100 SXM dense bf16 tensor cores (benchmarks/gpu.py: PEAK_BF16)
-# The utilisation used unless --mfu is given: the paper profile's step (its pretraining runs pass --compile
-# --compile-mode reduce-overhead: compiled whole, replayed as CUDA graphs), measured by `python -m benchmarks gpu` on
-# an NVIDIA H200 for ViT-B/32 at the paper's micro-batch of 128 in bf16 (docs/benchmarks.md, 2026-11-29 and
-# 2026-12-04): MDC 0.186, ARC 0.184, CLIP 0.21; the lowest, rounded down. The eager step
-# (MDC_EAGER_STEP=1) measured 0.058-0.059 (MDC, ARC) and 0.117 (CLIP): `--mfu 0.058` costs it, about 3.1 times
-# these hours.
-MFU = 0.18
+# The utilisation used unless --mfu is given, per pretraining step (python -m reproduce --step), measured by
+# `python -m benchmarks gpu` on an NVIDIA H200 for ViT-B/32 at the paper's micro-batch of 128 in bf16
+# (docs/benchmarks.md, 2026-11-29 and 2026-12-04), the lower of MDC's and ARC's, rounded down: graphs (compiled
+# whole, replayed as CUDA graphs; the default) MDC 0.186, ARC 0.184 (CLIP 0.21); eager 0.058-0.059 (CLIP 0.117);
+# compiled without graphs not measured as MFU: eager's scaled by the images/s the loop reached (1,694 against
+# 1,610, docs/paper_scale.md).
+STEP_MFU = {"eager": 0.058, "compiled": 0.061, "graphs": 0.18}
+MFU = STEP_MFU["graphs"]
 # Activations autograd saves per sample under autocast (fp32 weights) / with the model in bf16: 1.11-1.17
 # measured on CPU autocast for ViT-B/32, ViT-B/16 (depth cut) and tiny (tests/reproduce/test_cost.py re-measures it).
 AUTOCAST_FACTOR = 1.15
@@ -188,13 +189,14 @@ def _captioning(run: Run, cost: Cost, runs: dict[str, Run]) -> None:
                       f"captions {COCO_TEST_IMAGES:,} test images")
 
 
-def plan(runs: list[Run], out: str, environ=None) -> list[Cost]:
-    """The cost of each run (``runs`` of the paper profile, as ``reproduce.registry.build`` gives them)."""
+def plan(runs: list[Run], out: str, environ=None, step: str | None = None) -> list[Cost]:
+    """The cost of each run (``runs`` of the paper profile, as ``reproduce.registry.build`` gives them with
+    ``step``, which the notebooks' commands pass on)."""
     environ = os.environ if environ is None else environ
     by_name = {r.name: r for r in runs}
     costs = []
     for r in runs:
-        command = torchrun_command(r, out, r.gpus) if r.gpus else run_command(r, out, "paper")
+        command = torchrun_command(r, out, r.gpus) if r.gpus else run_command(r, out, "paper", step)
         cost = Cost(r.name, r.notebook, tuple(r.artifacts), command,
                     {v: bool(environ.get(v)) for v in data_vars(r)})
         if r.notebook == "pretrain":

@@ -16,10 +16,12 @@ def torchrun() -> str:
     return beside if os.path.isfile(beside) else shutil.which("torchrun") or "torchrun"
 
 
-def run_command(run: Run, out: str, profile: str) -> str:
-    """``python -m reproduce ... --run NAME``, this project's interpreter, for one run of ``out``'s graph."""
+def run_command(run: Run, out: str, profile: str, step: str | None = None) -> str:
+    """``python -m reproduce ... --run NAME``, this project's interpreter, for one run of ``out``'s graph (the
+    paper profile's ``--step`` given, so that the run is keyed as it was planned)."""
     return (f"{shlex.quote(os.path.realpath(sys.executable))} -m reproduce --profile {profile} "
-            f"--out {shlex.quote(os.path.dirname(out) or '.')} --run {shlex.quote(run.name)}")
+            f"--out {shlex.quote(os.path.dirname(out) or '.')} " + (f"--step {step} " if step else "")
+            + f"--run {shlex.quote(run.name)}")
 
 
 def torchrun_command(run: Run, out: str, gpus: int, nodes: int = 1) -> str:
@@ -50,8 +52,8 @@ def torchrun_command(run: Run, out: str, gpus: int, nodes: int = 1) -> str:
     return " ".join(shlex.quote(x) if not x.startswith("--rdzv_endpoint") else x for x in parts)
 
 
-def slurm_scripts(runs: list[Run], out: str, folder: str, profile: str, gpus: int = 8, nodes: int = 1,
-                  account: str = "", partition: str = "") -> str:
+def slurm_scripts(runs: list[Run], out: str, folder: str, profile: str, gpus: int = 8, nodes: int = 1, *,
+                  account: str = "", partition: str = "", step: str | None = None) -> str:
     """One sbatch script per run plus ``submit.sh``, which submits them in dependency order with
     ``--dependency=afterok:<the jobs of its dependencies>``. Returns the path of submit.sh."""
     runs = order(runs)
@@ -73,7 +75,7 @@ def slurm_scripts(runs: list[Run], out: str, folder: str, profile: str, gpus: in
         head += [f"#SBATCH --account={account}"] if account else []
         head += [f"#SBATCH --partition={partition}"] if partition else []
         body = ['export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-                run_command(r, out, profile) + (f" --gpus-per-node {gpus} --nodes {nodes}" if r.gpus else "")]
+                run_command(r, out, profile, step) + (f" --gpus-per-node {gpus} --nodes {nodes}" if r.gpus else "")]
         if r.gpus and nodes > 1:
             body[-1] = "srun " + body[-1]
         with open(script, "w") as f:

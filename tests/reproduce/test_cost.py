@@ -147,16 +147,26 @@ def test_mfu_is_checked(capsys):
     assert exit.value.code == 2 and "--mfu must be in (0, 1], got 0.0" in capsys.readouterr().err
 
 
-def test_paper_pretraining_runs_the_graphed_step_unless_told_eager(monkeypatch):
+def test_the_paper_step_is_a_flag_that_the_runs_the_scripts_and_the_cost_follow(tmp_path, capsys):
     """The step that held under torchrun on an H200 (docs/benchmarks.md, 2026-12-04) is the paper profile's
-    default: compiled whole and replayed as CUDA graphs; MDC_EAGER_STEP=1 gives the eager step back. The dry run
-    costs the default step's utilisation."""
-    def command() -> str:
-        run = next(r for r in registry.build("paper", seeds=1) if r.name == "pretrain/vit-b-32-mdc-alt-s0")
+    default: compiled whole and replayed as CUDA graphs. ``--step eager`` or ``compiled`` trains the others; the
+    runs' parameters carry it, the sbatch scripts pass it on to the runs they start, and the dry run costs the
+    step's measured utilisation. A synthetic profile has no such choice."""
+    def command(step) -> str:
+        run = next(r for r in registry.build("paper", 1, step=step) if r.name == "pretrain/vit-b-32-mdc-alt-s0")
         return cluster.torchrun_command(run, "out", 8)
 
-    monkeypatch.delenv(paper_profile.EAGER_VAR, raising=False)
-    assert "--compile --compile-mode reduce-overhead" in command()
-    monkeypatch.setenv(paper_profile.EAGER_VAR, "1")
-    assert "--compile" not in command()
-    assert paper_cost.MFU == 0.18  # the lower of MDC's and ARC's graphed step at the paper's micro-batch
+    assert "--compile --compile-mode reduce-overhead" in command("graphs")
+    assert "--compile --compile-mode default" in command("compiled") and "--compile" not in command("eager")
+    assert paper_cost.STEP_MFU == {"eager": 0.058, "compiled": 0.061, "graphs": 0.18}
+    assert main(["--profile", "paper", "--dry-run", "--step", "eager", "--only", "table4", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "MFU 5.8%" in text and "--compile" not in text and "--step eager --run probe/" in text
+    submit = cluster.slurm_scripts(registry.build("paper", 1, step="eager"), str(tmp_path / "paper"),
+                                   str(tmp_path / "slurm"), "paper", step="eager")
+    scripts = [open(os.path.join(tmp_path / "slurm", f)).read() for f in os.listdir(tmp_path / "slurm")
+               if f.endswith(".sbatch")]
+    assert submit and all("--step eager --run " in body for body in scripts)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--profile", "mini", "--dry-run", "--step", "eager"])
+    assert exit_.value.code == 2 and "--step" in capsys.readouterr().err
