@@ -17,11 +17,11 @@ import re
 from mdc.base.errors import ConfigError
 from mdc.train.stream import check_shards
 from reproduce.graph import Run
-from reproduce.paper_profile import data_vars
+from reproduce.paper_profile import DATA, data_vars
 from reproduce.registry import PAPER_ENV
 
-SHARDS = ("MDC_CC12M", "MDC_RECAP10M", "MDC_CC3M")  # webdataset shard patterns
-COUNTS = ("MDC_CC12M_SAMPLES", "MDC_RECAP10M_SAMPLES", "MDC_CC3M_SAMPLES")  # optional: counted from the shards
+SHARDS = tuple(var for var, _ in DATA.values()) + ("MDC_CC3M",)  # webdataset shard patterns
+COUNTS = tuple(f"{var}_SAMPLES" for var in SHARDS)  # optional: counted from the shards
 FOLDERS = {"MDC_SUGARCREPE": "*.json", "MDC_ARO": "visual_genome_*.json", "MDC_COCO_VAL2017": None,
            "MDC_VG_IMAGES": None, "MDC_COCO_IMAGES": None, "MDC_FLICKR_IMAGES": None}  # a folder, and what it holds
 FILES = ("MDC_COCO_ORDER", "MDC_FLICKR_ORDER", "MDC_COCO_KARPATHY")

@@ -294,10 +294,11 @@ def _run_steps(run: _Run) -> None:
                desc=f"{cfg.objective} {cfg.model}", dynamic_ncols=True)
     run.model.train()
     try:
-        while run.step < _last_step(cfg):
+        end = _last_step(cfg)
+        while run.step < end:
             lr = _step(run)
-            logged = run.step % cfg.log_every == 0 or run.step == _last_step(cfg)
-            saved = run.step % cfg.save_every == 0 or run.step == _last_step(cfg)
+            logged = run.step % cfg.log_every == 0 or run.step == end
+            saved = run.step % cfg.save_every == 0 or run.step == end
             if logged or saved:  # the loop's one read of the device: the loss, its finiteness, the counts
                 report = read(run)
                 if run.rank == 0:
