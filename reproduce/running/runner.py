@@ -68,6 +68,7 @@ class RunSettings:
     kept_weights: str | None = None  # where the runs of reproduce.pretrained.KEEP leave float16 weights
     machine_factor: float | None = None  # this machine's run time over the reference's, written into each record
     science: str | None = None  # a tree holding the mdc/ and notebooks/ the runs execute (a study's pinned export)
+    priority: dict[str, int] | None = None  # ready runs start in this order (lowest first), not the scheduler's rule
 
 
 def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), log=print) -> dict[str, dict]:
@@ -97,7 +98,8 @@ def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), lo
             book.needed = set(only)
         by_name = {r.name: r for r in runs}
         estimate = {r.name: ledger.estimate_seconds(r, settings.records, settings.profile, by_name) for r in runs}
-        outcome = Scheduler(book, estimate, settings.jobs, settings.time_budget_s, settings.torchrun, skipped).run()
+        outcome = Scheduler(book, estimate, settings.jobs, settings.time_budget_s, settings.torchrun, skipped,
+                            settings.priority).run()
         _write_csv(out, runs, outcome, key)
         return outcome
 

@@ -9,7 +9,8 @@ skipped), up to ``jobs`` run at once, each an attempt in its own subprocess
 make the deepest runs ready, deeper ones first), so a seed's evaluations (and the data only they read)
 follow its pretraining run instead of waiting behind every other pretraining run (results sooner, few
 checkpoints waiting for their evaluations); then a seed's runs before the next seed's, and the longest
-chain first, so the longest evaluation starts early in a time box.
+chain first, so the longest evaluation starts early in a time box. A caller may hand it an order of its own
+(``priority``: a study's part, whose time budget was computed with it).
 
 Under a time budget a run starts only if its estimate (its last record, scaled where its parameters changed,
 or the profile's default: :func:`reproduce.running.ledger.estimate_seconds`) with its longest reader's still to run fits in what is left:
@@ -38,11 +39,13 @@ def quiet(status: str, error: str = "") -> dict:
 class Scheduler:
     """Executes ``book.runs`` (dependencies first): ``jobs`` at a time, within ``budget_s`` seconds if given,
     each run's ``estimate`` (seconds) deciding what fits; the runs in ``skipped`` count as done (a cluster
-    job executes one run of the graph). ``torchrun=(gpus_per_node, nodes)``: pretraining under torchrun."""
+    job executes one run of the graph). ``torchrun=(gpus_per_node, nodes)``: pretraining under torchrun.
+    ``priority``: {run: rank}, the order ready runs start in (lowest first; runs it does not rank last)."""
 
     def __init__(self, book: Book, estimate: dict[str, float], jobs: int = 1, budget_s: float | None = None,
-                 torchrun: tuple[int, int] | None = None, skipped=()):
+                 torchrun: tuple[int, int] | None = None, skipped=(), priority: dict[str, int] | None = None):
         self.book, self.estimate, self.budget_s, self.torchrun = book, estimate, budget_s, torchrun
+        self.priority = priority
         self.jobs = max(1, jobs)
         self.start = time.perf_counter()
         self.outcome: dict[str, dict] = {name: quiet("skipped") for name in skipped}
@@ -114,8 +117,11 @@ class Scheduler:
     def start_ready(self, pool: ThreadPoolExecutor) -> None:
         """Start the ready runs in the module docstring's order while fewer than ``jobs`` run."""
         ready = [r for r in self.pending if self._served(r)]
-        order = sorted(ready, key=lambda r: (-self.reach(r), -self.depth[r.name], r.labels.get("seed", -1),
-                                             -self.chain(r)))
+        if self.priority is not None:
+            order = sorted(ready, key=lambda r: self.priority.get(r.name, len(self.priority)))
+        else:
+            order = sorted(ready, key=lambda r: (-self.reach(r), -self.depth[r.name], r.labels.get("seed", -1),
+                                                 -self.chain(r)))
         for r in order:
             if len(self.running) >= self.jobs:
                 break

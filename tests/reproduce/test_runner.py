@@ -168,6 +168,16 @@ def test_a_ready_evaluation_goes_before_the_next_pretraining_run(toy):
     assert started == ["probe1", "pre0", "probe0", "pre2"]
 
 
+@pytest.mark.usefixtures("instant_runs")
+def test_a_priority_handed_to_the_runner_orders_its_ready_runs(toy):
+    """A study's part hands the runner the order its time budget was computed with (the longest chain first)."""
+    runs = [Run(n, "toy", {"output_dir": f"{{run:{n}}}"}) for n in ("a", "b", "c")]
+    runs.append(Run("d", "toy", {"output_dir": "{run:d}"}, deps=("c",)))
+    lines = []
+    runner.run_all(runs, str(toy), runner.RunSettings(priority={"c": 0, "d": 1, "b": 2, "a": 3}), log=lines.append)
+    assert [line.split()[-1] for line in lines if " running " in line] == ["c", "d", "b", "a"]
+
+
 def test_a_failed_run_is_reported_and_the_rest_complete(toy):
     outcome = runner.run_all(_runs(fail_b=True), str(toy), log=lambda *a: None)
     assert outcome["b"]["status"] == "failed" and "on purpose" in outcome["b"]["error"]

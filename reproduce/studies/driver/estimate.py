@@ -131,13 +131,57 @@ def machine_ratio(outcome: dict[str, dict], est: dict[str, tuple[float, str]], f
     return (statistics.median(ratios), len(ratios)) if ratios else None
 
 
+def priority(runs: list[Run], seconds: dict[str, float], names: set[str]) -> dict[str, int]:
+    """The order in which a part's runner starts the ready runs of ``names``, as ranks (0 first): the longest chain
+    first (a run's seconds and its longest reader's among ``names``, read to the end: its critical path), plan
+    order among equals. :func:`select` computes a part's time with it, and the part hands it to the runner."""
+    index = {r.name: i for i, r in enumerate(runs)}
+    readers: dict[str, list[str]] = {n: [] for n in names}
+    for r in runs:
+        for d in r.deps:
+            if r.name in names and d in names:
+                readers[d].append(r.name)
+    tail: dict[str, float] = {}
+
+    def chain(n: str) -> float:
+        if n not in tail:
+            tail[n] = seconds[n] + max((chain(x) for x in readers[n]), default=0.0)
+        return tail[n]
+
+    return {n: i for i, n in enumerate(sorted(names, key=lambda n: (-chain(n), index[n])))}
+
+
+def makespan(runs: list[Run], seconds: dict[str, float], names: set[str], jobs: int, last=()) -> float:
+    """Seconds until ``jobs`` workers end ``names`` (inputs outside them done), each free worker starting the ready
+    run :func:`priority` ranks first (the runner with that order); runs of the notebooks ``last`` (a study's
+    steps, :func:`reproduce.studies.driver.part.run_steps`) start once all the others have ended."""
+    by_name = {r.name: r for r in runs}
+    steps = {n for n in names if by_name[n].notebook in last}
+    return _list_schedule(runs, seconds, steps, jobs, _list_schedule(runs, seconds, names - steps, jobs, 0.0))
+
+
+def _list_schedule(runs: list[Run], seconds: dict[str, float], names: set[str], jobs: int, now: float) -> float:
+    rank, by_name = priority(runs, seconds, names), {r.name: r for r in runs}
+    waiting, running, ended = sorted(names, key=rank.get), [], set()
+    while waiting or running:
+        for n in [n for n in waiting if all(d in ended or d not in names for d in by_name[n].deps)]:
+            if len(running) >= jobs:
+                break
+            waiting.remove(n)
+            running.append((now + seconds[n], rank[n], n))
+        first = min(running)
+        running.remove(first)
+        now, ended = first[0], ended | {first[2]}
+    return now
+
+
 def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s: float,
-           jobs: int = 2) -> tuple[list[str], list[str]]:
+           jobs: int = 2, last=()) -> tuple[list[str], list[str]]:
     """(runs to start, runs left) within ``budget_s`` of wall time at ``jobs`` at a time: the runs no run to do reads
-    (the evaluations), in plan order, each with the runs to do it reads, while W / jobs + (1 - 1 / jobs) L (W their
-    run-seconds, L their longest chain) fits: Graham's bound on any schedule that keeps ``jobs`` busy. A pretraining
-    run starts only with every reader it has to do, so no checkpoint is trained for nothing or trained again; the
-    next piece of a run trained in pieces (``resume_from``) is no such reader: each piece is chosen with its own."""
+    (the evaluations), in plan order, each with the runs to do it reads, while the whole ends in time as the
+    runner starts it (:func:`makespan`, the notebooks ``last`` after the rest). A pretraining run starts only with
+    every reader it has to do, so no checkpoint is trained for nothing or trained again; the next piece of a run
+    trained in pieces (``resume_from``) is no such reader: each piece is chosen with its own."""
     by_name = {r.name: r for r in runs}
 
     def continues(r: Run) -> bool:  # the next piece of a run trained in pieces
@@ -146,7 +190,6 @@ def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s:
     # read by a run to do: chosen with its reader (a piece read by its next piece alone: on its own)
     inputs = {d for r in runs if r.name in todo and not continues(r) for d in r.deps}
     chosen: set[str] = set()
-    used = longest = 0.0
 
     def closure(name: str) -> set[str]:  # name, the runs to do it reads, and a checkpoint's readers to do
         out, grow = set(), [name]
@@ -159,15 +202,10 @@ def select(runs: list[Run], seconds: dict[str, float], todo: set[str], budget_s:
                          and not continues(r)]  # a run's next piece: a part of its own
         return out
 
-    def chain(name: str) -> float:
-        return seconds[name] + max((chain(d) for d in by_name[name].deps if d in todo), default=0.0)
-
     for r in runs:
         if r.name not in todo or r.name in chosen or r.name in inputs:
             continue
         add = closure(r.name)
-        cost, reach = sum(seconds[x] for x in add), max(longest, *(chain(x) for x in add))
-        if (used + cost) / jobs + (1 - 1 / jobs) * reach <= budget_s:
+        if makespan(runs, seconds, chosen | add, jobs, last) <= budget_s:
             chosen |= add
-            used, longest = used + cost, reach
     return [r.name for r in runs if r.name in chosen], [r.name for r in runs if r.name in todo - chosen]

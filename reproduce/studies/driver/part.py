@@ -93,7 +93,8 @@ def _part(study: Study, args, science: str, deadline: float, began: str, plan: t
     def choose() -> tuple[set, list, list]:  # what to do, what fits, the recorded pretraining runs it retrains
         drifted(study, runs, key, out, args.records)
         need = todo(study, runs, key, out, args.records)
-        start, left = cost.select(runs, seconds, need, max(0.0, deadline - time.monotonic()), args.jobs)
+        start, left = cost.select(runs, seconds, need, max(0.0, deadline - time.monotonic()), args.jobs,
+                                  last=tuple(study.steps))
         print(f"{study.name}: {len(start)} runs fit this part, {len(left)} left for later")
         return need, start, [n for n in start if by_name[n].notebook == "pretrain" and n not in need]
 
@@ -106,8 +107,10 @@ def _part(study: Study, args, science: str, deadline: float, began: str, plan: t
                      by_name)
     outcome = {}
     if real:
+        order = cost.priority(runs, seconds, {r.name for r in real if r.name in start})  # the selection's
         settings = runner.RunSettings(jobs=args.jobs, records=args.records, keep_checkpoints=True, profile=args.scale,
-                                      machine_factor=args.machine_factor, science=science)  # the selection: budget
+                                      machine_factor=args.machine_factor, science=science,  # the selection: budget
+                                      priority=order)
         outcome = runner.run_all(real, out, settings)
     steps = [r for r in runs if r.notebook in study.steps and r.name in need]  # this part's, and any now ready
     failed = run_steps(study, steps, (key, est), args, deadline, set(start), science)

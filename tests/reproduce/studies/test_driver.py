@@ -37,8 +37,9 @@ def test_the_budget_starts_only_what_fits_with_its_readers():
     start, left = cost.select(runs, seconds, todo, budget_s=140, jobs=1)
     assert start == ["data/d", "pretrain/a-s0", "probe/a-s0", "neighbours/a-s0"]  # a's chain: 130 s, 135 in all
     assert left == ["pretrain/b-s0", "probe/b-s0"]  # 255 s of runs at one at a time
-    assert cost.select(runs, seconds, todo, budget_s=200, jobs=2)[1] == []  # 255 run-s at two, chain 130: 192.5 s
-    assert cost.select(runs, seconds, todo, budget_s=140, jobs=2)[1] == ["pretrain/b-s0", "probe/b-s0"]
+    assert cost.select(runs, seconds, todo, budget_s=135, jobs=2)[1] == []  # a and b side by side: 135 s
+    assert cost.select(runs, seconds, todo, budget_s=130, jobs=2)[1] == ["pretrain/b-s0", "probe/b-s0"]  # b's
+    # probe beside a's after both pieces, then the neighbour step: 135 s
     assert cost.select(runs, seconds, todo, budget_s=100, jobs=2)[0] == []  # no chain fits: nothing starts
     done = todo - {"data/d", "pretrain/a-s0", "probe/a-s0"}  # recorded runs cost nothing
     assert cost.select(runs, seconds, done, budget_s=130, jobs=1)[0] == ["neighbours/a-s0", "pretrain/b-s0",
@@ -59,18 +60,44 @@ def _makespan(runs: list, seconds: dict, order: list) -> float:
     return now
 
 
-def test_what_a_part_chooses_ends_within_its_budget_in_any_order_the_runner_starts_it():
-    """The runner orders its ready runs by its own rule (runs that make deeper ones ready first), which started a
-    long captioning chain last and ran part 8 15 minutes past its budget although its run-seconds at two at a time
-    and its longest chain each fit. Whatever it chooses ends in time under every order of starting."""
+def test_two_runs_in_pieces_train_side_by_side_in_one_part():
+    """Two chains of pieces (the curves study's MDC and ARC, each a piece then its readers then the next piece)
+    fit a part that lasts one chain at two at a time. Graham's bound (run-seconds over two plus half the longest
+    chain) chose one chain and left a core idle for the whole part."""
+    runs, seconds = _pieces()
+    runs += [Run(r.name.replace("s0", "s1"), r.notebook, r.params, tuple(d.replace("s0", "s1") for d in r.deps),
+                 labels=r.labels) for r in runs[1:]]
+    seconds |= {n.replace("s0", "s1"): s for n, s in seconds.items()}
+    todo = {r.name for r in runs}
+    start, left = cost.select(runs, seconds, todo, budget_s=250, jobs=2)  # data, two pieces each side by side, four probes
+    assert left == [] and cost.makespan(runs, seconds, set(start), 2) == 250
+
+
+def test_what_a_part_chooses_ends_within_its_budget_in_the_order_it_hands_the_runner():
+    """The runner ordered its ready runs by its own rule (runs that make deeper ones ready first), which started a
+    long captioning chain last and ran part 8 15 minutes past its budget. A part now hands the runner the order its
+    selection assumed (:func:`estimate.priority`): what it chooses ends in time in that order."""
     runs = [Run("pretrain/p-s0", "pretrain", {}), Run("captioning/p-s0", "captioning", {}, ("pretrain/p-s0",)),
             Run("probe/x-s0", "linear_probe", {}), Run("probe/y-s0", "linear_probe", {})]
     seconds = {"pretrain/p-s0": 50.0, "captioning/p-s0": 50.0, "probe/x-s0": 50.0, "probe/y-s0": 50.0}
     todo = {r.name for r in runs}
     for budget in (100, 125, 150, 175):
         start = [r for r in runs if r.name in cost.select(runs, seconds, todo, budget_s=budget, jobs=2)[0]]
-        worst = max(_makespan(start, seconds, list(o)) for o in itertools.permutations(r.name for r in start))
-        assert start and worst <= budget, (budget, [r.name for r in start], worst)
+        rank = cost.priority(runs, seconds, {r.name for r in start})
+        ends = _makespan(start, seconds, sorted(rank, key=rank.get))
+        assert start and ends <= budget and ends == cost.makespan(runs, seconds, set(rank), 2), (budget, ends)
+    assert len(start) == 4 and cost.makespan(runs, seconds, todo, 2) == 100  # the chain first, the probes beside
+
+
+def test_steps_start_once_the_runner_has_ended():
+    """A part runs its steps after the runner (:func:`part.run_steps`): the selection counts them there."""
+    runs, seconds = _chain_graph()
+    names = {r.name for r in runs}
+    assert cost.makespan(runs, seconds, names, 2) == 135  # data, the two pieces, the probes, the neighbour step
+    assert cost.makespan(runs, seconds, names, 2, last=("neighbours",)) == 135
+    assert cost.makespan(runs, seconds, names - {"probe/b-s0"}, 2) == 130  # the step beside a's probe...
+    assert cost.makespan(runs, seconds, names - {"probe/b-s0"}, 2, last=("neighbours",)) == 135  # ...or after it
+    assert cost.makespan(runs, seconds, names, 1, last=("neighbours",)) == 255
 
 
 def test_a_retrain_that_drifts_supersedes_the_pretrain_and_its_recorded_readers(tmp_path, capsys):
@@ -126,12 +153,13 @@ def test_a_part_hands_the_runner_what_it_chose_without_a_second_budget(tmp_path,
     monkeypatch.setattr(part.pinning, "science", lambda study, pin: contextlib.nullcontext("science"))
     handed = {}
     monkeypatch.setattr(part.runner, "run_all", lambda real, out, settings: handed.update(
-        runs=[r.name for r in real], budget=settings.time_budget_s) or {})
+        runs=[r.name for r in real], budget=settings.time_budget_s, priority=settings.priority) or {})
     args = argparse.Namespace(records=str(tmp_path / "records"), time_budget=140 / 60, out=str(tmp_path), scale="mini",
                               jobs=1, machine_factor=1.0, argv=[], weights=str(tmp_path / "weights"),
                               pinned={"package": "p0"})
     assert part.part(STUDY, args) == 0
-    assert handed == {"runs": ["data/d", "pretrain/a-s0", "probe/a-s0"], "budget": None}
+    assert handed == {"runs": ["data/d", "pretrain/a-s0", "probe/a-s0"], "budget": None,
+                      "priority": {"data/d": 0, "pretrain/a-s0": 1, "probe/a-s0": 2}}
 
 
 def test_the_steps_the_part_chose_run_past_its_deadline(monkeypatch):
