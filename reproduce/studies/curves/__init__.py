@@ -17,7 +17,8 @@ fits a part and is read where it ends. Per piece:
 
 Beside the pieces, the end points of the 4x schedule the ladder did not keep (arm ``x4``, its first half the piece
 ``x4-half``, read by nothing else): MDC and ARC on alt and CLIP on descriptive, read the same way. The descriptive MDC and ARC at 4x on their own schedule are the ladder's.
-The training loss at each milestone is each piece's own (its record's ``losses``).
+The training loss at each milestone is each piece's own (its record's ``losses``). The tables, figure and rules:
+:mod:`reproduce.studies.curves.report`.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from reproduce.registry import run_name
 from reproduce.studies.driver.steps import caption_words, repetition, repetition_step
 from reproduce.studies.driver.study import (Arm, Study, arm_runs, captioned, descriptive_models, pretrain_run, reader,
                                             records_of, repetition_run)
+from reproduce.studies.curves import report
+from reproduce.studies.curves.report import MARGINS
 
 MILESTONES = (1, 2, 3, 4, 6, 8)  # times mini's steps where a piece ends, on the 8x schedule
 SCHEDULE = 8  # the pieces' schedule, times mini's steps
@@ -39,7 +42,6 @@ REPETITION_SCENES = {"mini": 300, "smoke": 8}
 # seconds of a step with no record: the ladder's repetition steps (MDC 22-42 s, ARC 14-20 s at factors 0.7-1.3) and
 # caption-word steps (under a second), rounded up
 STEP_SECONDS = {"mdc": 60.0, "arc": 30.0, "caption_words": 15.0}
-MARGINS = {"descriptive": 2.5, "alt": 1.5}  # the claims' probe margins: C*'s rule (PLAN.md)
 AFFORDED = 2  # seeds of MDC and ARC a world the budget affords (PLAN.md: the dry run)
 KEPT = ("at1", "at2", "at4", "at8")  # seed 0's pieces kept in float16
 
@@ -143,4 +145,4 @@ STUDY = Study(
     "curves", ARMS, study_runs, steps={"repetition": repetition_step, "caption_words": caption_words},
     step_code=(repetition,), step_seconds=STEP_SECONDS,
     keep=lambda run: not run.labels.get("seed") and run.labels.get("arm") in KEPT,
-    report=None, plan_seeds=plan_seeds, budget_run_hours=50.0)
+    report=report.build, plan_seeds=plan_seeds, budget_run_hours=50.0)

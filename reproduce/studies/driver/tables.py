@@ -79,6 +79,15 @@ def binding_measures(res: dict, objective: str, column: str = "own_swap") -> dic
             "items": res["columns"][column]["items"]}
 
 
+def repetition_measures(res: dict) -> dict:
+    """The descriptive repetition step's measures (%): its own captions and another scene's image."""
+    own, other = res["views"]["own"], res["views"]["other_image"]
+    pct = lambda x: None if x is None else 100 * x  # noqa: E731
+    return {"shape_twice": pct(own["shape_twice"]), "shape_twice, 2+ objects": pct(own["shape_twice_many"]),
+            "shape_twice, another image": pct(other["shape_twice"]), "pairs_exist": pct(own["pairs_exist"]),
+            "pairs_exist, another image": pct(other["pairs_exist"])}
+
+
 def caption_measures(cap: dict, words: dict | None, name: str) -> dict:
     m = cap["metrics"].get(name)
     if m is None:

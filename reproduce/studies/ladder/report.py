@@ -32,7 +32,8 @@ from reproduce.cost import paper_cost
 from reproduce.running import ledger
 from reproduce.studies.driver import tables
 from reproduce.studies.driver.study import records_of
-from reproduce.studies.driver.tables import binding_measures, by_kind, render, span, verdict, write
+from reproduce.studies.driver.tables import (binding_measures, by_kind, render, repetition_measures, span, verdict,
+                                             write)
 
 ORDER = ("x1", "x0.5", "x2", "x4", "dense", "rotary-x1", "rotary-x4")  # x1 first: the tables' reference arm
 RUNG_ARMS = ("x0.5", "x1", "x2")  # the ladder whose slope the rules judge (PLAN.md)
@@ -52,14 +53,6 @@ OUTCOMES = {"probe": tables.PER_ITEM["probe"], "binding": tables.PER_ITEM["bindi
 def rung(arm: str) -> float | None:
     """An arm's multiple of mini's steps where it is a rung (x0.5 ... x2, optional x4), else None."""
     return float(arm[1:]) if arm.startswith("x") else None
-
-
-def repetition_measures(res: dict) -> dict:
-    own, other = res["views"]["own"], res["views"]["other_image"]
-    pct = lambda x: None if x is None else 100 * x  # noqa: E731
-    return {"shape_twice": pct(own["shape_twice"]), "shape_twice, 2+ objects": pct(own["shape_twice_many"]),
-            "shape_twice, another image": pct(other["shape_twice"]), "pairs_exist": pct(own["pairs_exist"]),
-            "pairs_exist, another image": pct(other["pairs_exist"])}
 
 
 def contrast(data: dict, instrument: str, terms: list[tuple[float, str, str]]) -> dict:

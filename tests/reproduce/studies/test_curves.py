@@ -122,3 +122,102 @@ def test_a_smoke_part_trains_the_pieces_through_the_runner_and_reads_each(tmp_pa
     assert len(first) == pieces[1]["params"]["stop_at"] - pieces[0]["params"]["stop_at"]  # its own steps only
     assert mdc.load(tmp_path / "weights" / "pretrain" / "curves-at8-clip-descriptive-s0").config.objective == "clip"
     assert not (tmp_path / "runs" / "smoke" / "pretrain" / "curves-at1-mdc-descriptive-s0" / "checkpoints").exists()
+
+
+# ------------------------------------------------------------------------------------------------ report
+ITEMS = 1000
+# probe right answers of 1,000 a task at each arm (+ the seed): descriptive MDC passes ARC at 4x and still gains
+# 6 points from 4x to 8x; ARC and alt flatten; CLIP still gains 4 from its 4x end
+PROBE = {("descriptive", "mdc"): {"at1": 450, "at2": 600, "at3": 700, "at4": 800, "at6": 850, "at8": 860, "x4": 850,
+                                  "x0.5": 400, "x1": 450, "x2": 600},
+         ("descriptive", "arc"): {"at1": 550, "at2": 650, "at3": 720, "at4": 780, "at6": 790, "at8": 795, "x4": 790,
+                                  "x0.5": 450, "x1": 520, "x2": 700},
+         ("descriptive", "clip"): {"at1": 500, "at2": 520, "at3": 530, "at4": 540, "at6": 560, "at8": 580, "x4": 540},
+         ("alt", "mdc"): {"at1": 400, "at2": 450, "at3": 480, "at4": 502, "at6": 505, "at8": 505, "x4": 500},
+         ("alt", "arc"): {"at1": 420, "at2": 460, "at3": 480, "at4": 490, "at6": 492, "at8": 493, "x4": 490}}
+TWICE = {"at1": 0.66, "at2": 0.6, "at3": 0.2, "at4": 0.1, "at6": 0.05, "at8": 0.05,  # MDC names a shape twice
+         "x0.5": 0.64, "x1": 0.66, "x2": 0.66, "x4": 0.05}
+CONTENT = {"at1": 0.3, "at2": 0.25, "at3": 0.15, "at4": 0.12, "at6": 0.1, "at8": 0.1, "x4": 0.12}  # alt MDC; refs 0.1
+
+
+def _bits(right: int, n: int = ITEMS) -> str:
+    return "1" * right + "0" * (n - right)
+
+
+def _curves_records(root):
+    """The study's ledger (``root``/curves/records) and the ladder's (``root``/ladder/records), made up: the
+    module's tables, two seeds (one for CLIP); MDC binds from at6 on (own 55 of 60 against 30 with another
+    image), never on the ladder's rungs; ARC binds everywhere."""
+    from conftest import study_record
+
+    from reproduce.claims.stats import TASKS
+    from reproduce.studies.driver.tables import SWAPS
+    for (style, o), arms in PROBE.items():
+        for arm, right in arms.items():
+            ladder = arm.startswith("x") and style == "descriptive" and o != "clip"
+            folder = root / ("ladder" if ladder else "curves") / "records"
+            study = "ladder" if ladder else "curves"
+            for seed in range(3 if ladder else 1 if o == "clip" else 2):
+                lab = {"arm": arm, "objective": o, "style": style, "seed": seed}
+                top = {f"wds/{t}": {"top1": (right + seed) / ITEMS, "correct": _bits(right + seed)} for t in TASKS}
+                study_record(folder, f"probe/{study}-{arm}-{o}-{style}-s{seed}", "linear_probe", {}, 1.0,
+                             {"datasets": top}, seed, lab)
+                if not ladder:
+                    losses = [1.0 - right / ITEMS] * 300
+                    study_record(folder, f"pretrain/{study}-{arm}-{o}-{style}-s{seed}", "pretrain", {}, 1.0,
+                                 {"losses": losses, "images_per_s": 50.0}, seed, lab)
+                if style != "descriptive" or o == "clip" or arm == "x4" and not ladder:
+                    continue
+                v = "elbo" if o == "mdc" else "exact"
+                own = 55 if o == "arc" or arm in ("at6", "at8") else 30
+                scores = {v: {"accuracy": own / 60}, f"{v}_shuffled": {"accuracy": 0.5}, f"{v}_blind": {"accuracy": 0.5}}
+                subsets = {s: {"records": {"correct": {v: _bits(own, 60), f"{v}_shuffled": _bits(30, 60)},
+                                           "ids": list(range(60))}} for s in SWAPS}
+                columns = {c: {"items": 120, "scores": scores} for c in ("own_swap", "own_attribute")}
+                study_record(folder, f"compositionality/{study}-{arm}-{o}-descriptive-binding-s{seed}",
+                             "compositionality", {}, 1.0, {"columns": columns, "own_subsets": subsets}, seed, lab)
+                twice = TWICE[arm] if o == "mdc" else 0.01
+                view = {"shape_twice": twice, "shape_twice_many": twice, "pairs_exist": 0.5}
+                study_record(folder, f"repetition/{arm}-{o}-descriptive-s{seed}", "repetition", {}, 1.0,
+                             {"views": {"own": view, "other_image": {**view, "pairs_exist": 0.05}}}, seed, lab)
+    for arm, content in CONTENT.items():
+        for seed in range(2):
+            lab = {"arm": arm, "style": "alt", "stage": "pretrained", "seed": seed}
+            m = {"cider": 0.5, "cider_another_image": 0.1, "bleu4": 0.2, "words": 14.0, "repeated": 0.3}
+            folder = root / "curves" / "records"
+            study_record(folder, f"captioning/curves-{arm}-alt-pretrained-s{seed}", "captioning", {}, 1.0,
+                         {"metrics": {"mdc-ref": m, "arc-beam6-ref": m}}, seed, lab)
+            study_record(folder, f"caption_words/{arm}-alt-pretrained-s{seed}", "caption_words", {}, 1.0,
+                         {"sets": {"mdc-ref": {"repeated_content": content}, "arc-beam6-ref": {"repeated_content": 0.1}},
+                          "references": {"repeated_content": 0.1}}, seed, lab)
+
+
+def _row(text: str, start: str) -> list[str]:
+    return next(line for line in text.splitlines() if line.startswith(start)).strip("| ").split(" | ")
+
+
+def test_the_report_reads_each_rule_of_the_plan(tmp_path):
+    from reproduce.studies.curves import report
+
+    _curves_records(tmp_path)
+    text = report.build(str(tmp_path / "curves" / "records"), str(tmp_path / "curves"))
+    assert (tmp_path / "curves" / "curves.png").is_file()
+    # rule 1: descriptive CLIP still gains 4.0 from its 4x end to at8 (MDC 1.0 and ARC 0.5 from the ladder's x4)
+    assert _row(text, "| descriptive | MDC | +1.0")[-1] == "flat, shown"
+    assert _row(text, "| descriptive | CLIP | +4.0")[-1] == "moves"
+    assert "**C\\* descriptive: 8x, still learning (change per doubling from 4x to 8x: MDC +1.0, ARC +0.5, CLIP " \
+           "+4.0)**" in text
+    assert "**C\\* alt: 4x (every mean change within +-1.5)**" in text
+    # rule 2: seeds 0 / 1, inside the run and across the ladder's rungs
+    assert _row(text, "| MDC names a shape twice")[2:] == ["6,720 / 6,720", "8,960 / 8,960", "earlier inside a run"]
+    assert _row(text, "| MDC's probe reaches")[2:] == ["8,960 / 8,960", "8,960 / 8,960", "at the same step"]
+    assert _row(text, "| MDC binds")[2:] == ["13,440 / 13,440", "not met / not met", "-"]
+    assert _row(text, "| MDC repeats content")[2:] == ["6,720 / 6,720", "no rung", "-"]
+    # rule 3: at8 - at4
+    assert _row(text, "| descriptive | MDC | +6.0")[5] == "still learning"
+    assert _row(text, "| descriptive | ARC | +1.5")[5] == "flat"
+    assert _row(text, "| alt | MDC | +0.3")[5] == "flat"
+    # rule 4: every criterion of both worlds is first met past 1x
+    assert _row(text, "| 1. MDC's probe is comparable to ARC's (Tab. 1) | MDC - ARC, alt")[-1] == (
+        "judged at 1x, before the transition")
+    assert _row(text, "| at6 | MDC | 91.7 +- 0.0 (2)")[-1].startswith("+41.7 [")  # own_swap: from 50.0 at at1
