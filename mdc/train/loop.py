@@ -235,8 +235,10 @@ def _wrap(cfg: TrainConfig, model, world: int, device: torch.device) -> tuple[nn
     with ``compile``."""
     net = LossModule(model)
     if cfg.compile:  # the stream buckets caption lengths to multiples of 16: a handful of shapes, not one per batch
-        # one graph of the whole loss (fullgraph: a break is an error, not a slow step); compiled inside DDP, whose
-        # gradient hooks then fire when the compiled backward ends
+        # one graph of the whole loss (fullgraph: a break is an error, not a slow step), compiled inside DDP: DDP's
+        # forward marks itself active, so Dynamo's DDP optimizer cuts the graph at DDP's gradient buckets and each
+        # bucket's all-reduce starts while the rest of the backward runs (tests/mdc/train/test_distributed.py).
+        # Compiled around DDP, the graph would break at DDP's own bookkeeping, which fullgraph refuses.
         net = torch.compile(net, fullgraph=True, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)
     if world == 1:
         return net, None

@@ -134,6 +134,47 @@ COUNT_SCRIPT = textwrap.dedent('''
 ''')
 
 
+COMPILED_SCRIPT = textwrap.dedent('''
+    """One run eager, then compiled (aot_eager: Dynamo's graphs and AOTAutograd's, no code generation), both with the
+    compiled run's caption-length buckets and DDP gradient buckets of 16 kB, in one process group; each rank writes
+    what the loop wrapped and the buckets Dynamo's DDP optimizer cut the compiled loss at."""
+    import functools, json, os, sys
+    import torch
+    import torch.distributed as dist
+    from torch._dynamo.backends import distributed as ddp_optimizer
+    import mdc.train
+    from mdc.train import loop, stream
+
+    out, kwargs = sys.argv[1], json.loads(sys.argv[2])
+    make, compile_, wrap = stream.make_loader, functools.partial(torch.compile, backend="aot_eager"), loop._wrap
+    stream.make_loader = lambda *a, **kw: make(*a, **{**kw, "trim_multiple": 16})
+    torch.compile = lambda model, **kw: compile_(model, **kw)
+    loop.nn.parallel.DistributedDataParallel = functools.partial(torch.nn.parallel.DistributedDataParallel,
+                                                                 bucket_cap_mb=0.016)
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 16 * 1024  # the first bucket no larger than the others (DDP's rule)
+    wrapped, cut, split = {}, [], ddp_optimizer.DDPOptimizer.compile_fn
+
+    def recording(cfg, *args):
+        net, ddp = wrap(cfg, *args)
+        inner = getattr(net, "module", net)
+        wrapped[f"compile={cfg.compile}"] = [type(net).__name__, type(inner).__name__]
+        return net, ddp
+
+    def cutting(self, gm, inputs):
+        compiled = split(self, gm, inputs)
+        cut.append(len(self.buckets))
+        return compiled
+
+    loop._wrap, ddp_optimizer.DDPOptimizer.compile_fn = recording, cutting
+    dist.init_process_group("gloo")
+    for compiled in (False, True):
+        mdc.train.train(**kwargs, compile=compiled, output_dir=os.path.join(out, f"compile{compiled}"))
+    with open(os.path.join(out, f"wrapped{dist.get_rank()}.json"), "w") as f:
+        json.dump({**wrapped, "buckets": cut}, f)
+    dist.destroy_process_group()
+''')
+
+
 def _torchrun(script_path, *args):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script_path), *args]
     done = subprocess.run(cmd, capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300)
@@ -165,6 +206,33 @@ def test_ddp_training_keeps_ranks_identical(tmp_path):
     # train() leaves no gloo thread behind: one alive at exit can abort a run that succeeded (SIGABRT)
     # while the interpreter shuts down
     assert [r["threads"][1] for r in results] == [r["threads"][0] for r in results], results
+
+
+def test_a_compiled_step_under_ddp_all_reduces_bucket_by_bucket_and_equals_the_eager_one(tmp_path):
+    """The compiled loss sits inside DDP, whose forward marks itself active: Dynamo's DDP optimizer then cuts the one
+    graph at DDP's gradient buckets, so each bucket's all-reduce starts while the rest of the backward runs (the
+    overlap PyTorch documents for compile(DDP(model)), which here would break the fullgraph at DDP's bookkeeping).
+    Two ranks with accumulation (no_sync on the first micro-step): the compiled run's losses and weights are the
+    eager run's, bit for bit."""
+    write_shards(str(tmp_path / "shards"), 64, "alt", seed=0, image_size=32, shard_size=16)
+    kwargs = dict(train_data=str(tmp_path / "shards" / "{000000..000003}.tar"),
+                  model_overrides=SMALL | {"vocab": list(vocabulary()), "context_length": 32}, precision="fp32",
+                  steps=3, batch_size=4, accum_steps=2, save_every=3, workers=0, shuffle_buffer=8, lr=1e-3,
+                  progress=False)
+    script = tmp_path / "compiled_ddp.py"
+    script.write_text(COMPILED_SCRIPT)
+    _torchrun(script, str(tmp_path), json.dumps(kwargs))
+    for rank in (0, 1):
+        wrapped = json.loads((tmp_path / f"wrapped{rank}.json").read_text())
+        assert wrapped["compile=False"] == ["DistributedDataParallel", "LossModule"]
+        assert wrapped["compile=True"] == ["DistributedDataParallel", "OptimizedModule"]
+        assert wrapped["buckets"] and min(wrapped["buckets"]) > 1, wrapped  # one graph, cut at each bucket
+    eager, compiled = ([json.loads(line)["loss"] for line in open(tmp_path / f"compile{c}" / "metrics.jsonl")]
+                       for c in (False, True))
+    assert compiled == eager and len(eager) == 3
+    a, b = (load_file(os.path.join(tmp_path / f"compile{c}", "checkpoints", "step_000003", "model.safetensors"))
+            for c in (False, True))
+    assert all(torch.equal(a[n], b[n]) for n in a)
 
 
 def test_clip_loss_on_two_ranks_equals_single_process_on_the_whole_batch(tmp_path):
