@@ -1,5 +1,6 @@
 """A run says when it waits on its data: the share of each interval its loop waited for batches and the loader's
 own images/s in metrics.jsonl, and one warning naming --workers and the images' stored size past 10%."""
+import itertools
 import json
 import logging
 import time
@@ -67,14 +68,17 @@ def test_a_fed_run_waits_little_and_says_nothing(shard, tmp_path, caplog, monkey
 
 
 def test_a_resumed_run_counts_its_workers_start_apart(shard, tmp_path, caplog, monkeypatch):
-    """A resumed loader starts its workers as a new pass does: that first wait is data_start_s, not data_wait."""
-    decode = ImageTransform.__call__
+    """A resumed loader starts its workers as a new pass does: that first wait is data_start_s, not data_wait. A
+    worker's first batch takes 0.4 s, the rest no time at all: no margin between two timings that load could close
+    (a worker 25 ms an image, 200 ms a batch, ran close behind the 250 ms steps)."""
+    decode, images = ImageTransform.__call__, itertools.count()  # each worker counts from the parent's 0
 
-    def slower(self, image, rng=None):  # 25 ms an image: 200 ms a batch, behind a 250 ms step but slow to start
-        time.sleep(0.025)
+    def slow_to_start(self, image, rng=None):
+        if next(images) < 8:
+            time.sleep(0.05)
         return decode(self, image, rng)
 
-    monkeypatch.setattr(ImageTransform, "__call__", slower)
+    monkeypatch.setattr(ImageTransform, "__call__", slow_to_start)
     slow_steps(monkeypatch)
     run(shard, tmp_path / "run", caplog, workers=1, steps=4, save_every=2)
     _, rows, warned = run(shard, tmp_path / "run", caplog, workers=1, steps=8, save_every=2, resume=True,
