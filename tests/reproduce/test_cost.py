@@ -68,6 +68,7 @@ def test_the_head_is_linear_in_its_positions():
     assert p.head_flops == pytest.approx(3 * 2 * 512 * mdc.get_tokenizer("vit-b-32").vocab_size, rel=1e-6)
 
 
+@pytest.mark.slow  # 70-150 s on 2 cores: a constant's calibration, not a code path (make test-slow)
 def test_activation_memory_factor_of_autocast_is_what_cpu_autocast_measures():
     """Per sample (two batch sizes differenced: autocast's weight copies cancel), the bytes saved under
     CPU autocast over those of the same model in bf16: AUTOCAST_FACTOR must be within 0.05 of it."""
