@@ -217,7 +217,9 @@ def test_the_report_reads_each_rule_of_the_plan(tmp_path):
     assert _row(text, "| descriptive | MDC | +6.0")[5] == "still learning"
     assert _row(text, "| descriptive | ARC | +1.5")[5] == "flat"
     assert _row(text, "| alt | MDC | +0.3")[5] == "flat"
-    # rule 4: every criterion of both worlds is first met past 1x
+    # rule 4: MDC's probe reaches ARC's at 4x (descriptive), its alt repetition halves at 3x
+    assert _row(text, "| 2. Captioners beat CLIP on descriptive captions (Tab. 1) | MDC - CLIP")[-2:] == [
+        "MDC's probe reaches ARC's", "judged at 1x, before the transition"]
     assert _row(text, "| 1. MDC's probe is comparable to ARC's (Tab. 1) | MDC - ARC, alt")[-1] == (
         "judged at 1x, before the transition")
     assert _row(text, "| at6 | MDC | 91.7 +- 0.0 (2)")[-1].startswith("+41.7 [")  # own_swap: from 50.0 at at1
