@@ -26,7 +26,7 @@ import numpy as np
 
 from mdc.eval.positive_controls import control_margin
 from reproduce.claims.claim_rows import CLAIMS
-from reproduce.claims.stats import SEED_SD, bits, difference
+from reproduce.claims.stats import SEED_SD, difference
 from reproduce.running import ledger
 from reproduce.studies.driver import tables
 from reproduce.studies.driver.study import records_of
@@ -65,7 +65,8 @@ def loss_measures(res: dict) -> dict:
 
 def collect(found: dict, ladder: dict) -> dict[str, dict]:
     """{instrument: {(arm, objective or stage, seed): results}} per world, the ladder's descriptive rungs added
-    (``ladder``: its records) as arms of their own name (its x4 the descriptive MDC's and ARC's 4x end)."""
+    (``ladder``: its records) as arms of their own name (its x4 the descriptive MDC's and ARC's 4x end); the alt
+    captions' measures once, under "caption words", by (arm, objective, seed) (:func:`alt_repetition`)."""
     runs = ledger.for_build(found)
     world = {w: [r for r in runs if r["labels"].get("style") == w] for w in MARGINS}
     rungs = [r for r in ledger.for_build(ladder) if r["labels"].get("arm") in LADDER_RUNGS
@@ -76,7 +77,8 @@ def collect(found: dict, ladder: dict) -> dict[str, dict]:
             "loss alt": by_kind(world["alt"], "pretrain"),
             "binding": by_kind(world["descriptive"] + rungs, "compositionality"),
             "repetition": by_kind(world["descriptive"] + rungs, "repetition"),
-            "captions": by_kind(world["alt"], "captioning"), "words": by_kind(world["alt"], "caption_words")}
+            "caption words": alt_repetition(by_kind(world["alt"], "captioning"),
+                                            by_kind(world["alt"], "caption_words"))}
 
 
 def series(data: dict, instrument: str, measures) -> dict:
@@ -88,14 +90,14 @@ def series(data: dict, instrument: str, measures) -> dict:
     return out
 
 
-def alt_repetition(data: dict) -> dict:
+def alt_repetition(captions: dict, words: dict) -> dict:
     """{(arm, objective, seed): :func:`~reproduce.studies.driver.tables.caption_measures`} of the pretrained alt
     captions (repeated content words and the references', CIDEr-D with its wrong-image control, ...): MDC at the
     references' length (``mdc-ref``), ARC beam 6 (``arc-beam6-ref``)."""
     out = {}
-    for (arm, stage, s), cap in data["captions"].items():
+    for (arm, stage, s), cap in captions.items():
         for o, name in (("mdc", "mdc-ref"), ("arc", "arc-beam6-ref")):
-            m = tables.caption_measures(cap, data["words"].get((arm, stage, s)), name)
+            m = tables.caption_measures(cap, words.get((arm, stage, s)), name)
             if m:
                 out[(arm, o, s)] = m
     return out
@@ -160,9 +162,7 @@ def mean4(res: dict) -> float:
 def binds(res: dict) -> bool:
     """MDC's own_swap with its own image minus another item's at least the control margin of its items, the
     items' 95% interval above 0 (one seed: the items alone)."""
-    subsets = res["own_subsets"]
-    own = {s: bits(subsets[s]["records"]["correct"]["elbo"]) for s in tables.SWAPS}
-    other = {s: bits(subsets[s]["records"]["correct"]["elbo_shuffled"]) for s in tables.SWAPS}
+    own, other = tables.binding_outcomes(res, "mdc"), tables.binding_outcomes(res, "mdc", "_shuffled")
     d = difference([(own, other)], seed_sd=0.0, tasks=tables.SWAPS)
     return d["mean"] >= 100 * control_margin(binding_measures(res, "mdc")["items"]) and d["low"] > 0
 
@@ -190,7 +190,7 @@ def _meets(data: dict, criterion: str, arm: str, start: str, seed: int) -> bool 
             return mean4(probe[(arm, "mdc", seed)]) >= mean4(probe[(arm, "arc", seed)])
         if criterion.startswith("MDC binds"):
             return binds(data["binding"][(arm, "mdc", seed)])
-        words = alt_repetition(data)
+        words = data["caption words"]
         first = words[(start, "mdc", seed)]
         return words[(arm, "mdc", seed)]["repeated content"] <= (first["repeated content"] +
                                                                   first["references' repeated content"]) / 2
@@ -242,14 +242,14 @@ def figure(data: dict, path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    words = alt_repetition(data)
     panels = [("probe, descriptive: mean4", data["probe descriptive"], lambda r, o: mean4(r)),
               ("probe, alt: mean4", data["probe alt"], lambda r, o: mean4(r)),
               ("binding: own_swap own - another image", data["binding"],
                lambda r, o: binding_measures(r, o)["own - another"]),
               ("descriptive: shape named twice (%)", data["repetition"],
                lambda r, o: 100 * r["views"]["own"]["shape_twice"]),
-              ("alt, pretrained captions: repeated content words (%)", words, lambda r, o: r["repeated content"]),
+              ("alt, pretrained captions: repeated content words (%)", data["caption words"],
+               lambda r, o: r["repeated content"]),
               ("training loss (last tenth of a piece)", {**data["loss descriptive"], **{
                   (a, f"{o} alt", s): v for (a, o, s), v in data["loss alt"].items()}},
                lambda r, o: loss_measures(r)["loss x 100"] / 100)]
@@ -287,7 +287,7 @@ def build(records: str, folder: str) -> str:
     seeds = sorted({r["labels"]["seed"] for r in ledger.for_build(found) if r["labels"].get("arm") in PIECES})
     probe = lambda w: series(data, f"probe {w}", lambda r, o: tables.probe_measures(r))  # noqa: E731
     loss = lambda w: series(data, f"loss {w}", lambda r, o: loss_measures(r))  # noqa: E731
-    alt_words = series({"w": alt_repetition(data)}, "w", lambda r, o: r)
+    alt_words = series(data, "caption words", lambda r, o: r)
     cstar = {w: c_star(data, w) for w in MARGINS}
     head = "| world | model | at8 - 4x end [95%] | [90%] | seeds | flat? |"
     text = write(folder, [

@@ -151,9 +151,10 @@ def write(folder: str, sections: list[str], found: dict, kept: str) -> str:
     return text
 
 
-def binding_outcomes(res: dict, objective: str) -> dict[str, np.ndarray]:
-    """own_swap's per-item outcomes {subset: [N] 0/1} of a binding part, by the objective's Table 2 scorer."""
-    variant = "elbo" if objective == "mdc" else "exact"
+def binding_outcomes(res: dict, objective: str, view: str = "") -> dict[str, np.ndarray]:
+    """own_swap's per-item outcomes {subset: [N] 0/1} of a binding part, by the objective's Table 2 scorer, with the
+    item's own image (``view`` "") or another item's ("_shuffled")."""
+    variant = ("elbo" if objective == "mdc" else "exact") + view
     return {s: bits(res["own_subsets"][s]["records"]["correct"][variant]) for s in SWAPS}
 
 
