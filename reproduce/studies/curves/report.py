@@ -159,23 +159,27 @@ def mean4(res: dict) -> float:
     return tables.probe_measures(res)["mean4"]
 
 
-def binds(res: dict) -> bool:
-    """MDC's own_swap with its own image minus another item's at least the control margin of its items, the
+CONTROL_FAILED = "control failed"  # rule 2's binding criterion where that milestone's ARC does not bind (PLAN.md)
+
+
+def binds(res: dict, objective: str = "mdc") -> bool:
+    """own_swap with the model's own image minus another item's at least the control margin of its items, the
     items' 95% interval above 0 (one seed: the items alone)."""
-    own, other = tables.binding_outcomes(res, "mdc"), tables.binding_outcomes(res, "mdc", "_shuffled")
+    own, other = tables.binding_outcomes(res, objective), tables.binding_outcomes(res, objective, "_shuffled")
     d = difference([(own, other)], seed_sd=0.0, tasks=tables.SWAPS)
-    return d["mean"] >= 100 * control_margin(binding_measures(res, "mdc")["items"]) and d["low"] > 0
+    return d["mean"] >= 100 * control_margin(binding_measures(res, objective)["items"]) and d["low"] > 0
 
 
-def first_met(data: dict, criterion: str, arms: tuple[str, ...], start: str, seed: int) -> float | None:
+def first_met(data: dict, criterion: str, arms: tuple[str, ...], start: str, seed: int) -> float | str | None:
     """The steps of the first of ``arms`` (in order) where ``criterion`` holds in ``seed`` (``start``: the arm whose
-    value a relative criterion starts from); None where no arm meets it, NaN where a record is missing."""
+    value a relative criterion starts from); None where no arm meets it, NaN where a record is missing,
+    :data:`CONTROL_FAILED` where the binding criterion reaches a milestone whose ARC does not bind."""
     for arm in arms:
         met = _meets(data, criterion, arm, start, seed)
         if met is None:
             return math.nan
         if met:
-            return steps(arm)
+            return met if met == CONTROL_FAILED else steps(arm)
     return None
 
 
@@ -188,7 +192,9 @@ def _meets(data: dict, criterion: str, arm: str, start: str, seed: int) -> bool 
         if criterion.startswith("MDC's probe"):
             probe = data["probe descriptive"]
             return mean4(probe[(arm, "mdc", seed)]) >= mean4(probe[(arm, "arc", seed)])
-        if criterion.startswith("MDC binds"):
+        if criterion.startswith("MDC binds"):  # the positive control first: that milestone's ARC binds
+            if not binds(data["binding"][(arm, "arc", seed)], "arc"):
+                return CONTROL_FAILED
             return binds(data["binding"][(arm, "mdc", seed)])
         words = data["caption words"]
         first = words[(start, "mdc", seed)]
@@ -202,6 +208,8 @@ def transitions(data: dict, seeds: list[int]) -> list[str]:
     """Rule 2's table: per criterion and seed, the step it is first met inside the 8x run and across the ladder's
     rungs, and the reading where both seeds agree."""
     def fmt(x):
+        if isinstance(x, str):
+            return x
         return "not yet read" if x is not None and math.isnan(x) else "not met" if x is None else f"{x:,.0f}"
 
     rows = []
@@ -216,7 +224,7 @@ def transitions(data: dict, seeds: list[int]) -> list[str]:
 
 
 def compare(inside: list, across: list) -> str:
-    if not inside or any(x is None or y is None or math.isnan(x) or math.isnan(y) for x, y in zip(inside, across)):
+    if not inside or any(not isinstance(v, float) or math.isnan(v) for v in inside + across):
         return "-"
     signs = {np.sign(x - y) for x, y in zip(inside, across)}
     return ("seeds disagree" if len(signs) > 1 else {-1: "earlier inside a run", 1: "later inside a run",

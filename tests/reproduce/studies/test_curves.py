@@ -223,3 +223,21 @@ def test_the_report_reads_each_rule_of_the_plan(tmp_path):
     assert _row(text, "| 1. MDC's probe is comparable to ARC's (Tab. 1) | MDC - ARC, alt")[-1] == (
         "judged at 1x, before the transition")
     assert _row(text, "| at6 | MDC | 91.7 +- 0.0 (2)")[-1].startswith("+41.7 [")  # own_swap: from 50.0 at at1
+
+
+def test_binding_transitions_need_that_milestones_arc_to_bind(tmp_path):
+    """PLAN.md's positive control: where ARC does not bind at a milestone, MDC's binding criterion there reads
+    "control failed" instead of a step."""
+    from reproduce.studies.curves import report
+
+    _curves_records(tmp_path)
+    folder = tmp_path / "curves" / "records" / "compositionality"
+    for arm in ("at6", "at8"):
+        for seed in (0, 1):
+            path = folder / f"curves-{arm}-arc-descriptive-binding-s{seed}.json"
+            record = json.loads(path.read_text())
+            for subset in record["results"]["results"]["own_subsets"].values():
+                subset["records"]["correct"]["exact"] = _bits(30, 60)  # as with another image: no binding
+            path.write_text(json.dumps(record))
+    text = report.build(str(tmp_path / "curves" / "records"), str(tmp_path / "curves"))
+    assert _row(text, "| MDC binds")[2:] == ["control failed / control failed", "not met / not met", "-"]
