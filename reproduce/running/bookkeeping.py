@@ -100,11 +100,13 @@ class Book:
                      outcome | ({"machine_factor": self.machine_factor} if self.machine_factor else {}), self.package)
         self.recorded.add(r.name)
 
-    def free_checkpoints(self) -> None:
-        """Remove the checkpoints of runs whose every reader has a record (unless kept)."""
+    def free_checkpoints(self, spare: frozenset = frozenset()) -> None:
+        """Remove the checkpoints of runs whose every reader has a record (unless kept), but those of ``spare``."""
         if self.keep or not self.records:
             return
         for r in self.runs:
+            if r.name in spare:
+                continue
             folder = os.path.join(run_dir(self.out, r), "checkpoints")
             readers = [d.name for d in self.runs if r.name in d.deps and d.notebook not in READS_RECORDS_ONLY]
             if readers and os.path.isdir(folder) and set(readers) <= self.recorded and r.name in self.recorded:

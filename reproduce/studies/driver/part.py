@@ -251,10 +251,12 @@ def _checkpoint(folder: str) -> str | None:
 
 
 def free(study: Study, runs: list, key: dict, out: str, records: str, weights: str) -> None:
-    """The runner's :meth:`Book.free_checkpoints` over the pretraining runs no step or kept model waits on."""
+    """The runner's :meth:`Book.free_checkpoints`, sparing the pretraining runs a step or a kept model waits on (they
+    stay in the graph: a piece they feed that is not recorded keeps the checkpoint it resumes from)."""
     waiting = {r.deps[0] for r in runs if r.notebook in study.steps and reads_checkpoint(r)
                and not ledger.done(records, r.name, key[r.name])}
     waiting |= {r.name for r in runs if r.notebook == "pretrain" and study.keep(r) and ledger.read(records, r.name)
                 and not kept(os.path.join(weights, r.name), ledger.read(records, r.name))}
-    real = [r for r in runs if r.notebook not in study.steps and r.name not in waiting]
-    Book(real, {r.name: key[r.name] for r in real}, out, records, False, lambda *_: None).free_checkpoints()
+    real = [r for r in runs if r.notebook not in study.steps]
+    Book(real, {r.name: key[r.name] for r in real}, out, records, False, lambda *_: None).free_checkpoints(
+        frozenset(waiting))

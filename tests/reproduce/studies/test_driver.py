@@ -363,3 +363,21 @@ def test_a_piece_that_only_the_next_piece_reads_is_chosen_alone():
     runs = [r for r in runs if r.name != "probe/at1-s0"]
     todo = {r.name for r in runs}
     assert cost.select(runs, seconds, todo, budget_s=140, jobs=1)[0] == ["data/d", "pretrain/at1-s0"]
+
+
+def test_a_piece_s_checkpoint_outlives_the_part_until_the_next_piece_is_recorded(tmp_path):
+    """The next piece resumes from the piece before it: its checkpoint is freed only once that piece is recorded,
+    even while a step waits on the next piece (the part left it unfinished)."""
+    runs, _ = _pieces()
+    step = Run("neighbours/at2-s0", "neighbours", {"checkpoint": "{run:pretrain/at2-s0}"}, ("pretrain/at2-s0",))
+    runs, key, out = runs + [step], {r.name: "k" for r in runs + [step]}, tmp_path / "out"
+    for r in runs[:3]:  # the data, the first piece and its probe are recorded; the second piece was stopped
+        study_record(tmp_path, r.name, r.notebook, {}, 1.0)
+        (out / r.name / "checkpoints").mkdir(parents=True)
+        (out / r.name / "done.json").write_text(json.dumps({"key": "k"}))
+    part.free(STUDY, runs, key, str(out), str(tmp_path), str(tmp_path / "weights"))
+    assert (out / "pretrain/at1-s0" / "checkpoints").is_dir() and (out / "pretrain/at1-s0" / "done.json").is_file()
+    study_record(tmp_path, "pretrain/at2-s0", "pretrain", {}, 1.0)  # the next piece is recorded: at1's may go
+    study_record(tmp_path, "probe/at2-s0", "linear_probe", {}, 1.0)
+    part.free(STUDY, runs, key, str(out), str(tmp_path), str(tmp_path / "weights"))
+    assert not (out / "pretrain/at1-s0" / "checkpoints").exists()
