@@ -39,11 +39,12 @@ class Book:
     """What is done and where: run folders, the ledger, the records to write and the checkpoints to free."""
 
     def __init__(self, runs, key, out, records, keep_checkpoints, log, *, kept_weights=None, machine_factor=None,
-                 science=None):
+                 science=None, again=()):
         self.runs, self.key, self.out, self.records, self.keep, self.log = runs, key, out, records, keep_checkpoints, log
         self.kept_weights = kept_weights  # where the float16 weights of the runs in pretrained.KEEP go
         self.machine_factor = machine_factor  # into each record: the machine's run time over the reference's
         self.science = science  # the tree whose mdc/ and notebooks/ the runs execute (None: this one)
+        self.again = set(again)  # recorded runs executed where their folder is gone: a later runner reads them
         self.digest, self.package = digests(runs, science), ledger.package_digest(science or ROOT)
         self.in_folder = {r.name for r in runs if is_done(out, r, key[r.name])}
         self.recorded = {r.name for r in runs if ledger.done(records, r.name, key[r.name])}
@@ -55,8 +56,10 @@ class Book:
         self.needed = self._needed()
 
     def _needed(self) -> set[str]:
-        """Runs to execute: those not done, and the recorded runs whose output (folder) one of them reads."""
+        """Runs to execute: those not done, ``again`` where its folder is not here, and the recorded runs whose
+        output (folder) one of them reads."""
         needed = {r.name for r in self.runs if r.name not in self.in_folder | self.recorded}
+        needed |= {r.name for r in self.runs if r.name in self.again and r.name not in self.in_folder}
         for r in self.runs:
             if r.name in needed and self.records and ledger.read(self.records, r.name):
                 self.log(f"{r.name}: recorded under another key (its notebook's code, its parameters or a run it "

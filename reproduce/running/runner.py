@@ -69,6 +69,7 @@ class RunSettings:
     machine_factor: float | None = None  # this machine's run time over the reference's, written into each record
     science: str | None = None  # a tree holding the mdc/ and notebooks/ the runs execute (a study's pinned export)
     priority: dict[str, int] | None = None  # ready runs start in this order (lowest first), not the scheduler's rule
+    again: Collection[str] = ()  # recorded runs to execute where their folder is gone, though no run here reads it
 
 
 def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), log=print) -> dict[str, dict]:
@@ -92,7 +93,7 @@ def run_all(runs: list[Run], out: str, settings: RunSettings = RunSettings(), lo
             held.enter_context(FolderLock(folder, RUNNER_LOCK, "a reproduction runner", hint))
         book = Book(runs, key, out, settings.records, settings.keep_checkpoints or only is not None, log,
                     kept_weights=settings.kept_weights, machine_factor=settings.machine_factor,
-                    science=settings.science)
+                    science=settings.science, again=settings.again)
         skipped = [] if only is None else [r.name for r in runs if r.name not in only]
         if only is not None:
             book.needed = set(only)

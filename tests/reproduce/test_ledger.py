@@ -98,6 +98,16 @@ def test_a_recorded_run_executes_again_when_a_run_that_executes_reads_its_output
     assert ledger.read(records, "eval/b")["results"]["results"]["value"] == 5
 
 
+def test_a_recorded_run_named_again_executes_for_a_reader_a_later_runner_starts(recorded):
+    """A run trained in pieces: a part that can retrain the recorded pieces but not finish the next one hands the
+    runner those pieces without their reader; they execute, their folder is left for the next part."""
+    out, records = recorded
+    outcome = runner.run_all(_runs()[:1], out, RunSettings(records=records, again=("pre/a",)), log=lambda *a: None)
+    assert outcome["pre/a"]["status"] == "ok" and toy_calls(out, "pre/a")
+    outcome = runner.run_all(_runs()[:1], out, RunSettings(records=records, again=("pre/a",)), log=lambda *a: None)
+    assert outcome["pre/a"]["status"] == "skipped"  # its folder is here now: nothing to do again
+
+
 def test_a_recorded_run_that_executes_again_must_make_the_checkpoint_its_record_names(recorded, monkeypatch):
     """A pretraining run executed again for a reader whose key changed must make the weights its record names:
     other weights would leave its recorded readers (a probe) on another model than the new one. Then it fails,

@@ -110,7 +110,7 @@ def _part(study: Study, args, science: str, deadline: float, began: str, plan: t
         order = cost.priority(runs, seconds, {r.name for r in real if r.name in start})  # the selection's
         settings = runner.RunSettings(jobs=args.jobs, records=args.records, keep_checkpoints=True, profile=args.scale,
                                       machine_factor=args.machine_factor, science=science,  # the selection: budget
-                                      priority=order)
+                                      priority=order, again=[r.name for r in real if r.name in need])
         outcome = runner.run_all(real, out, settings)
     steps = [r for r in runs if r.notebook in study.steps and r.name in need]  # this part's, and any now ready
     failed = run_steps(study, steps, (key, est), args, deadline, set(start), science)

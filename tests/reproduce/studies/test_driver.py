@@ -162,6 +162,33 @@ def test_a_part_hands_the_runner_what_it_chose_without_a_second_budget(tmp_path,
                       "priority": {"data/d": 0, "pretrain/a-s0": 1, "probe/a-s0": 2}}
 
 
+def test_a_part_hands_the_runner_the_recorded_pieces_it_chose_to_train_again(tmp_path, monkeypatch):
+    """Recorded pieces whose checkpoints are gone, chosen for a next piece the part cannot finish, are trained: the
+    runner had taken them as done (no run it was handed read them) and left a core idle for the whole part."""
+    runs, seconds = _pieces()
+    third = Run("pretrain/at3-s0", "pretrain", {"steps": 400, "stop_at": 300, "resume_from": "{run:pretrain/at2-s0}"},
+                ("data/d", "pretrain/at2-s0"), labels={"from_step": 200})
+    runs, seconds = runs + [third], seconds | {third.name: 100.0}
+    for r in runs[:5]:
+        study_record(tmp_path / "records", r.name, r.notebook, {}, 1.0)
+    monkeypatch.setattr(part, "setup", lambda study, args: (runs, {r.name: "k" for r in runs},
+                                                            {r.name: r for r in runs},
+                                                            {n: (s, "reference") for n, s in seconds.items()}))
+    for quiet in ("keep", "free"):
+        monkeypatch.setattr(part, quiet, lambda *a: None)
+    monkeypatch.setattr(part, "run_steps", lambda *a: [])
+    monkeypatch.setattr(part.pinning, "science", lambda study, pin: contextlib.nullcontext("science"))
+    handed = {}
+    monkeypatch.setattr(part.runner, "run_all", lambda real, out, settings: handed.update(
+        runs=[r.name for r in real], again=set(settings.again)) or {})
+    args = argparse.Namespace(records=str(tmp_path / "records"), time_budget=250 / 60, out=str(tmp_path), scale="mini",
+                              jobs=1, machine_factor=1.0, argv=[], weights=str(tmp_path / "weights"),
+                              pinned={"package": "p0"})
+    assert part.part(STUDY, args) == 0
+    assert handed == {"runs": ["data/d", "pretrain/at1-s0", "pretrain/at2-s0"],
+                      "again": {"data/d", "pretrain/at1-s0", "pretrain/at2-s0"}}  # the data: its folder is gone
+
+
 def test_the_steps_the_part_chose_run_past_its_deadline(monkeypatch):
     """A neighbour step left for later needs its checkpoint trained again on the next (another) machine, which
     makes another model and voids the pretraining run's other records: the part's own steps always run."""
