@@ -17,7 +17,7 @@ import torch
 
 import mdc
 from mdc.distribution import caption_log_probs
-from mdc.absorbing import masked_row
+from mdc.unmasking import masked_row
 
 from benchmarks import peers
 from benchmarks.common import (Context, Section, coca_config, coca_like, count_calls, interleaved, median, small,
@@ -28,7 +28,7 @@ LENGTH, BEAMS, SEED = 20, 6, 0
 
 @torch.no_grad()
 def plain_mdc_sample(model, images, length: int) -> torch.Tensor:
-    """Greedy confidence unmasking as :func:`mdc.absorbing.mdc_sample` does it, but running the whole
+    """Greedy confidence unmasking as :func:`mdc.unmasking.mdc_sample` does it, but running the whole
     model, image encoder included, at every step: the loop the cached sampler replaces."""
     tok = model.tokenizer
     x = masked_row(tok, len(images), length, images.device)

@@ -1,5 +1,5 @@
-"""MDC's absorbing noise process, in the paper's order: masking, the loss (Eq. 5), the unmasking
-sampler (Eq. 6), the Monte-Carlo ELBO (Eq. 8) and the heuristic scorer.
+"""MDC's absorbing noise process, in the paper's order: masking, the loss (Eq. 5), the Monte-Carlo ELBO
+(Eq. 8) and the heuristic scorer; its sampler (Eq. 6) is :mod:`mdc.unmasking`.
 
 Forward process (Eq. 2, linear schedule alpha_t = 1 - t): every caption token c^i becomes [MASK]
 with probability t, independently; [SOT], [EOT] and padding stay as they are (with the length hidden,
@@ -9,7 +9,8 @@ pure function of the clean tokens and given uniforms ``u``, in two forms:
 - by ratio t (training, Alg. 1): token i is masked iff u_i < t; weight 1/t (Eq. 5);
 - by count n (the bound, Eq. 8): the n caption tokens with the smallest u are masked, a uniformly
   random n-subset; weight 1/n;
-- ``u`` None: every caption token is masked (t = 1), the sampler's and the heuristic's start.
+- ``u`` None: every caption token is masked (t = 1), the heuristic's start (and the sampler's,
+  :func:`mdc.unmasking.masked_row`).
 
 Loss (Alg. 1, Eq. 5). With alpha_t = 1 - t the weight alpha'_t / (1 - alpha_t) is -1/t, so per
 caption C of N caption tokens and t ~ U[w_l, w_u]:
@@ -23,12 +24,6 @@ CE] = sum_i E[CE_i] for every t; dividing by the masked tokens (about t N) would
 a fixed ``mask_ratio`` r is image-conditioned BERT (t = r for every caption, Eq. 1). The decoder is
 time-independent: t enters only the weight.
 
-Sampler (Eq. 6): from [SOT] [MASK]*N' [EOT], ceil(N'/k) steps; each predicts every masked position,
-takes the confidence of position i as max_j p(j) under :func:`mdc.distribution.caption_log_probs`,
-reveals the k most confident (k = 1: N' steps, Eq. 6) and keeps revealed tokens fixed. The image is
-encoded once per batch (:class:`mdc.condition.ImageContext`); only the text is re-run. A hidden length not
-given: from [SOT] [MASK]*(context - 1), [EOT] and [PAD] predicted too, the caption ending at the first [EOT].
-
 Bound (Eq. 8):   log p(C) >= sum_{n=1}^{N} E_{C_n}[ (1/n) sum_{i masked in C_n} log p(c^i | C_n, f(I)) ],
 estimated with S = ``num_samples`` masked copies per caption: copy s masks n_s = 1 + floor(N (s + u) / S)
 tokens (stratified by one offset u; ``stratified=False`` draws every n_s i.i.d.), a uniform n_s-subset,
@@ -40,8 +35,8 @@ and captions that share a key share their copies (common random numbers for an i
 Heuristic (Sec. 4.2): start fully masked; N times, reveal the most confident masked position (the
 sampler's confidence), add log p(ground-truth token) there and write it in.
 
-The sampler and the scorers query a :class:`mdc.distribution.CaptionDistribution` (``encode``; the plain
-model's by default); MC-Diffusion's guidance passes its guided one (:mod:`mdc.api`).
+The scorers query a :class:`mdc.distribution.CaptionDistribution` (``as_distribution``: an image context or a
+distribution, MC-Diffusion's guided one among them).
 """
 from __future__ import annotations
 
@@ -52,15 +47,14 @@ from typing import Hashable, Sequence
 import torch
 import torch.nn.functional as F
 
-from mdc import distribution
-from mdc.distribution import CaptionDistribution, as_distribution
+from mdc.distribution import as_distribution
 from mdc.noise import NoiseProcess
-from mdc.base.options import with_options
 from mdc.base.seeding import key_seed, uniform
 from mdc.tokenizer import caption_mask, valid_mask
+from mdc.unmasking import log_probs, mdc_sample
 
 __all__ = ["ABSORBING", "Absorbing", "Corrupted", "ElboOptions", "corrupt", "elbo_copies", "elbo_score",
-           "heuristic_score", "Masking", "Unmasking", "maskable_positions", "masked_row", "mdc_loss", "mdc_sample"]
+           "heuristic_score", "Masking", "maskable_positions", "mdc_loss"]
 
 T_MIN = 1e-4  # t is clamped here so that the 1/t weight stays finite when w_l = 0
 SAMPLINGS = ("uniform", "antithetic", "stratified")  # how t is drawn across a batch
@@ -153,29 +147,6 @@ def maskable_positions(model, tokens: torch.Tensor) -> tuple[torch.Tensor, torch
     return tokens, maskable
 
 
-def masked_row(tok, batch: int, length: int | None, device, width: int | None = None) -> torch.Tensor:
-    """[SOT] [MASK]*length [EOT] for every row, then [PAD] to ``width``: [B, width or length + 2] (the fully
-    corrupted caption); ``length=None`` (a hidden length, predicted): [SOT] [MASK]*(width - 1)."""
-    x = torch.full((batch, width or length + 2), tok.pad_id, dtype=torch.long, device=device)
-    x[:, 0] = tok.sot_id
-    end = x.shape[1] if length is None else length + 1  # the caption is 1 .. end - 1
-    x[:, end:end + 1] = tok.eot_id
-    at = torch.arange(x.shape[1], device=device)
-    return corrupt(x, ((at > 0) & (at < end)).expand_as(x), tok.mask_id).noisy
-
-
-def log_probs(model, dist, x, where, temperature=None, *, ends: bool = False) -> torch.Tensor:
-    """log p [M, V] at the positions ``where`` of ``x`` [B, L]: the caption distribution's or, with ``ends``
-    (a hidden length's [EOT] and padding), over every id but [SOT] and [MASK] (the plain distribution only)."""
-    if not ends:
-        return dist.log_probs(x, where=where, temperature=temperature)
-    if type(dist) is not CaptionDistribution:
-        raise ValueError("guidance needs a model trained with its caption length visible (length_visible=True)")
-    logits = dist.logits(x, where).float() / (temperature or 1.0)  # [M, V]
-    logits[:, [model.tokenizer.sot_id, model.tokenizer.mask_id]] = -torch.inf
-    return F.log_softmax(logits, dim=-1)
-
-
 # ------------------------------------------------------------------------------- the loss (Eq. 5)
 def mdc_loss(model, images, tokens, *, t=None, u=None, generator=None):
     """Masked diffusion captioning loss (Alg. 1). Optional fixed ``t`` [B] and uniforms ``u`` [B, L] for tests.
@@ -197,59 +168,6 @@ def mdc_loss(model, images, tokens, *, t=None, u=None, generator=None):
     ce = F.cross_entropy(logits.transpose(1, 2), tokens, reduction="none")  # [B, L]
     weight = c.masked * masking.weight(t)[:, None]  # [B, L]: (1/t) on the masked tokens (Eq. 5), 0 elsewhere
     return (ce * weight).sum() / maskable.sum().clamp(min=1)
-
-
-# ---------------------------------------------------------------------------- the sampler (Eq. 6)
-@dataclass(frozen=True)
-class Unmasking:
-    """How the sampler reveals tokens (the one place its defaults are written)."""
-    tokens_per_step: int = 1  # k: the k most confident masked positions a step (Eq. 6: k = 1)
-    temperature: float = 0.0  # 0: each position's most likely token; > 0: drawn at this temperature
-    threshold: float | None = None  # every position above this confidence, at least the best (Fast-dLLM)
-
-    def __post_init__(self):
-        if self.tokens_per_step < 1:
-            raise ValueError(f"tokens_per_step must be >= 1; got {self.tokens_per_step}")
-        if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
-            raise ValueError(f"threshold must lie in (0, 1]; got {self.threshold}")
-
-
-@torch.no_grad()
-def mdc_sample(model, images, length: int | None, options: Unmasking | None = None, *, generator=None,
-               trace: list | None = None, encode=None, **kw) -> torch.Tensor:
-    """Greedy confidence unmasking. Returns tokens [B, length + 2] without [MASK] ([B, context_length] with the
-    length hidden; ``length=None`` there: predicted, [PAD] after the first [EOT], where the caption ends).
-
-    ``options`` (or its fields as keywords, :class:`Unmasking`): each step reveals the ``tokens_per_step``
-    most confident masked positions, or, with ``threshold`` (parallel decoding after Fast-dLLM), every
-    masked position whose confidence exceeds it, at least the most confident one; ``temperature`` > 0 draws
-    them (``generator``). The head runs only at still-masked positions. ``trace``: a list that receives one
-    record per step, ``{"revealed": [B, N'+2] bool, "tokens": [B, N'+2] after the step, "confidence":
-    [B, N'+2]}`` (each still-masked position's confidence at that step, -1 at the others);
-    :func:`mdc.plots.plot_unmasking` draws it."""
-    model.check_length(length)
-    o = with_options(Unmasking, options, kw, "sampler")
-    tokens_per_step, temperature, threshold = o.tokens_per_step, o.temperature, o.threshold
-    tok, width = model.tokenizer, None if model.config.length_visible else model.config.context_length
-    dist = (encode or distribution.encode)(model, images)  # encoder + cross-attn K/V, once
-    x = masked_row(tok, len(images), length, images.device, width)  # [B, N'+2], or [B, context_length]
-    while bool((still := x == tok.mask_id).any()):  # still: [B, N'+2]
-        logp = log_probs(model, dist, x, still, temperature or None, ends=length is None)  # [M, V] masked only
-        if temperature > 0:
-            p = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)  # [M]
-            c = logp.gather(-1, p[:, None]).squeeze(1).exp()
-        else:
-            c, p = logp.exp().max(-1)  # [M]
-        conf = torch.full(x.shape, -1.0, device=x.device).masked_scatter_(still, c)  # [B, N'+2]
-        if threshold is None:
-            top = conf.topk(min(tokens_per_step, int(still.sum(1).max())), dim=-1).indices  # [B, k] most confident
-            reveal = torch.zeros_like(still).scatter_(1, top, True) & still
-        else:
-            reveal = ((conf > threshold) | (conf == conf.max(1, keepdim=True).values)) & still  # at least the best
-        x = torch.where(reveal, x.masked_scatter(still, p), x)
-        if trace is not None:
-            trace.append({"revealed": reveal.cpu(), "tokens": x.cpu(), "confidence": conf.float().cpu()})
-    return x if length is not None else x.masked_fill(~valid_mask(x, tok.eot_id), tok.pad_id)  # ends at 1st [EOT]
 
 
 # ---------------------------------------------------------------------------- the bound (Eq. 8)
@@ -383,7 +301,7 @@ def heuristic_score(model, context, rows, tokens):
 # ---------------------------------------------------------------------------- the process, as one object
 class Absorbing(NoiseProcess):
     """MDC's absorbing noise: loss Eq. 5, greedy confidence unmasking Eq. 6, scorers Eq. 8 and the
-    heuristic. ``options`` of :meth:`sample`: those of :func:`mdc_sample`."""
+    heuristic. ``options`` of :meth:`sample`: those of :func:`mdc.unmasking.mdc_sample`."""
     name = "absorbing"
     scorers = ("elbo", "heuristic")
 

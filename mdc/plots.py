@@ -194,7 +194,7 @@ def plot_guidance_tradeoff(results: Mapping, path: str | None = None,
 def plot_unmasking(trace: Sequence[Mapping], tokenizer, row: int = 0, path: str | None = None) -> Figure:
     """Fig. 2(b) from a real run: the unmasking path of one caption, step by step.
 
-    ``trace``: the records of ``mdc.generate(..., trace=trace)`` (:func:`mdc.absorbing.mdc_sample`).
+    ``trace``: the records of ``mdc.generate(..., trace=trace)`` (:func:`mdc.unmasking.mdc_sample`).
     One line per step, one column per caption position: the colour is the confidence (max
     probability) of every still-masked position at that step, the token written is the one
     revealed there (its confidence beside it); revealed positions stay white below.

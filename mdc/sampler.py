@@ -1,7 +1,7 @@
 """Caption generation, the one entry point: each captioner decodes by its own method.
 
 A diffusion captioner samples with its noise process (``model.noise.sample``, :mod:`mdc.noise`):
-MDC's greedy confidence unmasking (Eq. 6, :func:`mdc.absorbing.mdc_sample`) or, for a
+MDC's greedy confidence unmasking (Eq. 6, :func:`mdc.unmasking.mdc_sample`) or, for a
 ``mask_replace`` model, the D3PM reverse process (:mod:`mdc.mc_diffusion.mask_replace`). ARC decodes left to right
 with a KV cache (:func:`mdc.autoregressive.arc_sample`). The image is encoded once per batch.
 
@@ -27,7 +27,7 @@ def generate(model, images, length: int | None = 15, *, beam_size: int = 6, min_
     it predicts (tokens [PAD] after it); ``options`` are its own
     (``tokens_per_step`` or a confidence ``threshold`` reveal several per step; ``temperature`` > 0
     samples; ``trace``: a list that receives each step's revealed positions, tokens and confidences,
-    see :func:`mdc.absorbing.mdc_sample`); a ``mask_replace`` model runs the D3PM reverse process
+    see :func:`mdc.unmasking.mdc_sample`); a ``mask_replace`` model runs the D3PM reverse process
     (``generator`` drives it) and refuses those options. ARC: at most `length` tokens, beam search
     with `beam_size` (1 = greedy), [EOT] held back until `min_length` tokens (one int, or one per image;
     ARC only, :func:`mdc.autoregressive.arc_sample`). ``precision``: "auto" (bf16 autocast on CUDA, fp32 elsewhere) |

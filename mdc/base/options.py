@@ -1,6 +1,6 @@
 """Option sets: a function's settings travel as one small frozen dataclass, each default written once.
 
-A function that takes one (:class:`mdc.absorbing.ElboOptions`, :class:`mdc.absorbing.Unmasking`,
+A function that takes one (:class:`mdc.absorbing.ElboOptions`, :class:`mdc.unmasking.Unmasking`,
 :class:`mdc.base.optim.FitOptions`, :class:`mdc.data.pipeline.StreamOptions`,
 :class:`mdc.eval.suites.LoadOptions`, :class:`mdc.eval.suite_scoring.SuiteOptions`,
 :class:`mdc.eval.captioning.FinetuneOptions`, :class:`mdc.eval.captioning.CaptionOptions`) takes its few

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from mdc import distribution
-from mdc.absorbing import masked_row
+from mdc.unmasking import masked_row
 from mdc.distribution import banned_ids, caption_log_probs
 from mdc.noise import NoiseProcess
 from mdc.tokenizer import caption_mask, trim_padding

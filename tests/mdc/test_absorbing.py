@@ -11,7 +11,8 @@ import mdc.condition
 from conftest import CAPTIONS, small_model
 from mdc import absorbing
 from mdc.scoring import elbo_sequential
-from mdc.absorbing import ElboOptions, Masking, elbo_score, masked_row, mdc_loss, mdc_sample
+from mdc.absorbing import ElboOptions, Masking, elbo_score, mdc_loss
+from mdc.unmasking import masked_row, mdc_sample
 from mdc.distribution import banned_ids, caption_log_probs
 from mdc.tokenizer import caption_mask, trim_padding
 
@@ -337,7 +338,6 @@ def test_elbo_batching_does_not_change_the_estimate(images):
 
 def test_heuristic_reveals_in_the_samplers_order(images):
     """On the sampler's own caption, the heuristic scorer walks the very same unmasking path."""
-    from mdc.absorbing import mdc_sample
     from mdc.absorbing import heuristic_score
 
     model = small_model().eval()

@@ -7,7 +7,8 @@ import torch
 
 import mdc
 from conftest import CAPTIONS, WORLD_SMALL, small_model
-from mdc.absorbing import ABSORBING, masked_row, mdc_sample
+from mdc.absorbing import ABSORBING
+from mdc.unmasking import masked_row, mdc_sample
 from mdc.distribution import banned_ids, caption_log_probs
 from mdc.eval.guidance_sweeps import bleu4
 from mdc.mc_diffusion.guidance import Guide, encoder, partial_mask, scale_label, scale_of, strength_label, strength_of

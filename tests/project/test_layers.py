@@ -79,9 +79,10 @@ def _sources():  # the package's and the experiments' code, not a study's pinned
 
 
 def test_the_folders_show_the_layers():
-    """The root of mdc/ holds the method and its entry points (at most 16 modules), reproduce/ the registry and
-    the command lines (at most 10); MC-Diffusion's modules share one subpackage."""
-    assert len(list((ROOT / "mdc").glob("*.py"))) <= 16
+    """The root of mdc/ holds the method and its entry points (at most 17 modules: MDC's sampler and its decoders
+    are a module of their own beside the process, which the 400-line limit would not hold), reproduce/ the registry
+    and the command lines (at most 10); MC-Diffusion's modules share one subpackage."""
+    assert len(list((ROOT / "mdc").glob("*.py"))) <= 17
     assert len(list((ROOT / "reproduce").glob("*.py"))) <= 10
     assert {p.name for p in (ROOT / "mdc" / "mc_diffusion").glob("*.py")} >= {"guidance.py", "mask_replace.py",
                                                                              "vqvae.py"}
