@@ -1,4 +1,5 @@
-"""Caption generation: MDC's cached greedy unmasking against re-running the whole model each step, and
+"""Caption generation: MDC's cached greedy unmasking against re-running the whole model each step, each named
+decoder beside the default (tiny), and
 ARC's KV-cached beam search against open_clip's own ``CoCa.generate``, at the tiny and vit-b-32 sizes.
 
 Decoding cost depends on the number of steps, not on the weights, so the models are freshly
@@ -142,6 +143,20 @@ def _counted(counters: dict[str, list[int]], record: dict, name: str, fn):
     return call
 
 
+def decoders(sec: Section, model, images, label: str, rounds: int, warmup: int) -> None:
+    """Each named decoder (:func:`mdc.list_decoders`) on the cached path, in the same interleaved rounds as the
+    default (confidence-first): captions/s and its time over the default's, with its decoder passes."""
+    B, calls, passes = len(images), {"decoder": count_calls(model.decoder)}, {}
+    fns = {name: _counted(calls, passes, name, lambda name=name: mdc.generate(
+        model, images, LENGTH, decoder=name, generator=torch.Generator().manual_seed(SEED), return_tokens=True))
+        for name in mdc.list_decoders()}
+    times = interleaved(fns, rounds=rounds, warmup=warmup)
+    for name in fns:
+        sec.add(f"MDC decoder {name}, {label}", round(B / median(times[name]), 2), "captions/s",
+                f"{median(times[name]) / median(times['confidence']):.2f} x the default's time; "
+                f"{passes[name]['decoder']} decoder passes per batch")
+
+
 def run(ctx: Context) -> Section:
     sec = Section("sampling", f"Caption generation (CPU): length {LENGTH}, greedy MDC and beam-{BEAMS} ARC")
     notes = {}
@@ -165,6 +180,8 @@ def run(ctx: Context) -> Section:
                     f"{passes[name]['decoder']} decoder passes per batch")
         sec.add(f"MDC cache speedup, {size}", round(speedup(times, "cached", "plain"), 2), "x",
                 "same captions" if same else "CAPTIONS DIFFER", at_least=3.0)
+        if size == "tiny":
+            decoders(sec, model, images, label, rounds, warmup)
 
         arc = mdc.create_model(size, "arc", **small(size, ctx.quick)).eval()
         if "peers" not in ctx.cache:  # built once by a full run; a quick run takes it only if it is there

@@ -32,8 +32,9 @@ def generate(model, images, length: int | None = 15, *, guidance: str | None = N
     (``generator`` drives it). ``guidance`` with ``guidance_strength`` or ``guidance_scale`` (MDC
     only, not both; a ValueError names the conflict): sample under the guided distribution;
     ``guidance_seed`` seeds MCS's partial-condition masks. Other keywords (``beam_size``, ``min_length``,
-    ``tokens_per_step``, ``threshold``, ``temperature``, ``generator``, ``return_tokens``,
-    ``precision``, ``trace``) as in :func:`mdc.sampler.generate`.
+    ``decoder`` (:func:`mdc.list_decoders`), ``tokens_per_step``, ``threshold``, ``temperature``, ``order``,
+    ``blocks``, ``refine``, ``generator``, ``return_tokens``, ``precision``, ``trace``) as in
+    :func:`mdc.sampler.generate`.
     """
     if model.config.objective != "clip":  # a CLIP model is refused by the sampler, naming itself
         kw["encode"] = encoder(model, guidance, guidance_scale, guidance_seed, guidance_strength)

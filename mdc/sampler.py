@@ -11,21 +11,30 @@ The diffusion samplers query a :class:`mdc.distribution.CaptionDistribution` mad
 """
 from __future__ import annotations
 
+from mdc.unmasking import DECODERS, decoder_options
 from mdc.autoregressive import arc_sample
 from mdc.model import evaluating
 
-__all__ = ["generate"]
+__all__ = ["generate", "list_decoders"]
+
+
+def list_decoders() -> list[str]:
+    """The named decoders of an MDC captioner (``generate(..., decoder=name)``; :data:`mdc.unmasking.DECODERS`)."""
+    return sorted(DECODERS)
 
 
 def generate(model, images, length: int | None = 15, *, beam_size: int = 6, min_length=None, generator=None,
-             return_tokens: bool = False, precision: str = "auto", encode=None, **options):
+             return_tokens: bool = False, precision: str = "auto", encode=None, decoder: str | None = None,
+             **options):
     """Captions for `images` [B, 3, H, W]: list[str] (or the token tensor).
 
     A diffusion captioner samples with its noise process (``model.noise.sample``): MDC's absorbing
     noise gives exactly `length` tokens by greedy confidence unmasking, or, for a model trained with its
     caption length hidden (``length_visible=False``) and ``length=None``, the caption up to the first [EOT]
-    it predicts (tokens [PAD] after it); ``options`` are its own
-    (``tokens_per_step`` or a confidence ``threshold`` reveal several per step; ``temperature`` > 0
+    it predicts (tokens [PAD] after it); ``decoder`` names a set of its options (:func:`list_decoders`:
+    ``confidence``, the paper's and the default; ``margin``; ``ancestral``; ``semi-autoregressive``; ``remask``)
+    and ``options`` are its own, given alone or beside ``decoder`` (``order``, ``blocks``, ``refine``;
+    ``tokens_per_step`` or a confidence ``threshold`` reveal several per step; ``temperature`` > 0
     samples; ``trace``: a list that receives each step's revealed positions, tokens and confidences,
     see :func:`mdc.unmasking.mdc_sample`); a ``mask_replace`` model runs the D3PM reverse process
     (``generator`` drives it) and refuses those options. ARC: at most `length` tokens, beam search
@@ -39,7 +48,7 @@ def generate(model, images, length: int | None = 15, *, beam_size: int = 6, min_
     model.check_images(images)
     if length is None:
         model.check_length(length)  # a predicted length: an MDC model trained with length_visible=False only
-    options = {name: value for name, value in options.items() if value is not None}  # the sampler's defaults else
+    options = decoder_options(decoder, {name: value for name, value in options.items() if value is not None})
     if min_length is not None and model.noise is not None:
         raise ValueError("min_length holds ARC's [EOT] back; a diffusion captioner writes exactly `length` tokens")
     if model.noise is None and options:
