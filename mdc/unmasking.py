@@ -6,6 +6,11 @@ N' steps, Eq. 6) and keeps revealed tokens fixed. The image is encoded once per 
 (:class:`mdc.condition.ImageContext`); only the text is re-run. A hidden length not given: from [SOT]
 [MASK]*(context - 1), [EOT] and [PAD] predicted too, the caption ending at the first [EOT].
 
+Its decoders (:class:`Unmasking`; :data:`DECODERS` names sets of its fields, ``mdc.generate(..., decoder=)``) vary
+which positions a step reveals (``order``: confidence, Eq. 6; the margin between the two most likely tokens; random),
+where (``blocks``: spans left to right) and whether written tokens are masked again (``refine``); confidence
+first, one token a step, is the paper's and the default.
+
 The sampler queries a :class:`mdc.distribution.CaptionDistribution` (``encode``; the plain model's by default);
 MC-Diffusion's guidance passes its guided one (:mod:`mdc.api`). :func:`log_probs` is also the heuristic
 scorer's (:func:`mdc.absorbing.heuristic_score` reveals in the sampler's order).
