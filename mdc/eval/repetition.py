@@ -37,15 +37,18 @@ import numpy as np
 import torch
 
 from mdc.api import generate
+from mdc.base.seeding import key_seed
 from mdc.data.transforms import image_transform
 from mdc.eval.neighbours import paired_interval
 from mdc.tokenizer import valid_mask
+from mdc.unmasking import Unmasking, decoder_options
 from mdc.world.graphs import sample_scene
 from mdc.world.render import COLOURS, SHAPES, render
 from mdc.world.streams import STREAM_REPETITION, stream_rng
 from mdc.world.text import SIZE_WORDS, TEXTURE_ADJ, descriptive_plan, render_descriptive, word_tokens
 
-__all__ = ["VIEWS", "descriptive_repetition", "format_repetition", "object_list", "make_scenes", "view_measures"]
+__all__ = ["VIEWS", "descriptive_repetition", "format_repetition", "object_list", "make_scenes", "scene_captions",
+           "view_measures"]
 
 VIEWS = ("own", "other_image", "references")
 BETWEEN = frozenset(w for table in (SIZE_WORDS, TEXTURE_ADJ) for words in table.values() for w in words)
@@ -125,19 +128,32 @@ def make_scenes(tok, n_scenes: int, seed: int, image_size: int, context_length: 
 
 
 # ------------------------------------------------------------------------------------------------ decoding
-def _captions(model, images, lengths: list[int], shift: int, batch_size: int, beam_size: int):
+def _draws(decoding: dict) -> bool:
+    """Whether MDC's ``decoding`` (a named ``decoder`` and :class:`mdc.unmasking.Unmasking` fields) draws."""
+    o = Unmasking(**decoder_options(decoding.get("decoder"), {k: v for k, v in decoding.items() if k != "decoder"}))
+    return o.temperature > 0 or o.order == "random"
+
+
+def scene_captions(model, images, lengths: list[int], *, shift: int = 0, batch_size: int = 64, beam_size: int = 6,
+                   seed: int = 0, **decoding):
     """Scene i's caption at length ``lengths[i]`` from the image of scene i + ``shift`` (cyclically), scenes
-    grouped by length: (captions [S], their token counts [S])."""
+    grouped by length: (captions [S], their token counts [S]). ``decoding``: MDC's decoder
+    (``mdc.generate``'s ``decoder`` and its options); one that draws decodes each scene alone with a generator
+    of (``seed``, scene), so no caption depends on ``batch_size``."""
+    if model.causal and decoding:
+        raise ValueError(f"{sorted(decoding)} are options of MDC's decoders; ARC decodes by beam search")
     tok, device = model.tokenizer, next(model.parameters()).device
-    S = len(lengths)
+    S, alone = len(lengths), bool(decoding) and _draws(decoding)
     captions, counts = [""] * S, [0] * S
     for L in sorted(set(lengths)):
         group = [i for i in range(S) if lengths[i] == L]
-        for b in range(0, len(group), batch_size):
-            rows = group[b:b + batch_size]
+        for b in range(0, len(group), 1 if alone else batch_size):
+            rows = group[b:b + (1 if alone else batch_size)]
             shown = images[[(i + shift) % S for i in rows]].to(device)  # [R, 3, s, s]
             exact = {"min_length": L} if model.causal else {}
-            tokens = generate(model, shown, L, beam_size=beam_size, return_tokens=True, **exact).cpu()  # [R, L']
+            drawn = {"generator": torch.Generator(device).manual_seed(key_seed(seed, rows[0]))} if alone else {}
+            tokens = generate(model, shown, L, beam_size=beam_size, return_tokens=True, **exact, **drawn,
+                              **decoding).cpu()  # [R, L']
             n = valid_mask(tokens, tok.eot_id).sum(1) - 2  # [R] tokens between SOT and the first EOT
             for i, row, k in zip(rows, tokens, n.tolist()):
                 captions[i], counts[i] = tok.decode(row), k
@@ -169,7 +185,8 @@ def descriptive_repetition(model, n_scenes: int = 300, seed: int = 0, batch_size
     scenes, lengths = data["scenes"], data["lengths"]
     views, rows, captions = {}, {}, {}
     for view, shift in (("own", 0), ("other_image", 1)):
-        captions[view], counts = _captions(model, data["images"], lengths, shift, batch_size, beam_size)
+        captions[view], counts = scene_captions(model, data["images"], lengths, shift=shift, batch_size=batch_size,
+                                                beam_size=beam_size)
         views[view], rows[view] = view_measures(captions[view], scenes, counts, lengths)
     views["references"], _ = view_measures(data["texts"], scenes)
     examples = [{"true": t, "own": c} for t, c in zip(data["texts"][:N_EXAMPLES], captions["own"])]

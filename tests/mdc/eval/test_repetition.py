@@ -3,8 +3,9 @@ control at the world's ceiling, and an end-to-end call on tiny untrained caption
 import json
 
 import pytest
-
 from conftest import small_model
+
+import mdc
 from mdc.eval import repetition as rep
 from mdc.tokenizer import Tokenizer
 from mdc.world.text import vocabulary
@@ -74,3 +75,16 @@ def test_an_untrained_captioner_end_to_end(objective):
     assert "own - other_image" in rep.format_repetition(out)
     with pytest.raises(ValueError):
         rep.descriptive_repetition(model, n_scenes=0)
+
+
+def test_scene_captions_decode_with_the_decoder_asked_and_a_drawing_one_does_not_depend_on_the_batch():
+    model = small_model("mdc", vocab=vocabulary(), context_length=64)
+    data = rep.make_scenes(model.tokenizer, 6, seed=2, image_size=model.config.image_size, context_length=64)
+    images, lengths = data["images"], data["lengths"]
+    margin, _ = rep.scene_captions(model, images, lengths, batch_size=4, decoder="margin")
+    for i in (0, 5):  # each as generate writes it alone
+        assert margin[i] == mdc.generate(model, images[i:i + 1], lengths[i], decoder="margin")[0]
+    drawn = [rep.scene_captions(model, images, lengths, batch_size=b, seed=3, decoder="ancestral")[0] for b in (1, 64)]
+    assert drawn[0] == drawn[1] != rep.scene_captions(model, images, lengths, seed=4, decoder="ancestral")[0]
+    with pytest.raises(ValueError, match="options of MDC's decoders"):
+        rep.scene_captions(small_model("arc", vocab=vocabulary()), images, lengths, decoder="margin")
