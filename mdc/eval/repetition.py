@@ -137,7 +137,8 @@ def _draws(decoding: dict) -> bool:
 def scene_captions(model, images, lengths: list[int], *, shift: int = 0, batch_size: int = 64, beam_size: int = 6,
                    seed: int = 0, **decoding):
     """Scene i's caption at length ``lengths[i]`` from the image of scene i + ``shift`` (cyclically), scenes
-    grouped by length: (captions [S], their token counts [S]). ``decoding``: MDC's decoder
+    grouped by length: (captions [S], their token counts [S]). A length None is the model's own: ARC's beam ends
+    at its [EOT] (at most the context), a hidden-length MDC at its first [EOT]. ``decoding``: MDC's decoder
     (``mdc.generate``'s ``decoder`` and its options); one that draws decodes each scene alone with a generator
     of (``seed``, scene), so no caption depends on ``batch_size``."""
     if model.causal and decoding:
@@ -145,14 +146,15 @@ def scene_captions(model, images, lengths: list[int], *, shift: int = 0, batch_s
     tok, device = model.tokenizer, next(model.parameters()).device
     S, alone = len(lengths), bool(decoding) and _draws(decoding)
     captions, counts = [""] * S, [0] * S
-    for L in sorted(set(lengths)):
+    for L in sorted(set(lengths), key=lambda v: (v is not None, v or 0)):
         group = [i for i in range(S) if lengths[i] == L]
+        length = model.config.context_length - 2 if L is None and model.causal else L
+        exact = {"min_length": L} if model.causal and L is not None else {}
         for b in range(0, len(group), 1 if alone else batch_size):
             rows = group[b:b + (1 if alone else batch_size)]
             shown = images[[(i + shift) % S for i in rows]].to(device)  # [R, 3, s, s]
-            exact = {"min_length": L} if model.causal else {}
             drawn = {"generator": torch.Generator(device).manual_seed(key_seed(seed, rows[0]))} if alone else {}
-            tokens = generate(model, shown, L, beam_size=beam_size, return_tokens=True, **exact, **drawn,
+            tokens = generate(model, shown, length, beam_size=beam_size, return_tokens=True, **exact, **drawn,
                               **decoding).cpu()  # [R, L']
             n = valid_mask(tokens, tok.eot_id).sum(1) - 2  # [R] tokens between SOT and the first EOT
             for i, row, k in zip(rows, tokens, n.tolist()):

@@ -23,7 +23,8 @@ STREAM_OWN = 3500  # in-distribution suites' scenes; + 1: each scene's caption; 
 
 # Instruments (mdc.eval), 5000-5999.
 STREAM_NEIGHBOURS = 5000  # neighbour use (mdc.eval.neighbours): scenes, + 1 captions, + 2 substitutions, + 3 + k masks
-STREAM_REPETITION = 5100  # descriptive repetition (mdc.eval.repetition): scenes, + 1 captions
+STREAM_REPETITION = 5100  # descriptive repetition (mdc.eval.repetition): scenes, + 1 captions, + 2 a second
+# rendering of each caption (the decoding study's ceiling, reproduce/studies/decoding.py)
 
 # Tutorials (mdc.tutorial), 6000-6199: stream + 1 captions the scenes of stream; + 50 (and + 51)
 # are the scenes (and captions) of write_example_dataset.

@@ -86,5 +86,8 @@ def test_scene_captions_decode_with_the_decoder_asked_and_a_drawing_one_does_not
         assert margin[i] == mdc.generate(model, images[i:i + 1], lengths[i], decoder="margin")[0]
     drawn = [rep.scene_captions(model, images, lengths, batch_size=b, seed=3, decoder="ancestral")[0] for b in (1, 64)]
     assert drawn[0] == drawn[1] != rep.scene_captions(model, images, lengths, seed=4, decoder="ancestral")[0]
+    arc = small_model("arc", vocab=vocabulary(), context_length=64)
     with pytest.raises(ValueError, match="options of MDC's decoders"):
-        rep.scene_captions(small_model("arc", vocab=vocabulary()), images, lengths, decoder="margin")
+        rep.scene_captions(arc, images, lengths, decoder="margin")
+    own, counts = rep.scene_captions(arc, images, [None] * 6, beam_size=2)  # its own [EOT], up to the context
+    assert own[2] == mdc.generate(arc, images[2:3], 62, beam_size=2)[0] and max(counts) <= 62
