@@ -39,11 +39,39 @@ PIECES = ORDER[:-1]
 LADDER_RUNGS = ("x0.5", "x1", "x2", "x4")  # the ladder's separate schedules, read across runs
 LOSS_TAIL = 224  # a piece's training loss: the mean of its last logged losses (a tenth of mini's steps)
 COMPARED = {"descriptive": ("mdc", "arc", "clip"), "alt": ("mdc", "arc")}  # C*'s methods per world
-CRITERIA = {  # rule 2: criterion -> its world (the alt one has no ladder rung)
-    "MDC names a shape twice at most half as often as at the start": "descriptive",
-    "MDC's probe reaches ARC's": "descriptive",
-    "MDC binds (own image - another's at least the control margin, interval above 0)": "descriptive",
-    "MDC repeats content words at most midway from the start to the references": "alt",
+CONTROL_FAILED = "control failed"  # rule 2's binding criterion where that milestone's ARC does not bind (PLAN.md)
+
+
+def _fewer_repeats(data: dict, arm: str, start: str, seed: int) -> bool:
+    rep = data["repetition"]
+    return rep[(arm, "mdc", seed)]["views"]["own"]["shape_twice"] <= 0.5 * rep[(start, "mdc", seed)]["views"][
+        "own"]["shape_twice"]
+
+
+def _probe_reaches(data: dict, arm: str, start: str, seed: int) -> bool:
+    probe = data["probe descriptive"]
+    return mean4(probe[(arm, "mdc", seed)]) >= mean4(probe[(arm, "arc", seed)])
+
+
+def _binds(data: dict, arm: str, start: str, seed: int) -> bool | str:
+    """The positive control first: that milestone's ARC binds."""
+    if not binds(data["binding"][(arm, "arc", seed)], "arc"):
+        return CONTROL_FAILED
+    return binds(data["binding"][(arm, "mdc", seed)])
+
+
+def _fewer_content_repeats(data: dict, arm: str, start: str, seed: int) -> bool:
+    words = data["caption words"]
+    first = words[(start, "mdc", seed)]
+    return words[(arm, "mdc", seed)]["repeated content"] <= (first["repeated content"] +
+                                                              first["references' repeated content"]) / 2
+
+
+CRITERIA = {  # rule 2: criterion -> (its world (the alt one has no ladder rung), its test at a milestone)
+    "MDC names a shape twice at most half as often as at the start": ("descriptive", _fewer_repeats),
+    "MDC's probe reaches ARC's": ("descriptive", _probe_reaches),
+    "MDC binds (own image - another's at least the control margin, interval above 0)": ("descriptive", _binds),
+    "MDC repeats content words at most midway from the start to the references": ("alt", _fewer_content_repeats),
 }
 
 
@@ -159,7 +187,6 @@ def mean4(res: dict) -> float:
     return tables.probe_measures(res)["mean4"]
 
 
-CONTROL_FAILED = "control failed"  # rule 2's binding criterion where that milestone's ARC does not bind (PLAN.md)
 
 
 def binds(res: dict, objective: str = "mdc") -> bool:
@@ -183,23 +210,10 @@ def first_met(data: dict, criterion: str, arms: tuple[str, ...], start: str, see
     return None
 
 
-def _meets(data: dict, criterion: str, arm: str, start: str, seed: int) -> bool | None:
+def _meets(data: dict, criterion: str, arm: str, start: str, seed: int) -> bool | str | None:
+    """Whether ``criterion`` holds at milestone ``arm`` (against ``start``); None where a measure is not read yet."""
     try:
-        if criterion.startswith("MDC names"):
-            rep = data["repetition"]
-            return rep[(arm, "mdc", seed)]["views"]["own"]["shape_twice"] <= 0.5 * rep[(start, "mdc", seed)][
-                "views"]["own"]["shape_twice"]
-        if criterion.startswith("MDC's probe"):
-            probe = data["probe descriptive"]
-            return mean4(probe[(arm, "mdc", seed)]) >= mean4(probe[(arm, "arc", seed)])
-        if criterion.startswith("MDC binds"):  # the positive control first: that milestone's ARC binds
-            if not binds(data["binding"][(arm, "arc", seed)], "arc"):
-                return CONTROL_FAILED
-            return binds(data["binding"][(arm, "mdc", seed)])
-        words = data["caption words"]
-        first = words[(start, "mdc", seed)]
-        return words[(arm, "mdc", seed)]["repeated content"] <= (first["repeated content"] +
-                                                                  first["references' repeated content"]) / 2
+        return CRITERIA[criterion][1](data, arm, start, seed)
     except KeyError:
         return None
 
@@ -213,7 +227,7 @@ def transitions(data: dict, seeds: list[int]) -> list[str]:
         return "not yet read" if x is not None and math.isnan(x) else "not met" if x is None else f"{x:,.0f}"
 
     rows = []
-    for criterion, world in CRITERIA.items():
+    for criterion, (world, _) in CRITERIA.items():
         inside = [first_met(data, criterion, PIECES, "at1", s) for s in seeds]
         across = ([first_met(data, criterion, LADDER_RUNGS, "x1", s) for s in seeds] if world == "descriptive"
                   else [math.nan] * len(seeds))
