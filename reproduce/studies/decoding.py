@@ -15,6 +15,7 @@ import os
 import time
 
 import numpy as np
+import torch
 
 import mdc
 from mdc.eval.metrics import evaluate_captions
@@ -41,6 +42,7 @@ ARC_BEAMS = {"beam6": 6, "greedy": 1}
 SPLITS = {"validation": 1, "test": 2}  # the world seed of each split's scenes
 TIE = 0.005  # CIDEr-D (a fraction) within which the first decoder in order wins: 0.5 points
 VIEWS = {"own": 0, "other_image": 1}  # the image of scene i + shift
+HEAD = {"seed": 3, "scenes": 1000, "ridge": 1.0}  # the length head's training scenes and its L2 penalty
 
 
 def kept(study: str, run: str):
@@ -53,16 +55,39 @@ def second_rendering(seed: int, n: int) -> list[str]:
                                                 stream_rng(seed, STREAM_REPETITION + 2, i))) for i in range(n)]
 
 
+@torch.no_grad()
+def pooled(model, images, batch_size: int = 256) -> np.ndarray:
+    return np.concatenate([model.encode_image(images[b:b + batch_size]).double().numpy()
+                           for b in range(0, len(images), batch_size)])  # [S, D]
+
+
+def length_head(model):
+    """A ridge regression from ``model``'s pooled image features (standardised) to the true caption length, fit on
+    :data:`HEAD`'s scenes (their own world seed: none is a split's); returns images -> lengths (rounded, at least
+    one token, at most the context's)."""
+    tok = model.tokenizer
+    train = make_scenes(tok, HEAD["scenes"], HEAD["seed"], model.config.image_size, tok.context_length)
+    x = pooled(model, train["images"])
+    mean, std = x.mean(0), x.std(0) + 1e-8
+    z = np.c_[(x - mean) / std, np.ones(len(x))]  # [N, D + 1]
+    w = np.linalg.solve(z.T @ z + HEAD["ridge"] * np.eye(z.shape[1]), z.T @ np.array(train["lengths"], float))
+
+    def predict(images) -> list[int]:
+        y = np.c_[(pooled(model, images) - mean) / std, np.ones(len(images))] @ w
+        return [int(v) for v in np.clip(np.rint(y), 1, tok.context_length - 2)]
+    return predict
+
+
 def caption_sets(mdcs: dict, arcs: dict, data: dict, seed: int, decoders: dict = DECODERS) -> dict:
     """{(model, length, decoder, view): (captions [S], token counts [S], the lengths asked [S])}: every MDC with
     every decoder and ARC with each beam, at the true length, the length its ARC writes (beam 6, its own [EOT]; at
-    least one token) and (a hidden-length MDC) its own (None)."""
+    least one token), its length head's (:func:`length_head`) and (a hidden-length MDC) its own (None)."""
     images, true = data["images"], data["lengths"]
     arc_length = {a: [max(1, n) for n in scene_captions(m, images, [None] * len(true))[1]] for a, m in arcs.items()}
     out = {}
     for name, (model, arc) in mdcs.items():
-        lengths = {"true": true, "arc": arc_length[arc]} | ({} if model.config.length_visible else
-                                                            {"own": [None] * len(true)})
+        lengths = {"true": true, "arc": arc_length[arc], "head": length_head(model)(images)} | (
+            {} if model.config.length_visible else {"own": [None] * len(true)})
         for length, per_scene in lengths.items():
             for d, decoding in decoders.items():
                 for view, shift in VIEWS.items():
@@ -74,6 +99,18 @@ def caption_sets(mdcs: dict, arcs: dict, data: dict, seed: int, decoders: dict =
                 for view, shift in VIEWS.items():
                     out[a, length, beam, view] = (*scene_captions(model, images, per_scene, shift=shift,
                                                                   beam_size=size), per_scene)
+    return out
+
+
+def length_errors(sets: dict, true: list[int]) -> dict:
+    """{model: {length source: mean absolute error to the true length, share exactly right}} of the lengths each
+    MDC was given (ARC's, its head's) or wrote (its own), and ARC's own (the ``arc`` rows of ARC)."""
+    out = {}
+    for (model, length, decoder, view), (_, counts, asked) in sets.items():
+        if view == "own" and length != "true" and decoder in ("confidence", "beam6"):
+            got = np.array([c if a is None else a for c, a in zip(counts, asked)])
+            out.setdefault(model, {})[length] = {"mae": float(np.abs(got - np.array(true)).mean()),
+                                                 "exact": float(np.mean(got == np.array(true)))}
     return out
 
 
@@ -132,7 +169,7 @@ def contrasts(rows: list[dict], chosen: str, seed: int) -> list[dict]:
     return out
 
 
-def markdown(rows: list[dict], split: str, choice: dict, extra: list[dict]) -> str:
+def markdown(rows: list[dict], split: str, choice: dict, extra: list[dict], errors: dict) -> str:
     lines = [f"# Decoding study, {split} split ({len(rows[0]['cider_per_scene'])} scenes)", "",
              f"Chosen on the validation split: **{choice['decoder']}** (mean CIDEr-D at the true length over "
              f"{', '.join(RULE_MODELS)}: " + ", ".join(f"{d} {100 * v:.1f}" for d, v in choice["means"].items()) + ")",
@@ -151,6 +188,9 @@ def markdown(rows: list[dict], split: str, choice: dict, extra: list[dict]) -> s
                      f"[{100 * d['interval'][0]:+.1f}, {100 * d['interval'][1]:+.1f}] | "
                      f"{100 * own['shape_twice']:.1f} | {pairs} |")
     ceiling = _row(rows, model="ceiling")
+    lines += ["", "Lengths against the true length: mean absolute error in tokens (share exactly right)", ""]
+    lines += [f"- {m}: " + ", ".join(f"{src} {e['mae']:.2f} ({100 * e['exact']:.0f}%)" for src, e in by.items())
+              for m, by in errors.items()]
     lines += ["", f"Ceiling (a second rendering of each scene against the first): CIDEr-D {100 * ceiling['cider']:.1f}.",
               "", "Paired differences (CIDEr-D, per scene): the chosen decoder minus confidence (MDC), beam 6 minus "
               "greedy (ARC)", ""]
@@ -178,7 +218,8 @@ def run(split: str, scenes: int, out: str) -> dict:
     if data["dropped"]:
         raise RuntimeError(f"{data['dropped']} scenes do not fit the context: the ceiling's renderings would "
                            "not line up with the scenes")
-    rows = measure(caption_sets(mdcs, arcs, data, seed), data, second_rendering(seed, scenes))
+    sets = caption_sets(mdcs, arcs, data, seed)
+    rows, errors = measure(sets, data, second_rendering(seed, scenes)), length_errors(sets, data["lengths"])
     if split == "validation":
         choice = choose(rows)
         os.makedirs(out, exist_ok=True)
@@ -188,11 +229,11 @@ def run(split: str, scenes: int, out: str) -> dict:
         choice = json.load(f)
     extra = contrasts(rows, choice["decoder"], seed)
     result = {"split": split, "seed": seed, "scenes": scenes, "seconds": round(time.monotonic() - began, 1),
-              "load_average": os.getloadavg()[0], "choice": choice, "rows": rows, "contrasts": extra}
+              "load_average": os.getloadavg()[0], "choice": choice, "rows": rows, "contrasts": extra, "length_errors": errors}
     with open(os.path.join(out, f"{split}.json"), "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.join(out, f"{split}.md"), "w") as f:
-        f.write(markdown(rows, split, choice, extra))
+        f.write(markdown(rows, split, choice, extra, errors))
     return result
 
 

@@ -31,6 +31,7 @@ def test_validation_chooses_and_test_reports_with_the_controls(tmp_path, monkeyp
     monkeypatch.setattr(decoding, "RULE_MODELS", ("mdc-x1",))
     monkeypatch.setattr(decoding, "DECODERS", {d: decoding.DECODERS[d] for d in ("confidence", "ancestral")})
     monkeypatch.setattr(decoding, "kept", lambda study, run: models[run].eval())
+    monkeypatch.setattr(decoding, "HEAD", {**decoding.HEAD, "scenes": 12})
     with pytest.raises(SystemExit, match="run --split validation first"):
         decoding.run("test", 3, str(tmp_path))
     decoding.run("validation", 3, str(tmp_path))
@@ -40,6 +41,9 @@ def test_validation_chooses_and_test_reports_with_the_controls(tmp_path, monkeyp
     rows = out["rows"]
     lengths = {(r["model"], r["length"]) for r in rows}
     assert ("mdc-hidden-x1", "own") in lengths and ("mdc-x1", "own") not in lengths and ("arc-x1", "arc") in lengths
+    assert ("mdc-x1", "head") in lengths and set(out["length_errors"]["mdc-hidden-x1"]) == {"arc", "head", "own"}
+    assert set(out["length_errors"]["arc-x1"]) == {"arc"} and all(
+        0 <= e["exact"] <= 1 for by in out["length_errors"].values() for e in by.values())
     assert {r["decoder"] for r in rows if r["model"] == "arc-x1"} == {"beam6", "greedy"}
     for r in rows:
         assert 0 <= r["cider"] and len(r["cider_per_scene"]) == 3
