@@ -140,10 +140,9 @@ def test_a_pretraining_run_starts_only_with_every_reader_it_has_to_do():
     assert {"pretrain/m-s0", "captioning/pretrained-s0", "captioning/finetuned-s0"} <= set(start)
 
 
-def test_a_part_hands_the_runner_what_it_chose_without_a_second_budget(tmp_path, monkeypatch):
-    """The runner's own estimates (the profile's defaults) are not the study's: under a time budget of its own it
-    left a chosen pretraining run unstarted. The part's selection is the budget; the runner executes it."""
-    runs, seconds = _chain_graph()
+def _part_handing(monkeypatch, tmp_path, runs: list, seconds: dict, minutes: float) -> dict:
+    """Run a part of ``minutes`` over ``runs`` (estimates ``seconds``) with the runner replaced: returns what it
+    was handed (``runs``, and its settings)."""
     monkeypatch.setattr(part, "setup", lambda study, args: (runs, {r.name: "k" for r in runs},
                                                             {r.name: r for r in runs},
                                                             {n: (s, "reference") for n, s in seconds.items()}))
@@ -153,13 +152,20 @@ def test_a_part_hands_the_runner_what_it_chose_without_a_second_budget(tmp_path,
     monkeypatch.setattr(part.pinning, "science", lambda study, pin: contextlib.nullcontext("science"))
     handed = {}
     monkeypatch.setattr(part.runner, "run_all", lambda real, out, settings: handed.update(
-        runs=[r.name for r in real], budget=settings.time_budget_s, priority=settings.priority) or {})
-    args = argparse.Namespace(records=str(tmp_path / "records"), time_budget=140 / 60, out=str(tmp_path), scale="mini",
+        runs=[r.name for r in real], settings=settings) or {})
+    args = argparse.Namespace(records=str(tmp_path / "records"), time_budget=minutes, out=str(tmp_path), scale="mini",
                               jobs=1, machine_factor=1.0, argv=[], weights=str(tmp_path / "weights"),
                               pinned={"package": "p0"})
     assert part.part(STUDY, args) == 0
-    assert handed == {"runs": ["data/d", "pretrain/a-s0", "probe/a-s0"], "budget": None,
-                      "priority": {"data/d": 0, "pretrain/a-s0": 1, "probe/a-s0": 2}}
+    return handed
+
+
+def test_a_part_hands_the_runner_what_it_chose_without_a_second_budget(tmp_path, monkeypatch):
+    """The runner's own estimates (the profile's defaults) are not the study's: under a time budget of its own it
+    left a chosen pretraining run unstarted. The part's selection is the budget; the runner executes it."""
+    handed = _part_handing(monkeypatch, tmp_path, *_chain_graph(), minutes=140 / 60)
+    assert handed["runs"] == ["data/d", "pretrain/a-s0", "probe/a-s0"] and handed["settings"].time_budget_s is None
+    assert handed["settings"].priority == {"data/d": 0, "pretrain/a-s0": 1, "probe/a-s0": 2}
 
 
 def test_a_part_hands_the_runner_the_recorded_pieces_it_chose_to_train_again(tmp_path, monkeypatch):
@@ -171,22 +177,9 @@ def test_a_part_hands_the_runner_the_recorded_pieces_it_chose_to_train_again(tmp
     runs, seconds = runs + [third], seconds | {third.name: 100.0}
     for r in runs[:5]:
         study_record(tmp_path / "records", r.name, r.notebook, {}, 1.0)
-    monkeypatch.setattr(part, "setup", lambda study, args: (runs, {r.name: "k" for r in runs},
-                                                            {r.name: r for r in runs},
-                                                            {n: (s, "reference") for n, s in seconds.items()}))
-    for quiet in ("keep", "free"):
-        monkeypatch.setattr(part, quiet, lambda *a: None)
-    monkeypatch.setattr(part, "run_steps", lambda *a: [])
-    monkeypatch.setattr(part.pinning, "science", lambda study, pin: contextlib.nullcontext("science"))
-    handed = {}
-    monkeypatch.setattr(part.runner, "run_all", lambda real, out, settings: handed.update(
-        runs=[r.name for r in real], again=set(settings.again)) or {})
-    args = argparse.Namespace(records=str(tmp_path / "records"), time_budget=250 / 60, out=str(tmp_path), scale="mini",
-                              jobs=1, machine_factor=1.0, argv=[], weights=str(tmp_path / "weights"),
-                              pinned={"package": "p0"})
-    assert part.part(STUDY, args) == 0
-    assert handed == {"runs": ["data/d", "pretrain/at1-s0", "pretrain/at2-s0"],
-                      "again": {"data/d", "pretrain/at1-s0", "pretrain/at2-s0"}}  # the data: its folder is gone
+    handed = _part_handing(monkeypatch, tmp_path, runs, seconds, minutes=250 / 60)
+    assert handed["runs"] == ["data/d", "pretrain/at1-s0", "pretrain/at2-s0"]
+    assert set(handed["settings"].again) == {"data/d", "pretrain/at1-s0", "pretrain/at2-s0"}  # the data's is gone
 
 
 def test_the_steps_the_part_chose_run_past_its_deadline(monkeypatch):
