@@ -23,6 +23,10 @@ PER_GPU_BATCH = {"vit-b-32": 128, "vit-b-16": 128, "vit-l-14": 64}
 DAY = 24 * 3600
 # the pretraining step -> its compile_mode: eager, compiled whole, or compiled and replayed as CUDA graphs (the default)
 STEPS = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}
+# loader workers a GPU for each step: the measured need at 128 images a GPU from 256-px shards (docs/benchmarks.md,
+# the H200 machine: 4 / 4 / 11 workers feed the eager, compiled and graphed steps). They set the data order, so they
+# are part of a run's parameters; each GPU's job asks for one core more than its workers (reproduce.running.cluster)
+WORKERS = {"eager": 4, "compiled": 4, "graphs": 11}
 PROBE_VARS = ("MDC_PROBE_ROOTS",)
 COMPOSITIONALITY_VARS = ("MDC_SUGARCREPE", "MDC_COCO_VAL2017", "MDC_ARO", "MDC_VG_IMAGES", "MDC_COCO_ORDER",
                          "MDC_COCO_IMAGES", "MDC_FLICKR_ORDER", "MDC_FLICKR_IMAGES")
@@ -61,7 +65,7 @@ def _pretrain(name, backbone, objective, style, seed, artifacts, labels, step="g
     var, data = DATA[style]
     params = dict(objective=objective, model=backbone, preset=backbone, train_data=env(var),
                   samples_per_epoch=int(os.environ.get(f"{var}_SAMPLES", "0")) or None, epochs=None, steps=None,
-                  batch_size=PER_GPU_BATCH[backbone], workers=8, save_every=2000, keep_last=3, seed=seed,
+                  batch_size=PER_GPU_BATCH[backbone], workers=WORKERS[step], save_every=2000, keep_last=3, seed=seed,
                   output_dir=f"{{run:pretrain/{name}-s{seed}}}", lr=None, weight_decay=None,
                   compile_mode=STEPS[step], **extra)
     return Run(f"pretrain/{name}-s{seed}", "pretrain", params, artifacts=tuple(artifacts),

@@ -68,8 +68,9 @@ def slurm_scripts(runs: list[Run], out: str, folder: str, profile: str, gpus: in
         head = ["#!/usr/bin/env bash", f"#SBATCH --job-name=mdc-{r.name.replace('/', '-')}",
                 f"#SBATCH --time={max(1, r.timeout_s // 60)}", f"#SBATCH --output={os.path.join(folder, 'logs', '%x-%j.out')}"]
         if r.gpus:
+            cores = r.params.get("workers", 7) + 1  # a GPU's loader workers and its training process
             head += [f"#SBATCH --nodes={nodes}", f"#SBATCH --gres=gpu:{gpus}", "#SBATCH --ntasks-per-node=1",
-                     f"#SBATCH --cpus-per-task={8 * gpus}"]
+                     f"#SBATCH --cpus-per-task={cores * gpus}"]
         else:
             head += ["#SBATCH --gres=gpu:1", "#SBATCH --cpus-per-task=8"]
         head += [f"#SBATCH --account={account}"] if account else []

@@ -10,7 +10,7 @@ import nbformat
 import pytest
 
 from conftest import alive, toy_calls, toy_notebook
-from reproduce import graph, registry
+from reproduce import graph, paper_profile, registry
 from reproduce.running import attempt, cluster, folders, runner
 from reproduce.__main__ import main
 from reproduce.graph import Run
@@ -240,6 +240,12 @@ def test_slurm_scripts_chain_dependencies(tmp_path):
     script = next(p for p in os.listdir(tmp_path / "slurm") if p.startswith(f"{pre:03d}-"))
     body = open(tmp_path / "slurm" / script).read()
     assert "#SBATCH --gres=gpu:8" in body and "--run pretrain/vit-b-32-mdc-alt-s0" in body
+    # each GPU's loader workers and its training process get a core: the graphed step's measured need, 11 workers
+    # a GPU from 256-px shards (docs/benchmarks.md), where 8 workers starved it
+    assert {r.params["workers"] for r in runs if r.notebook == "pretrain"} == {paper_profile.WORKERS["graphs"]} == {11}
+    assert "#SBATCH --cpus-per-task=96" in body
+    eager = registry.build("paper", seeds=1, step="eager")
+    assert {r.params["workers"] for r in eager if r.notebook == "pretrain"} == {4}
     run = next(r for r in runs if r.name == "pretrain/vit-b-32-mdc-alt-s0")
     cmd = cluster.torchrun_command(run, str(tmp_path), gpus=8, nodes=2)
     assert cmd.startswith(f"{cluster.torchrun()} --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d")
