@@ -53,6 +53,7 @@ def test_a_second_try_picks_the_parts(monkeypatch):
         gpu.measure(Context(quick=True), torch.device("cpu"))
 
 
+@pytest.mark.slow  # compiles the loss on the CPU (about 100 s); the eager rows' test below stays in make test
 def test_the_compiled_variants_report_speed_host_time_and_their_names(monkeypatch):
     """Every compiled variant (quick: the whole loss under aot_eager; CUDA adds CUDA graphs) gets its images/s, its
     speed-up over eager and the host's milliseconds to issue a step, as eager does; kernels only where CUDA is."""
