@@ -82,7 +82,7 @@ def caption_sets(mdcs: dict, arcs: dict, data: dict, seed: int, decoders: dict =
     """{(model, length, decoder, view): (captions [S], token counts [S], the lengths asked [S])}: every MDC with
     every decoder and ARC with each beam, at the true length, the length its ARC writes (beam 6, its own [EOT]; at
     least one token), its length head's (:func:`length_head`) and (a hidden-length MDC) its own (None)."""
-    images, true = data["images"], data["lengths"]
+    images, true, began = data["images"], data["lengths"], time.monotonic()
     arc_length = {a: [max(1, n) for n in scene_captions(m, images, [None] * len(true))[1]] for a, m in arcs.items()}
     out = {}
     for name, (model, arc) in mdcs.items():
@@ -93,6 +93,7 @@ def caption_sets(mdcs: dict, arcs: dict, data: dict, seed: int, decoders: dict =
                 for view, shift in VIEWS.items():
                     out[name, length, d, view] = (*scene_captions(model, images, per_scene, shift=shift, seed=seed,
                                                                   **decoding), per_scene)
+                print(f"decoding: {name}, {length} length, {d}: {time.monotonic() - began:.0f} s", flush=True)
     for a, model in arcs.items():
         for length, per_scene in {"true": true, "arc": arc_length[a]}.items():
             for beam, size in ARC_BEAMS.items():
