@@ -16,12 +16,13 @@ import time
 
 import numpy as np
 import torch
+from torch.utils.data import TensorDataset
 
 import mdc
 from mdc.eval.metrics import evaluate_captions
 from mdc.eval.neighbours import paired_interval
+from mdc.eval.probe import extract_features
 from mdc.eval.repetition import make_scenes, scene_captions, view_measures
-from mdc.world.graphs import sample_scene
 from mdc.world.streams import STREAM_REPETITION, stream_rng
 from mdc.world.text import descriptive_plan, render_descriptive
 
@@ -49,16 +50,16 @@ def kept(study: str, run: str):
     return mdc.load(os.path.join(HERE, study, "weights", "pretrain", run)).eval()
 
 
-def second_rendering(seed: int, n: int) -> list[str]:
-    """Each scene's caption rendered again from another draw of its plan (the ceiling)."""
-    return [render_descriptive(descriptive_plan(sample_scene(stream_rng(seed, STREAM_REPETITION, i)),
-                                                stream_rng(seed, STREAM_REPETITION + 2, i))) for i in range(n)]
+def second_rendering(seed: int, scenes: list[dict]) -> list[str]:
+    """Each scene's caption rendered again from another draw of its plan (the ceiling); ``scenes`` are
+    :func:`make_scenes`' with none dropped, so scene i is stream item i."""
+    return [render_descriptive(descriptive_plan(scene, stream_rng(seed, STREAM_REPETITION + 2, i)))
+            for i, scene in enumerate(scenes)]
 
 
-@torch.no_grad()
-def pooled(model, images, batch_size: int = 256) -> np.ndarray:
-    return np.concatenate([model.encode_image(images[b:b + batch_size]).double().numpy()
-                           for b in range(0, len(images), batch_size)])  # [S, D]
+def pooled(model, images) -> np.ndarray:
+    """``model``'s pooled image features [S, D], as the probes extract them."""
+    return extract_features(model, TensorDataset(images, torch.zeros(len(images))))[0].double().numpy()
 
 
 def length_head(model):
@@ -220,7 +221,7 @@ def run(split: str, scenes: int, out: str) -> dict:
         raise RuntimeError(f"{data['dropped']} scenes do not fit the context: the ceiling's renderings would "
                            "not line up with the scenes")
     sets = caption_sets(mdcs, arcs, data, seed)
-    rows, errors = measure(sets, data, second_rendering(seed, scenes)), length_errors(sets, data["lengths"])
+    rows, errors = measure(sets, data, second_rendering(seed, data["scenes"])), length_errors(sets, data["lengths"])
     if split == "validation":
         choice = choose(rows)
         os.makedirs(out, exist_ok=True)
